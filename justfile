@@ -1,0 +1,31 @@
+# profkit's task runner. `just` lists the recipes.
+default:
+    @just --list
+
+# Install profkit and its dev tools into the current environment (CPU torch first).
+install:
+    python -m pip install torch==2.13.0
+    python -m pip install -e '.[dev]'
+
+# Run the test suite (GPU tests skip on a CPU-only machine).
+test *ARGS:
+    python -m pytest -q {{ARGS}}
+
+# Lint and type-check.
+lint:
+    ruff format --check profkit tests benchmarks
+    ruff check profkit tests benchmarks
+    mypy profkit
+
+# Format the code.
+fmt:
+    ruff format profkit tests benchmarks
+    ruff check --fix profkit tests benchmarks
+
+# The README's main job: profile, benchmark and report (CPU-only if there is no GPU).
+demo:
+    python -m profkit demo
+
+# On a GPU machine: the tests that need CUDA (and nsys where present).
+test-gpu:
+    python -m pytest -q -m "gpu or nsys" -rs

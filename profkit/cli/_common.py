@@ -1,0 +1,172 @@
+"""What every command shares: list-valued options, the error boundary, workload options."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import click
+import typer
+import typer.core
+
+from profkit.config import WorkloadConfig
+from profkit.errors import ProfkitError
+from profkit.render import err_console
+
+F = TypeVar("F", bound=Callable[..., Any])
+_NEGATIVE_NUMBER = re.compile(r"^-\d")
+
+
+class ListOptionsCommand(typer.core.TyperCommand):
+    """Lets a list option take several values after one flag: ``--size small medium``.
+
+    Click only repeats the flag (``--size small --size medium``); users type the former,
+    as in every course report, so the argv is rewritten into the latter before parsing.
+    Values run until the next option or ``--``.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        multi = {
+            name
+            for param in self.params
+            if isinstance(param, click.Option) and param.multiple
+            for name in param.opts
+        }
+        rewritten: list[str] = []
+        current: str | None = None
+        pending_value = False
+        for index, arg in enumerate(args):
+            if arg == "--":
+                rewritten.extend(args[index:])
+                break
+            is_option = arg.startswith("-") and not _NEGATIVE_NUMBER.match(arg)
+            if pending_value:
+                rewritten.append(arg)
+                pending_value = False
+            elif is_option:
+                flag = arg.split("=", 1)[0]
+                current = flag if flag in multi else None
+                pending_value = current is not None and "=" not in arg
+                rewritten.append(arg)
+            elif current is not None:
+                rewritten.extend([current, arg])
+            else:
+                rewritten.append(arg)
+        return super().parse_args(ctx, rewritten)
+
+
+def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
+    """Register a command with list options and the one error boundary.
+
+    A :class:`ProfkitError` becomes one line on stderr and exit status 2; Ctrl-C becomes
+    exit status 130 with a short note (work already written stays written).
+    """
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            try:
+                return fn(*args, **kw)
+            except ProfkitError as exc:
+                err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+                raise typer.Exit(2) from None
+            except KeyboardInterrupt:
+                err_console.print("interrupted; results already written are kept")
+                raise typer.Exit(130) from None
+
+        return app.command(name, cls=ListOptionsCommand, **kwargs)(wrapper)  # type: ignore[return-value]
+
+    return decorate
+
+
+# Workload options, declared once. Lists sweep; single-run commands take the first value.
+SizeOpt = Annotated[
+    list[str],
+    typer.Option("--size", "-s", help="Model size(s): tiny small medium large xl 2.7B 10B."),
+]
+CtxOpt = Annotated[list[int], typer.Option("--ctx", help="Context length(s).")]
+BatchOpt = Annotated[list[int], typer.Option("--batch", help="Batch size(s).")]
+ModeOpt = Annotated[list[str], typer.Option("--mode", help="forward | forward-backward | train.")]
+DtypeOpt = Annotated[list[str], typer.Option("--dtype", help="fp32 | bf16 | fp16 (autocast).")]
+Bf16Opt = Annotated[bool, typer.Option("--bf16", help="Shorthand for --dtype bf16.")]
+CompileOpt = Annotated[
+    str, typer.Option("--compile", help="no | yes | both (eager and compiled side by side).")
+]
+AttentionOpt = Annotated[list[str], typer.Option("--attention", help="naive | sdpa.")]
+WarmupOpt = Annotated[list[int], typer.Option("--warmup", help="Untimed warm-up steps.")]
+StepsOpt = Annotated[int, typer.Option("--steps", help="Timed steps.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | mps.")]
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table | md | csv | json.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the output to this file.")]
+
+COMPILE_CHOICES = {"no": (False,), "yes": (True,), "both": (False, True)}
+
+
+def compile_values(value: str) -> tuple[bool, ...]:
+    from profkit.errors import BadInput
+
+    aliases = {"false": "no", "off": "no", "true": "yes", "on": "yes"}
+    key = aliases.get(value.lower(), value.lower())
+    if key not in COMPILE_CHOICES:
+        raise BadInput(f"unknown --compile {value!r}; choose one of: no, yes, both")
+    return COMPILE_CHOICES[key]
+
+
+def workload_configs(
+    size: list[str],
+    ctx: list[int],
+    batch: list[int],
+    mode: list[str],
+    dtype: list[str],
+    bf16: bool,
+    compile: str,
+    attention: list[str],
+    warmup: list[int],
+    steps: int,
+    device: str,
+) -> list[WorkloadConfig]:
+    """The cross product of the option lists, each validated by ``WorkloadConfig``."""
+    dtypes = ["bf16"] if bf16 and not dtype else (dtype or ["fp32"])
+    if bf16 and "bf16" not in dtypes:
+        dtypes.append("bf16")
+    grid = itertools.product(
+        size or ["small"],
+        ctx or [256],
+        batch or [4],
+        mode or ["train"],
+        dtypes,
+        compile_values(compile),
+        attention or ["naive"],
+        warmup or [5],
+    )
+    configs = [
+        WorkloadConfig(
+            size=s,
+            ctx=c,
+            batch=b,
+            mode=m,
+            dtype=d,
+            compile=comp,
+            attention=a,
+            warmup=w,
+            steps=steps,
+            device=device,
+        )
+        for s, c, b, m, d, comp, a, w in grid
+    ]
+    return list(dict.fromkeys(configs))  # drop duplicates, keep order
+
+
+def single_config(configs: list[WorkloadConfig], command_name: str) -> WorkloadConfig:
+    from profkit.errors import BadInput
+
+    if len(configs) != 1:
+        raise BadInput(
+            f"`profkit {command_name}` runs one config; got {len(configs)} "
+            "(give one value per option)"
+        )
+    return configs[0]

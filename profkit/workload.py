@@ -1,0 +1,174 @@
+"""One training step of the built-in model, split into annotated, timed phases.
+
+Timing uses ``synchronize`` + ``time.perf_counter`` around each phase rather than CUDA
+events: it measures what the user waits for (Python and launch overhead included, which
+dominates small models), it works the same on CPU, MPS and CUDA, and the phases need a
+synchronisation at their boundaries anyway for the split to mean anything. The cost is
+one device round trip per phase (microseconds), which ``benchmarks/timing_overhead.py``
+measures against a bare loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from profkit.annotate import phase
+from profkit.config import WorkloadConfig, resolve_device
+from profkit.model import BasicsTransformerLM, build_model
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PHASE_NAMES = ("forward", "backward", "optimizer")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass
+class StepTimes:
+    """Wall-clock milliseconds of each phase of one step (``None`` where the mode has none)."""
+
+    forward_ms: float
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+
+    @property
+    def step_ms(self) -> float:
+        return self.forward_ms + (self.backward_ms or 0.0) + (self.optimizer_ms or 0.0)
+
+
+@dataclass
+class Stats:
+    mean: float
+    std: float
+    min: float
+    median: float
+    max: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Stats:
+        return cls(
+            mean=statistics.fmean(values),
+            std=statistics.stdev(values) if len(values) > 1 else 0.0,
+            min=min(values),
+            median=statistics.median(values),
+            max=max(values),
+        )
+
+
+@dataclass
+class RunResult:
+    """What a run of warm-up plus timed steps measured."""
+
+    config: WorkloadConfig
+    device: str
+    warmup_steps: list[StepTimes] = field(default_factory=list)
+    steps: list[StepTimes] = field(default_factory=list)
+    peak_memory_bytes: int | None = None
+    model_build_s: float = 0.0
+
+    def stats(self, phase_name: str) -> Stats | None:
+        values = [getattr(s, f"{phase_name}_ms") for s in self.steps]
+        if not values or values[0] is None:
+            return None
+        return Stats.of(values)
+
+
+class Workload:
+    """The model, a random batch, AdamW, and a step function with phase ranges."""
+
+    def __init__(self, config: WorkloadConfig, device: str | None = None) -> None:
+        self.config = config
+        self.device = torch.device(device or resolve_device(config.device))
+        torch.manual_seed(config.seed)
+        started = time.perf_counter()
+        self.model: BasicsTransformerLM = build_model(
+            config.size, config.ctx, config.attention, config.vocab_size, self.device
+        )
+        self.model_build_s = time.perf_counter() - started
+        self.forward_fn: Callable[[torch.Tensor], torch.Tensor] = (
+            torch.compile(self.model) if config.compile else self.model  # type: ignore[assignment]
+        )
+        generator = torch.Generator(device="cpu").manual_seed(config.seed)
+        shape = (config.batch, config.ctx)
+        self.inputs = torch.randint(0, config.vocab_size, shape, generator=generator).to(
+            self.device
+        )
+        self.targets = torch.randint(0, config.vocab_size, shape, generator=generator).to(
+            self.device
+        )
+        self.optimizer = (
+            torch.optim.AdamW(self.model.parameters(), lr=1e-4) if config.has_optimizer else None
+        )
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        dtype = AUTOCAST_DTYPES.get(self.config.dtype)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _timed(self, name: str, fn: Callable[[], Any]) -> tuple[Any, float]:
+        with phase(name):
+            started = time.perf_counter()
+            result = fn()
+            synchronize(self.device)
+        return result, (time.perf_counter() - started) * 1e3
+
+    def _forward(self) -> torch.Tensor:
+        with self._autocast():
+            logits = self.forward_fn(self.inputs)
+            return F.cross_entropy(logits.flatten(0, 1), self.targets.flatten())
+
+    def _optimizer_step(self) -> None:
+        assert self.optimizer is not None
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> StepTimes:
+        """One step: forward, then backward and optimizer as the mode asks; each phase timed."""
+        if self.config.mode == "forward-backward":
+            self.model.zero_grad(set_to_none=True)  # untimed: keep grads from accumulating
+        synchronize(self.device)
+        loss, forward_ms = self._timed("forward", self._forward)
+        times = StepTimes(forward_ms)
+        if self.config.has_backward:
+            _, times.backward_ms = self._timed("backward", loss.backward)
+        if self.optimizer is not None:
+            _, times.optimizer_ms = self._timed("optimizer", self._optimizer_step)
+        return times
+
+    def run(
+        self,
+        on_timed_start: Callable[[], None] | None = None,
+        on_step_end: Callable[[int, StepTimes], None] | None = None,
+        on_timed_end: Callable[[], None] | None = None,
+    ) -> RunResult:
+        """Warm-up steps, then timed steps. The hooks let profilers capture only timed steps."""
+        result = RunResult(self.config, str(self.device), model_build_s=self.model_build_s)
+        for _ in range(self.config.warmup):
+            result.warmup_steps.append(self.step())
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if on_timed_start:
+            on_timed_start()
+        for index in range(self.config.steps):
+            times = self.step()
+            result.steps.append(times)
+            if on_step_end:
+                on_step_end(index, times)
+        if on_timed_end:
+            on_timed_end()
+        if self.device.type == "cuda":
+            result.peak_memory_bytes = torch.cuda.max_memory_allocated(self.device)
+        return result

@@ -1,0 +1,29 @@
+"""Shared fixtures and markers: ``gpu`` tests skip without CUDA, ``nsys`` ones without nsys."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+DATA = Path(__file__).parent / "data"
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    no_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    no_nsys = pytest.mark.skip(reason="needs Nsight Systems (nsys on PATH or PROFKIT_NSYS)")
+    has_nsys = bool(os.environ.get("PROFKIT_NSYS") or shutil.which("nsys"))
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_cuda)
+        if "nsys" in item.keywords and not has_nsys:
+            item.add_marker(no_nsys)
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    return DATA
