@@ -127,6 +127,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         freqs = theta ** (-torch.arange(0, d_head, 2, dtype=torch.float32) / d_head)
         angles = torch.outer(torch.arange(context_length, dtype=torch.float32), freqs)
+        self.cos: Tensor
+        self.sin: Tensor
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import click
 import typer
 import typer.core
 
@@ -24,16 +23,18 @@ _NEGATIVE_NUMBER = re.compile(r"^-\d")
 class ListOptionsCommand(typer.core.TyperCommand):
     """Lets a list option take several values after one flag: ``--size small medium``.
 
-    Click only repeats the flag (``--size small --size medium``); users type the former,
+    Click alone only repeats the flag (``--size small --size medium``); users type the former,
     as in every course report, so the argv is rewritten into the latter before parsing.
     Values run until the next option or ``--``.
     """
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         multi = {
             name
             for param in self.params
-            if isinstance(param, click.Option) and param.multiple
+            # typer >= 0.25 vendors its own click, so duck-type rather than isinstance
+            if getattr(param, "param_type_name", "") == "option"
+            and getattr(param, "multiple", False)
             for name in param.opts
         }
         rewritten: list[str] = []
