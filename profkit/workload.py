@@ -14,7 +14,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -77,6 +77,16 @@ class RunResult:
     steps: list[StepTimes] = field(default_factory=list)
     peak_memory_bytes: int | None = None
     model_build_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the child's JSON result: every step's times, kept per step."""
+        return {
+            "device": self.device,
+            "warmup_steps": [asdict(s) for s in self.warmup_steps],
+            "steps": [asdict(s) for s in self.steps],
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "model_build_s": self.model_build_s,
+        }
 
     def stats(self, phase_name: str) -> Stats | None:
         values = [getattr(s, f"{phase_name}_ms") for s in self.steps]

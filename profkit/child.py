@@ -1,0 +1,183 @@
+"""One config in its own process: the isolation behind sweeps and profiler runs.
+
+The parent (:func:`run_child`) starts ``python -m profkit.child`` with a config as JSON;
+the child runs warm-up and timed steps and writes one JSON result file. A CUDA OOM or any
+exception in the child becomes ``status: oom|error`` in that file; a child that dies
+without writing one (killed, segfault) becomes an ``error`` result in the parent. Either
+way the sweep goes on.
+
+Captures decide what the child does around the timed steps (``on_timed_start`` /
+``on_timed_end``): ``none``; ``cuda-profiler-api`` (cudaProfilerStart/Stop, so that
+``nsys --capture-range=cudaProfilerApi`` records only the timed steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from profkit.config import WorkloadConfig
+
+Hooks = tuple[Callable[[], None] | None, Callable[[], None] | None]
+CAPTURES = ("none", "cuda-profiler-api")
+STDERR_TAIL_CHARS = 2_000
+
+
+def _cuda_profiler_hooks() -> Hooks:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, None
+    cudart = torch.cuda.cudart()
+
+    def start() -> None:
+        torch.cuda.synchronize()
+        cudart.cudaProfilerStart()
+
+    def stop() -> None:
+        torch.cuda.synchronize()
+        cudart.cudaProfilerStop()
+
+    return start, stop
+
+
+def run_config(config: WorkloadConfig, capture: str = "none") -> dict[str, Any]:
+    """Run one config in this process and return its result; never raises for the run itself."""
+    import torch
+
+    from profkit.workload import Workload
+
+    result: dict[str, Any] = {"config": config.to_dict(), "status": "ok", "error": None}
+    started = time.perf_counter()
+    try:
+        workload = Workload(config)
+        result["device"] = str(workload.device)
+        start, stop = _cuda_profiler_hooks() if capture == "cuda-profiler-api" else (None, None)
+        run = workload.run(on_timed_start=start, on_timed_end=stop)
+        result.update(run.to_dict())
+    except torch.OutOfMemoryError as exc:
+        result.update(status="oom", error=_first_line(exc))
+    except Exception as exc:  # the child reports every failure as data, never a traceback
+        result.update(status="error", error=f"{type(exc).__name__}: {_first_line(exc)}")
+        result["traceback"] = traceback.format_exc(limit=8)
+    result["wall_s"] = time.perf_counter() - started
+    if torch.cuda.is_available() and result["status"] != "ok":
+        result.setdefault("peak_memory_bytes", torch.cuda.max_memory_allocated())
+    return result
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)  # the parent never sees half a file
+
+
+def child_argv(config: WorkloadConfig, result_path: Path, capture: str = "none") -> list[str]:
+    """The argv that runs ``config`` in a fresh interpreter (for nsys to wrap, say)."""
+    return [
+        sys.executable,
+        "-m",
+        "profkit.child",
+        "--config",
+        config.to_json(),
+        "--result",
+        str(result_path),
+        "--capture",
+        capture,
+    ]
+
+
+def run_child(
+    config: WorkloadConfig,
+    capture: str = "none",
+    prefix: Sequence[str] = (),
+    timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``config`` in a child process (optionally under ``prefix``, e.g. an nsys argv).
+
+    Returns the child's result, or an ``error`` result when it died without writing one.
+    """
+    with tempfile.TemporaryDirectory(prefix="profkit-") as tmp:
+        result_path = Path(tmp) / "result.json"
+        argv = [*prefix, *child_argv(config, result_path, capture)]
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # Ctrl-C reaches us; we end the child's whole group
+        )
+        try:
+            _, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            _, stderr = proc.communicate()
+            return _died(config, f"timed out after {timeout_s:g} s", stderr)
+        except BaseException:  # KeyboardInterrupt included: leave no orphaned GPU process
+            _kill_group(proc)
+            proc.wait()
+            raise
+        if result_path.exists():
+            result: dict[str, Any] = json.loads(result_path.read_text())
+            if proc.returncode != 0 and result["status"] == "ok":
+                result.update(status="error", error=f"child exited with {proc.returncode}")
+            return result
+        return _died(config, _describe_exit(proc.returncode), stderr)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"child killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"child killed by signal {-code}"
+    return f"child exited with status {code} without a result"
+
+
+def _died(config: WorkloadConfig, reason: str, stderr: str | None) -> dict[str, Any]:
+    tail = (stderr or "").strip()[-STDERR_TAIL_CHARS:]
+    status = "oom" if "OutOfMemoryError" in tail or "out of memory" in tail else "error"
+    return {
+        "config": config.to_dict(),
+        "status": status,
+        "error": reason + (f": {tail.splitlines()[-1]}" if tail else ""),
+        "stderr_tail": tail,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m profkit.child")
+    parser.add_argument("--config", required=True, help="WorkloadConfig as JSON")
+    parser.add_argument("--result", required=True, type=Path, help="where to write the result")
+    parser.add_argument("--capture", default="none", choices=CAPTURES)
+    args = parser.parse_args(argv)
+    config = WorkloadConfig.from_json(args.config)
+    _write_json(args.result, run_config(config, args.capture))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
