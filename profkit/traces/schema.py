@@ -1,0 +1,84 @@
+"""The two tables every trace reader returns, whatever the backend.
+
+Nsight Systems exports and torch.profiler Chrome traces meet here, so every analysis
+works on both. Times are integer nanoseconds on one clock per trace (ranges and kernel
+launches share it; GPU times are on the same clock in both formats).
+
+``kernels`` — one row per GPU activity (kernel, memcpy or memset):
+
+=================  =========================================================
+name               full (demangled) kernel name; ``[memcpy HtoD]`` style for copies
+short_name         short name (nsys ``shortName``; the reader derives one otherwise)
+kind               ``kernel`` | ``memcpy`` | ``memset``
+start, end         GPU start and end, ns
+device, stream     device index and stream id
+correlation_id     ties the activity to its launching API call
+grid, block        ``"x,y,z"`` strings (empty for copies)
+launch_start       start of the launching runtime/driver API call, ns (NA if unknown)
+launch_thread      global id of the thread that made the launch call (NA if unknown)
+=================  =========================================================
+
+``ranges`` — one row per annotation range (NVTX push/pop or start/end, record_function):
+
+=================  =========================================================
+name               range text
+start, end         ns
+thread             global id of the thread that opened it
+depth              nesting depth on its thread, 0 = outermost
+domain             NVTX domain name ("" for the default domain)
+=================  =========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+KERNEL_COLUMNS: dict[str, str] = {
+    "name": "string",
+    "short_name": "string",
+    "kind": "string",
+    "start": "int64",
+    "end": "int64",
+    "device": "int64",
+    "stream": "int64",
+    "correlation_id": "int64",
+    "grid": "string",
+    "block": "string",
+    "launch_start": "Int64",
+    "launch_thread": "Int64",
+}
+RANGE_COLUMNS: dict[str, str] = {
+    "name": "string",
+    "start": "int64",
+    "end": "int64",
+    "thread": "int64",
+    "depth": "int64",
+    "domain": "string",
+}
+
+
+def empty_kernels() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in KERNEL_COLUMNS.items()})
+
+
+def empty_ranges() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in RANGE_COLUMNS.items()})
+
+
+def conform(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """Select and type the schema's columns in order (raises KeyError if one is missing)."""
+    return df[list(columns)].astype(columns).reset_index(drop=True)
+
+
+@dataclass
+class Trace:
+    """What a reader returns: the two tables plus facts about the source."""
+
+    kernels: pd.DataFrame
+    ranges: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+    """``path``, ``format`` (``nsys-sqlite`` | ``chrome``), and what the reader knows:
+    tool version, GPU name, the profkit run config from a sidecar file, warnings."""
