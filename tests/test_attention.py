@@ -11,14 +11,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from typer.testing import CliRunner
 
 from profkit.cli import app
-from profkit.studies.attention import (
-    AttentionSettings,
-    Cell,
-    analytic_memory,
-    measure_cell,
-    measure_saved_bytes,
-    new_row,
-)
+from profkit.studies.attention import AttentionSettings, Cell, measure_cell, new_row
+from profkit.studies.attention_memory import analytic_memory, measure_saved_bytes
 from profkit.studies.attention_runner import run_attention, run_cells
 from profkit.studies.attention_tables import cells_table, side_by_side
 

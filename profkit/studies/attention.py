@@ -5,7 +5,7 @@ with random Q, K, V that require grad. It runs warm-up forward passes, then ``it
 timed forward passes; warm-up forward+backward passes, then ``iters`` timed backward
 passes, the device synchronised after each pass. Right before each timed backward it
 reads the memory this cell holds, and sets beside it what the analytic count says
-autograd saved (:func:`analytic_memory`, derived in docs/STUDIES.md).
+autograd saved (:mod:`profkit.studies.attention_memory`, derived in docs/STUDIES.md).
 
 ``naive`` is :func:`profkit.model.naive_attention` — matmul, softmax, matmul, as the
 handout's benchmark uses it: no mask unless ``causal``. ``sdpa`` is
@@ -33,16 +33,19 @@ import torch.nn.functional as F
 from profkit.config import DEVICES, DTYPES, resolve_device
 from profkit.errors import BadInput
 from profkit.model import naive_attention
+from profkit.studies.attention_memory import (
+    TORCH_DTYPES,
+    Attention,
+    analytic_memory,
+    measure_saved_bytes,
+    sdpa_backend,
+)
 from profkit.workload import synchronize
 
 IMPLS = ("naive", "sdpa")
 ISOLATIONS = ("auto", "process")
 DEFAULT_D_HEADS = (16, 32, 64, 128)
 DEFAULT_SEQS = (256, 1024, 4096, 8192, 16384)
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# The memory-efficient kernel pads its logsumexp rows to this many entries.
-EFFICIENT_LSE_ALIGN = 32
-Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -140,40 +143,6 @@ def _check_choices(option: str, values: tuple[str, ...], choices: tuple[str, ...
             raise BadInput(f"unknown {option} {value!r}; choose one of: {', '.join(choices)}")
 
 
-def analytic_memory(
-    batch: int, seq: int, d_head: int, dtype: str, impl: str, causal: bool, backend: str | None
-) -> dict[str, int]:
-    """Bytes a cell should hold right before its backward, by what autograd keeps alive.
-
-    ``inputs_bytes``: Q, K, V, the output and the gradient fed to backward (5·B·S·D·e).
-    ``saved_bytes``: what the backward saves beyond those — naive: the softmax output
-    P (B·S·S·e; the pre-softmax scores are freed because dividing by a Python scalar saves
-    nothing), plus the inverted causal mask (S·S bool); sdpa fused kernels: the logsumexp
-    (B·S fp32; padded to 32 rows by the memory-efficient kernel); the sdpa math fallback:
-    P and the scaled Q and K, upcast to fp32 (and V too when the inputs are not fp32).
-    ``mask_bytes``: the causal mask the naive cell builds once (S·S bool).
-    ``expected_bytes`` is their sum; allocator rounding (512 B per block) is not included.
-    """
-    e = TORCH_DTYPES[dtype].itemsize
-    b, s, d = batch, seq, d_head
-    inputs = 5 * b * s * d * e
-    mask = s * s if causal and impl == "naive" else 0
-    if impl == "naive":
-        saved = b * s * s * e + (s * s if causal else 0)
-    elif backend == "math":
-        saved = 4 * (b * s * s + 2 * b * s * d + (b * s * d if dtype != "fp32" else 0))
-    elif backend == "efficient_attention":
-        saved = 4 * b * math.ceil(s / EFFICIENT_LSE_ALIGN) * EFFICIENT_LSE_ALIGN
-    else:  # flash (CUDA or CPU) and cuDNN keep one fp32 logsumexp per query row
-        saved = 4 * b * s
-    return {
-        "inputs_bytes": inputs,
-        "saved_bytes": saved,
-        "mask_bytes": mask,
-        "expected_bytes": inputs + saved + mask,
-    }
-
-
 def _attention_fn(cell: Cell, causal: bool, device: torch.device) -> Attention:
     if cell.impl == "sdpa":
 
@@ -201,37 +170,6 @@ def _attention_fn(cell: Cell, causal: bool, device: torch.device) -> Attention:
     return torch.compile(attend, dynamic=False)  # type: ignore[return-value]
 
 
-def sdpa_backend(q: torch.Tensor, causal: bool) -> str | None:
-    """The fused kernel ``scaled_dot_product_attention`` picks for these inputs (or math)."""
-    try:
-        from torch.nn.attention import SDPBackend
-
-        q4 = q.unsqueeze(1)
-        choice = torch._fused_sdp_choice(q4, q4, q4, None, 0.0, causal)
-        return SDPBackend(choice).name.lower()
-    except Exception:  # a private API; without it the column stays empty
-        return None
-
-
-def measure_saved_bytes(fn: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
-    """Bytes of the tensors autograd saves in one forward, beyond Q, K, V and the output.
-
-    Counted with ``saved_tensors_hooks`` on distinct storages, so it works on any device
-    (a CPU check of :func:`analytic_memory`); eager only, compiled graphs save their own.
-    """
-    storages: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        out = fn(q, k, v)
-    alive = {t.untyped_storage().data_ptr() for t in (q, k, v, out)}
-    return sum(n for ptr, n in storages.items() if ptr not in alive)
-
-
 def _timed_ms(device: torch.device, run: Callable[[], Any]) -> float:
     started = time.perf_counter()
     run()
@@ -255,7 +193,7 @@ def _run_cell(settings: AttentionSettings, cell: Cell, device: torch.device, row
     dtype = TORCH_DTYPES[cell.dtype]
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
     if cell.impl == "sdpa":
-        row["sdpa_backend"] = sdpa_backend(q.detach(), settings.causal)
+        row["sdpa_backend"] = sdpa_backend(q, settings.causal)
     row.update(
         analytic_memory(
             settings.batch,
