@@ -178,12 +178,23 @@ def test_side_by_side_ratio_and_failed_cells() -> None:
 def test_oom_cell_is_kept_and_the_next_cell_runs() -> None:
     # seq 2^22 asks for an 8 x 2^22 x 2^22 fp32 score matrix: 512 TiB, more than a 47-bit
     # address space, so the allocator refuses it at once whatever the overcommit policy
-    # (Q, K, V themselves are 128 MiB each).
-    rows = invoke("--d-head", "1", "--seq", "4194304", "64", "--iters", "2", "--warmup", "0")
+    # (Q, K, V themselves are 128 MiB each). The guard would skip it; here it must fail.
+    settings = AttentionSettings(
+        d_heads=(1,), seqs=(4_194_304, 64), iters=2, warmup=0, device="cpu", memory_guard=False
+    )
+    rows = run_cells(settings, settings.cells())
     assert [r["status"] for r in rows] == ["oom", "ok"]
+    assert rows[0]["error"].startswith("forward: ")
     assert "can't allocate memory" in rows[0]["error"]
-    assert rows[0]["saved_bytes"] == 8 * 4194304**2 * 4  # the count says why
+    assert rows[0]["saved_bytes"] == 8 * 4_194_304**2 * 4  # the count says why
     assert rows[1]["forward_ms"] > 0 and rows[1]["pid"] == rows[0]["pid"] == os.getpid()
+
+
+def test_cells_beyond_host_memory_are_skipped_on_cpu() -> None:
+    rows = invoke("--d-head", "1", "--seq", "4194304", "64", "--iters", "2", "--warmup", "0")
+    assert [r["status"] for r in rows] == ["skipped", "ok"]
+    assert rows[0]["error"].startswith("needs about 2,097,153.0 GiB by the count")
+    assert rows[0]["forward_ms"] is None and rows[0]["wall_s"] is None
 
 
 @pytest.mark.slow

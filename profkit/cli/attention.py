@@ -17,10 +17,10 @@ from profkit.studies.attention import DEFAULT_D_HEADS, DEFAULT_SEQS, AttentionSe
 from profkit.studies.attention_runner import run_attention
 
 DHeadOpt = Annotated[
-    list[int], typer.Option("--d-head", help="Head dimension(s) [default: 16 32 64 128].")
+    list[int], typer.Option("--d-head", help="Head dimension(s); default 16 32 64 128.")
 ]
 SeqOpt = Annotated[
-    list[int], typer.Option("--seq", help="Sequence length(s) [default: 256 1024 4096 8192 16384].")
+    list[int], typer.Option("--seq", help="Sequence length(s); default 256 1024 4096 8192 16384.")
 ]
 ImplOpt = Annotated[
     list[str], typer.Option("--impl", help="naive | sdpa (both: --impl naive sdpa).")

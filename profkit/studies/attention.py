@@ -37,11 +37,14 @@ from profkit.studies.attention_memory import (
     TORCH_DTYPES,
     Attention,
     analytic_memory,
+    available_host_bytes,
     measure_saved_bytes,
+    peak_estimate_bytes,
     sdpa_backend,
 )
 from profkit.workload import synchronize
 
+GIB = 1024**3
 IMPLS = ("naive", "sdpa")
 ISOLATIONS = ("auto", "process")
 DEFAULT_D_HEADS = (16, 32, 64, 128)
@@ -90,6 +93,9 @@ class AttentionSettings:
     isolate: str = "auto"
     """``auto``: cells share a process, OOM caught and freed; after any other failure the
     rest run in fresh child processes. ``process``: every cell in its own child."""
+    memory_guard: bool = True
+    """On a CPU, skip cells whose count exceeds the memory available: Linux would grant
+    the allocation and its OOM killer would then end the whole run, not one cell."""
 
     def __post_init__(self) -> None:
         _check_positive("--d-head", self.d_heads)
@@ -208,7 +214,7 @@ def _run_cell(settings: AttentionSettings, cell: Cell, device: torch.device, row
     row["stage"] = "build"
     fn = _attention_fn(cell, settings.causal, device)
     if not cell.compile:
-        row["stage"] = "saved-tensors probe"
+        row["stage"] = "forward"  # the first forward also counts what autograd saves
         row["saved_measured_bytes"] = measure_saved_bytes(fn, q, k, v)
 
     row["stage"] = "forward"
@@ -289,6 +295,8 @@ def measure_cell(settings: AttentionSettings, cell: Cell, device: torch.device) 
     frames that hold the tensors, is dropped first), so the next cell starts clean.
     """
     row = new_row(settings, cell, device)
+    if device.type == "cpu" and settings.memory_guard and _too_big_for_host(settings, cell, row):
+        return row
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -309,6 +317,23 @@ def measure_cell(settings: AttentionSettings, cell: Cell, device: torch.device) 
             row["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) - baseline
         release(device)
     return row
+
+
+def _too_big_for_host(settings: AttentionSettings, cell: Cell, row: dict[str, Any]) -> bool:
+    memory = analytic_memory(
+        settings.batch, cell.seq, cell.d_head, cell.dtype, cell.impl, settings.causal, None
+    )
+    need = peak_estimate_bytes(memory, settings.batch, cell.seq, cell.dtype, cell.impl)
+    available = available_host_bytes()
+    if available is None or need <= available:
+        return False
+    row.update(memory)
+    row.update(
+        status="skipped",
+        error=f"needs about {need / GIB:,.1f} GiB by the count, {available / GIB:,.1f} GiB "
+        "is available (skipped rather than risk the OOM killer ending the whole run)",
+    )
+    return True
 
 
 def release(device: torch.device) -> None:

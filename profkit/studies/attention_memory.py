@@ -81,3 +81,27 @@ def measure_saved_bytes(fn: Attention, q: torch.Tensor, k: torch.Tensor, v: torc
         out = fn(q, k, v)
     alive = {t.untyped_storage().data_ptr() for t in (q, k, v, out)}
     return sum(n for ptr, n in storages.items() if ptr not in alive)
+
+
+def peak_estimate_bytes(memory: dict[str, int], batch: int, seq: int, dtype: str, impl: str) -> int:
+    """A generous bound on a cell's peak: what it keeps plus the transients around it.
+
+    The naive forward holds two B·S·S buffers at once and its backward about three more
+    than P (dP, dS, temporaries); the fused kernels' transients are the gradients of Q, K, V.
+    """
+    e = TORCH_DTYPES[dtype].itemsize
+    square = batch * seq * seq * e
+    transients = 3 * square if impl == "naive" or memory["saved_bytes"] >= square else 0
+    return memory["expected_bytes"] + transients + 3 * memory["inputs_bytes"] // 5
+
+
+def available_host_bytes() -> int | None:
+    """Memory the OS can hand out now (Linux ``MemAvailable``), else None (no guard)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
