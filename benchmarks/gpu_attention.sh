@@ -5,7 +5,7 @@
 #   2. the same grid with sdpa (fused kernels) in fp32 and bf16;
 #   3. past the memory limit (seq 32768 and 65536): OOM cells kept, the next cell still runs;
 #   4. `profkit precision accumulate|dtypes` on CUDA and the studies' GPU tests.
-# Writes markdown tables, the JSON rows and logs under $OUT. About 4-5 minutes on an H100;
+# Writes markdown tables, the JSON rows and logs under $OUT. About 4 minutes on an H100 (8 at most);
 # each step has its own time limit (SIGINT: the cells finished so far are still written).
 # Run there, from the repository root, as: bash benchmarks/gpu_attention.sh
 set -uo pipefail
@@ -29,9 +29,9 @@ attention() {  # name, time limit (s), profkit attention options...
   echo "$name: exit $?, $(( $(date +%s) - t0 )) s"; tail -3 "$W/$name.log"
 }
 
-attention naive-eager-vs-compiled 200 --impl naive --compile both
-attention sdpa-fp32-vs-bf16 80 --impl sdpa --dtype fp32 bf16
-attention oom 60 --d-head 64 --seq 32768 65536 256 --iters 5 --warmup 1
+attention naive-eager-vs-compiled 180 --impl naive --compile both
+attention sdpa-fp32-vs-bf16 70 --impl sdpa --dtype fp32 bf16
+attention oom 50 --d-head 64 --seq 32768 65536 256 --iters 5 --warmup 1
 
 python3 - "$W" "$OUT/attention.md" > "$W/summary.txt" <<'PY'
 import json, sys
@@ -74,13 +74,13 @@ PY
 tar -C "$W" -cJf "$OUT/attention-json.tar.xz" $(cd "$W" && ls ./*.json ./*.log 2>/dev/null)
 
 {
-  timeout 60 python3 -m profkit precision accumulate --device cuda -f md
+  timeout 45 python3 -m profkit precision accumulate --device cuda -f md
   echo
-  timeout 60 python3 -m profkit precision dtypes -f md
+  timeout 45 python3 -m profkit precision dtypes -f md
 } > "$OUT/precision.md" 2> "$OUT/precision.log"
 cat "$OUT/precision.md"
 
-timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention.py tests/test_precision.py \
+timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention.py tests/test_precision.py \
   > "$OUT/gpu-tests.log" 2>&1
 echo "gpu tests: exit $?"; tail -3 "$OUT/gpu-tests.log"
 
