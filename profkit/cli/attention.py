@@ -1,0 +1,95 @@
+"""``profkit attention``: the CS336 attention micro-benchmark over d_head × seq."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import pandas as pd
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from profkit.cli import app
+from profkit.cli._common import CompileOpt, DeviceOpt, FormatOpt, OutOpt, command, compile_values
+from profkit.render import check_format, emit_tables, err_console
+from profkit.studies import attention_tables
+from profkit.studies.attention import DEFAULT_D_HEADS, DEFAULT_SEQS, AttentionSettings, Cell
+from profkit.studies.attention_runner import run_attention
+
+DHeadOpt = Annotated[
+    list[int], typer.Option("--d-head", help="Head dimension(s); default 16 32 64 128.")
+]
+SeqOpt = Annotated[
+    list[int], typer.Option("--seq", help="Sequence length(s); default 256 1024 4096 8192 16384.")
+]
+ImplOpt = Annotated[
+    list[str], typer.Option("--impl", help="naive | sdpa (both: --impl naive sdpa).")
+]
+DtypeOpt = Annotated[list[str], typer.Option("--dtype", help="fp32 | bf16 | fp16 (of Q, K, V).")]
+
+
+@command(app)
+def attention(
+    d_head: DHeadOpt = [],  # noqa: B006 - typer reads the default; it is never mutated
+    seq: SeqOpt = [],  # noqa: B006
+    impl: ImplOpt = [],  # noqa: B006
+    compile: CompileOpt = "no",
+    dtype: DtypeOpt = [],  # noqa: B006
+    batch: Annotated[int, typer.Option("--batch", help="Batch size.")] = 8,
+    causal: Annotated[bool, typer.Option("--causal", help="Apply a causal mask.")] = False,
+    iters: Annotated[int, typer.Option("--iters", help="Timed forward and backward passes.")] = 100,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed passes before each.")] = 5,
+    device: DeviceOpt = "auto",
+    isolate: Annotated[
+        str, typer.Option("--isolate", help="auto (shared process, OOM caught) | process.")
+    ] = "auto",
+    fmt: FormatOpt = "table",
+    out: OutOpt = None,
+) -> None:
+    """Time attention forward and backward over d_head × seq (batch 8, no heads).
+
+    Each cell: warm-up, then --iters forward passes and --iters backward passes, the
+    device synchronised after each; the memory held right before the backward beside
+    the analytic count of what autograd saves. Cells that run out of memory stay in the
+    table as `oom`; the rest of the grid goes on.
+    """
+    check_format(fmt)
+    settings = AttentionSettings(
+        d_heads=tuple(dict.fromkeys(d_head)) or DEFAULT_D_HEADS,
+        seqs=tuple(dict.fromkeys(seq)) or DEFAULT_SEQS,
+        impls=tuple(dict.fromkeys(impl)) or ("naive",),
+        compile=compile_values(compile),
+        dtypes=tuple(dict.fromkeys(dtype)) or ("fp32",),
+        batch=batch,
+        causal=causal,
+        iters=iters,
+        warmup=warmup,
+        device=device,
+        isolate=isolate,
+    )
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("attention", total=len(settings.cells()))
+
+        def started(cell: Cell) -> None:
+            progress.update(task, description=cell.label())
+
+        rows = run_attention(settings, started, lambda _row: progress.advance(task))
+    tables: list[tuple[str, pd.DataFrame]] = [
+        (attention_tables.title(rows), attention_tables.cells_table(rows))
+    ]
+    pairs = attention_tables.side_by_side(rows)
+    if pairs is not None:
+        tables.append(("Side by side", pairs))
+    emit_tables(tables, fmt, out, json_value=rows)
+    for line in attention_tables.failures(rows):
+        err_console.print(f"[yellow]{escape(line)}[/]", highlight=False, soft_wrap=True)
+    if any(r["status"] == "interrupted" for r in rows):
+        err_console.print("interrupted; the cells that finished are above")
+        raise typer.Exit(130)
