@@ -35,7 +35,12 @@ def _root(
 
 
 # Importing a command module registers its commands on ``app``.
-from profkit.cli import sizes  # noqa: E402, F401
+from profkit.cli import (  # noqa: E402, F401
+    bench,
+    demo,
+    doctor,
+    sizes,
+)
 
 
 def main() -> None:
