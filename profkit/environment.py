@@ -49,8 +49,8 @@ def git_state() -> tuple[str | None, bool | None]:
 def gpu_name() -> str | None:
     """Name of CUDA device 0 (``NVIDIA H100 80GB HBM3``), or None without CUDA.
 
-    Querying device properties does not create a CUDA context, so the parent of a sweep can
-    ask without taking GPU memory from its children.
+    Reading device properties needs no CUDA context, so the parent of a sweep should take no
+    GPU memory from its children by asking (``benchmarks/gpu_bench.sh`` checks this).
     """
     import torch
 
