@@ -85,7 +85,7 @@ def sweep_progress(
 
 
 def _row_line(index: int, total: int, row: bench_lib.Row, resumed: bool) -> str:
-    head = f"[{index + 1}/{total}] {row['label']:<36}"
+    head = f"[{index + 1}/{total}] {row.get('label') or row['size']:<36}"
     if resumed:
         return f"{head} [dim]in the DB already ({row['status']}), skipped[/]"
     if row["status"] == "ok":
