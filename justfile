@@ -29,3 +29,7 @@ demo:
 # On a GPU machine: the tests that need CUDA (and nsys where present).
 test-gpu:
     python -m pytest -q -m "gpu or nsys" -rs
+
+# On a GPU machine: the bench runs of issue 2 (course table, an OOM sweep, timing overhead) into $OUT.
+gpu-bench:
+    bash benchmarks/gpu_bench.sh

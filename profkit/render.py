@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,13 +35,13 @@ def check_format(fmt: str) -> str:
 
 
 def _cell(value: Any, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return "—"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
-    if isinstance(value, int):
+    if isinstance(value, numbers.Integral):  # numpy ints too (nullable Int64 columns)
         return f"{value:,}"
     return str(value)
 

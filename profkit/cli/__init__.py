@@ -35,7 +35,14 @@ def _root(
 
 
 # Importing a command module registers its commands on ``app``.
-from profkit.cli import attention, precision, sizes  # noqa: E402, F401
+from profkit.cli import (  # noqa: E402, F401
+    attention,
+    bench,
+    demo,
+    doctor,
+    precision,
+    sizes,
+)
 
 
 def main() -> None:

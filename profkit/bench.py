@@ -1,0 +1,268 @@
+"""The benchmarking sweep: every config in its own process, every row into the results DB.
+
+``bench`` runs each config through :func:`profkit.child.run_child`, so a CUDA OOM, a crash
+or a killed child becomes a row with ``status: oom|error`` and the sweep goes on. Each row
+is committed as soon as its config finishes; ``resume`` skips configs the DB already holds.
+Rows follow the ``profkit bench`` JSON contract in DESIGN.md, plus min/median/max per
+phase, every step's times (the first-step effect stays visible), FLOPs and the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from profkit import flops, results
+from profkit.child import run_child
+from profkit.config import WorkloadConfig, resolve_device
+from profkit.environment import environment, utc_now
+from profkit.errors import BadInput
+
+TABLE = "bench"
+PHASES = ("forward", "backward", "optimizer", "step")
+GIB = 1024**3
+CONFIG_FIELDS = (
+    "size", "ctx", "batch", "mode", "dtype", "compile", "device",
+    "attention", "warmup", "steps",
+)  # fmt: skip
+# The DESIGN.md contract, in order; every row has every one of these keys.
+CONTRACT_FIELDS = (
+    *CONFIG_FIELDS, "status", "error",
+    "forward_ms", "forward_ms_std", "backward_ms", "backward_ms_std",
+    "optimizer_ms", "optimizer_ms_std", "step_ms", "step_ms_std",
+    "tokens_per_s", "tflops", "mfu", "peak_memory_gib",
+)  # fmt: skip
+LIST_FIELDS = (*(f"{p}_times_ms" for p in PHASES), "warmup_step_times_ms")
+BOOL_FIELDS = ("compile", "git_dirty", "tf32")
+# Column types for the DB, so a first row of nulls (an OOM) doesn't decide them.
+COLUMN_TYPES: dict[str, type] = {
+    **{f: str for f in ("size", "mode", "dtype", "device", "attention", "status", "error")},
+    **{f: int for f in ("ctx", "batch", "compile", "warmup", "steps")},
+    **{
+        f"{p}_ms{suffix}": float
+        for p in PHASES
+        for suffix in ("", "_std", "_min", "_median", "_max")
+    },
+    **{f: float for f in ("tokens_per_s", "tflops", "mfu", "peak_memory_gib", "peak_tflops")},
+    **{f: float for f in ("model_build_s", "wall_s", "timeout_s")},
+    **{f: int for f in ("flops_per_step", "git_dirty", "tf32")},
+    **{f: str for f in LIST_FIELDS},
+}
+
+Row = dict[str, Any]
+StartHook = Callable[[int, WorkloadConfig], None]
+RowHook = Callable[[int, Row, bool], None]
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {
+        "": statistics.fmean(values),
+        "_std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "_min": min(values),
+        "_median": statistics.median(values),
+        "_max": max(values),
+    }
+
+
+def _step_ms(step: dict[str, float | None]) -> float:
+    return sum(step.get(f"{p}_ms") or 0.0 for p in ("forward", "backward", "optimizer"))
+
+
+def bench_row(
+    config: WorkloadConfig, result: dict[str, Any], env: dict[str, Any], tf32: bool = False
+) -> Row:
+    """One results row from a child's result: the contract fields first, then the extras."""
+    device = str(result.get("device") or config.device)
+    on_cuda = device.startswith("cuda")
+    gpu_name = env.get("gpu_name") if on_cuda else None
+    row: Row = {field: getattr(config, field) for field in CONFIG_FIELDS}
+    row["device"] = device
+    row["status"] = result.get("status", "error")
+    row["error"] = result.get("error")
+
+    ok = row["status"] == "ok"
+    steps: list[dict[str, Any]] = (result.get("steps") or []) if ok else []
+    per_phase: dict[str, list[float]] = {
+        p: [s[f"{p}_ms"] for s in steps if s.get(f"{p}_ms") is not None]
+        for p in ("forward", "backward", "optimizer")
+    }
+    per_phase["step"] = [_step_ms(s) for s in steps]
+    stats = {phase: _stats(values) if values else {} for phase, values in per_phase.items()}
+    for phase in PHASES:  # the contract's mean and std first; the rest follow it
+        for suffix in ("", "_std"):
+            row[f"{phase}_ms{suffix}"] = stats[phase].get(suffix)
+
+    step_flops = flops.step_flops(config).step
+    step_s = row["step_ms"] / 1e3 if row["step_ms"] else None
+    row["tokens_per_s"] = config.tokens_per_step / step_s if step_s else None
+    row["tflops"] = step_flops / step_s / 1e12 if step_s else None
+    row["mfu"] = flops.mfu(row["tflops"], gpu_name, config.dtype, tf32) if on_cuda else None
+    peak_bytes = result.get("peak_memory_bytes")
+    row["peak_memory_gib"] = peak_bytes / GIB if peak_bytes is not None else None
+
+    # Extras beyond the contract.
+    for phase in PHASES:
+        for suffix in ("_min", "_median", "_max"):
+            row[f"{phase}_ms{suffix}"] = stats[phase].get(suffix)
+    row["label"] = config.label()
+    row["gpu_name"] = gpu_name
+    row["flops_per_step"] = step_flops
+    row["peak_tflops"] = flops.peak_tflops(gpu_name, config.dtype, tf32) if on_cuda else None
+    row["tf32"] = tf32 if on_cuda else None
+    for phase in PHASES:
+        row[f"{phase}_times_ms"] = per_phase[phase]
+    row["warmup_step_times_ms"] = [_step_ms(s) for s in result.get("warmup_steps") or []]
+    row["model_build_s"] = result.get("model_build_s")
+    row["wall_s"] = result.get("wall_s")
+    detail = result.get("traceback") or result.get("stderr_tail")
+    row["error_detail"] = detail or None
+    row.update({k: v for k, v in env.items() if k not in ("gpu_name", "timestamp_utc")})
+    row["finished_at"] = utc_now()
+    return row
+
+
+def decode_row(row: dict[str, Any]) -> Row:
+    """A row read back from SQLite with its lists and booleans restored."""
+    out = dict(row)
+    for name in LIST_FIELDS:
+        if isinstance(out.get(name), str):
+            out[name] = json.loads(out[name])
+    for name in BOOL_FIELDS:
+        if out.get(name) is not None:
+            out[name] = bool(out[name])
+    return out
+
+
+def load(db_path: Path | str = results.DEFAULT_DB) -> list[Row]:
+    """Every bench row in a results DB, oldest first, decoded."""
+    return [decode_row(r) for r in results.rows(db_path, TABLE)]
+
+
+def _done_rows(db: Any) -> dict[str, Row]:
+    """Rows a resumed sweep may reuse: finished ones (``ok``, and ``oom``, which would recur).
+
+    ``error`` rows (a crash, a timeout) are run again.
+    """
+    if not db[TABLE].exists() or "config_key" not in db[TABLE].columns_dict:
+        return {}
+    done: dict[str, Row] = {}
+    for row in db[TABLE].rows_where("status in ('ok', 'oom')", order_by="rowid"):
+        done[row["config_key"]] = decode_row(row)  # the latest row of a config wins
+    return done
+
+
+def resolve_devices(configs: Sequence[WorkloadConfig]) -> dict[str, str]:
+    """Every requested device made concrete; raises before any child starts if one is missing."""
+    return {name: resolve_device(name) for name in dict.fromkeys(c.device for c in configs)}
+
+
+def bench(
+    configs: Sequence[WorkloadConfig],
+    db_path: Path | str = results.DEFAULT_DB,
+    resume: bool = False,
+    timeout_s: float | None = None,
+    on_start: StartHook | None = None,
+    on_row: RowHook | None = None,
+) -> list[Row]:
+    """Run every config in its own process; return one row per config, in order.
+
+    Each finished row is committed to the ``bench`` table of ``db_path`` before the next
+    config starts. With ``resume``, a config whose row is already in the DB (``ok`` or
+    ``oom``) is not run again; its stored row is returned. ``on_start(index, config)`` is
+    called before a config runs, ``on_row(index, row, resumed)`` after it has a row.
+    """
+    if not configs:
+        raise BadInput("no configs to run")
+    devices = resolve_devices(configs)
+    db = results.open_db(db_path)
+    try:
+        env = environment()
+        tf32 = flops.tf32_enabled()
+        run_id = f"{env['timestamp_utc']}-{uuid.uuid4().hex[:8]}"
+        done = _done_rows(db) if resume else {}
+        rows: list[Row] = []
+        for index, config in enumerate(configs):
+            device = devices[config.device]
+            concrete = config.replace(device=device)
+            gpu = env["gpu_name"] if device == "cuda" else None
+            key = results.config_key(concrete, device, gpu)
+            if key in done:
+                rows.append(done[key])
+                if on_row:
+                    on_row(index, done[key], True)
+                continue
+            if on_start:
+                on_start(index, config)
+            result = run_child(concrete, timeout_s=timeout_s)
+            row = bench_row(concrete, result, env, tf32)
+            row.update(config_key=key, run_id=run_id, timeout_s=timeout_s)
+            results.insert(db, TABLE, row, COLUMN_TYPES)
+            rows.append(row)
+            if on_row:
+                on_row(index, row, False)
+        return rows
+    finally:
+        db.conn.close()
+
+
+# The table a user reads: label column -> (row field, scale). Config columns are added only
+# when they vary, and all-empty columns are dropped (no backward in a forward-only sweep).
+_DISPLAY = (
+    ("forward ms", "forward_ms", 1.0),
+    ("fwd std", "forward_ms_std", 1.0),
+    ("backward ms", "backward_ms", 1.0),
+    ("bwd std", "backward_ms_std", 1.0),
+    ("optimizer ms", "optimizer_ms", 1.0),
+    ("opt std", "optimizer_ms_std", 1.0),
+    ("step ms", "step_ms", 1.0),
+    ("step std", "step_ms_std", 1.0),
+    ("tokens/s", "tokens_per_s", 1.0),
+    ("TFLOP/s", "tflops", 1.0),
+    ("MFU %", "mfu", 100.0),
+    ("peak GiB", "peak_memory_gib", 1.0),
+)
+_ALWAYS_SHOWN = ("size", "ctx", "mode", "dtype")
+ERROR_CHARS = 80
+
+
+def table(rows: Sequence[Row]) -> pd.DataFrame:
+    """The results as a readable table: varying config columns, status, times and rates."""
+    frame = pd.DataFrame(rows)
+    columns = [c for c in CONFIG_FIELDS if c in _ALWAYS_SHOWN or frame[c].astype(str).nunique() > 1]
+    out = frame[columns].copy()
+    out["status"] = frame["status"]
+    for label, field, scale in _DISPLAY:
+        values = pd.to_numeric(frame[field], errors="coerce") * scale
+        if values.notna().any():
+            out[label] = values
+    if "tokens/s" in out:
+        out["tokens/s"] = out["tokens/s"].round().astype("Int64")
+    if "TFLOP/s" in out and out["TFLOP/s"].max() < 1:  # tiny models on a CPU
+        out = out.rename(columns={"TFLOP/s": "GFLOP/s"})
+        out["GFLOP/s"] *= 1e3
+    if (frame["status"] != "ok").any():
+        out["error"] = frame["error"].map(
+            lambda e: (
+                e if not isinstance(e, str) or len(e) <= ERROR_CHARS else e[:ERROR_CHARS] + "…"
+            )
+        )
+    return out
+
+
+def title(rows: Sequence[Row]) -> str:
+    """A one-line caption: where it ran, with what, and how it was timed."""
+    first = rows[0]
+    where = first.get("gpu_name") or first.get("device") or "?"
+    warmups = sorted({r["warmup"] for r in rows})
+    steps = sorted({r["steps"] for r in rows})
+    timing = f"{'/'.join(map(str, warmups))} warm-up + {'/'.join(map(str, steps))} timed steps"
+    return (
+        f"bench · {where} · torch {first.get('torch_version', '?')} · {timing} · "
+        "times are means (ms) ± std over the timed steps"
+    )

@@ -1,0 +1,148 @@
+"""``profkit bench``: the timing sweep, one process per config, rows into the results DB."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from profkit import bench as bench_lib
+from profkit.cli import app
+from profkit.cli._common import (
+    AttentionOpt,
+    BatchOpt,
+    Bf16Opt,
+    CompileOpt,
+    CtxOpt,
+    DeviceOpt,
+    DtypeOpt,
+    FormatOpt,
+    ModeOpt,
+    OutOpt,
+    SizeOpt,
+    StepsOpt,
+    WarmupOpt,
+    command,
+    workload_configs,
+)
+from profkit.config import WorkloadConfig
+from profkit.errors import BadInput
+from profkit.render import check_format, emit_tables, err_console
+from profkit.results import DEFAULT_DB, check_writable, opened
+
+DbOpt = Annotated[Path, typer.Option("--db", help="Results database (SQLite), created if needed.")]
+ResumeOpt = Annotated[
+    bool, typer.Option("--resume", help="Skip configs the DB already holds (ok or oom).")
+]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help="Seconds per config before its process is killed."),
+]
+
+
+@contextmanager
+def sweep_progress(
+    configs: Sequence[WorkloadConfig], description: str = "bench"
+) -> Iterator[tuple[bench_lib.StartHook, bench_lib.RowHook]]:
+    """A progress bar on stderr plus one line per finished config; yields bench's two hooks."""
+    total = len(configs)
+    columns = (
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[current]}"),
+    )
+    # Off a terminal (CI logs, pipes) the bar is off; the one line per config stays.
+    bar = Progress(
+        *columns, console=err_console, transient=True, disable=not err_console.is_terminal
+    )
+    with bar as progress:
+        task = progress.add_task(description, total=total, current="")
+
+        def on_start(index: int, config: WorkloadConfig) -> None:
+            progress.update(task, current=config.label())
+
+        def on_row(index: int, row: bench_lib.Row, resumed: bool) -> None:
+            line = _row_line(index, total, row, resumed)
+            progress.console.print(line, highlight=False, soft_wrap=True)
+            progress.update(task, advance=1, current="")
+
+        yield on_start, on_row
+
+
+def _row_line(index: int, total: int, row: bench_lib.Row, resumed: bool) -> str:
+    head = f"[{index + 1}/{total}] {row.get('label') or row['size']:<36}"
+    if resumed:
+        return f"{head} [dim]in the DB already ({row['status']}), skipped[/]"
+    if row["status"] == "ok":
+        return f"{head} [green]ok[/]   step {row['step_ms']:,.2f} ± {row['step_ms_std']:,.2f} ms"
+    return f"{head} [red]{row['status']}[/]  {row['error']}"
+
+
+def render_rows(rows: Sequence[bench_lib.Row], fmt: str, out: Path | None) -> None:
+    """The results: a readable table, every column as CSV, or the contract rows as JSON."""
+    if fmt == "csv":
+        flat = pd.DataFrame(rows).drop(columns=list(bench_lib.LIST_FIELDS), errors="ignore")
+        tables = [("", flat)]
+    else:
+        tables = [(bench_lib.title(rows), bench_lib.table(rows))]
+    emit_tables(tables, fmt, out, json_value=list(rows))
+
+
+@command(app)
+def bench(
+    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults, never mutates them
+    ctx: CtxOpt = [],  # noqa: B006
+    batch: BatchOpt = [],  # noqa: B006
+    mode: ModeOpt = [],  # noqa: B006
+    dtype: DtypeOpt = [],  # noqa: B006
+    bf16: Bf16Opt = False,
+    compile: CompileOpt = "no",
+    attention: AttentionOpt = [],  # noqa: B006
+    warmup: WarmupOpt = [],  # noqa: B006
+    steps: StepsOpt = 10,
+    device: DeviceOpt = "auto",
+    db: DbOpt = DEFAULT_DB,
+    resume: ResumeOpt = False,
+    timeout: TimeoutOpt = None,
+    fmt: FormatOpt = "table",
+    out: OutOpt = None,
+) -> None:
+    """Time forward, backward and optimizer over the cross product of the options.
+
+    Each config runs in its own process: an OOM or a crash becomes a row with status
+    oom|error and the sweep goes on. Every finished row is committed to the results DB at
+    once (Ctrl-C keeps them); --resume skips configs already there.
+
+    Example: profkit bench --size small medium --ctx 128 256 --mode forward train --bf16
+    """
+    check_format(fmt)
+    if out is not None:
+        check_writable(out)
+    if timeout is not None and timeout <= 0:
+        raise BadInput(f"--timeout must be positive, got {timeout:g}")
+    configs = workload_configs(
+        size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
+    )
+    # `--device cuda` without CUDA, a corrupt DB: one line, before the bar or any child.
+    bench_lib.resolve_devices(configs)
+    with opened(db):
+        pass
+    with sweep_progress(configs) as (on_start, on_row):
+        rows = bench_lib.bench(configs, db, resume, timeout, on_start, on_row)
+    err_console.print(f"results database: {db}", highlight=False)
+    render_rows(rows, fmt, out)

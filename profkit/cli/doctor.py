@@ -1,0 +1,27 @@
+"""``profkit doctor``: what this machine has and which commands can run here."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from profkit import doctor as doctor_lib
+from profkit.cli import app
+from profkit.cli._common import FormatOpt, OutOpt, command
+from profkit.render import check_format, emit_tables
+
+
+@command(app)
+def doctor(fmt: FormatOpt = "table", out: OutOpt = None) -> None:
+    """Check torch, CUDA, the GPU, nsys, nvtx and packages; list what each command needs."""
+    check_format(fmt)
+    found = doctor_lib.doctor()
+    components = pd.DataFrame(found["components"]).assign(
+        found=lambda df: df["found"].map({True: "yes", False: "no"})
+    )
+    commands = pd.DataFrame(found["commands"])
+    emit_tables(
+        [("This machine", components), ("What runs here", commands)],
+        fmt,
+        out,
+        json_value=found,
+    )

@@ -1,0 +1,97 @@
+"""``profkit doctor`` and ``profkit demo`` (the README's main job) on this machine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from profkit import bench as bench_lib
+from profkit import demo as demo_lib
+from profkit.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_children() -> Iterator[None]:
+    """Children use one intra-op thread: on a busy 2-core CI box, OpenMP threads that
+    outnumber the free cores make each step 10x slower (oversubscription)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
+
+
+COMMANDS = [
+    "sizes", "bench", "nsys", "torch", "kernels", "memory",
+    "attention", "precision", "diff", "report", "demo",
+]  # fmt: skip
+
+
+def test_doctor_reports_components_and_commands() -> None:
+    result = runner.invoke(app, ["doctor", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    components = {c["name"]: c for c in found["components"]}
+    assert components["torch"]["detail"] == torch.__version__
+    assert components["CUDA"]["found"] == torch.cuda.is_available()
+    has_nsys = bool(shutil.which("nsys"))
+    assert components["nsys"]["found"] == has_nsys or "PROFKIT_NSYS" in str(components["nsys"])
+    for name in ("nvtx", "sqlite-utils", "matplotlib"):
+        assert components[name]["found"]
+    commands = {c["command"]: c for c in found["commands"]}
+    assert list(commands) == COMMANDS
+    assert all(c["status"] in ("ready", "partial", "missing") for c in commands.values())
+    assert commands["kernels"]["status"] in ("ready", "partial")  # works without a GPU
+    if not torch.cuda.is_available():
+        assert commands["nsys"]["status"] == "missing" and "CUDA" in commands["nsys"]["note"]
+        assert commands["memory"]["status"] == "partial"
+
+    table = runner.invoke(app, ["doctor"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0
+    assert "What runs here" in table.stdout and "sqlite-utils" in table.stdout
+
+
+def test_demo_steps_are_extensible(tmp_path: Path) -> None:
+    def extra(ctx: demo_lib.DemoContext) -> str:
+        return f"ran on {ctx.device}"
+
+    steps = [demo_lib.STEPS[0], demo_lib.DemoStep("extra", "An appended pipeline", extra)]
+    result = demo_lib.demo(tmp_path / "profiles", tmp_path / "demo.md", "cpu", steps=steps)
+    text = result.report_path.read_text()
+    assert text.startswith("# profkit demo")
+    assert "## Model sizes" in text and "| small | 768 |" in text
+    assert "## An appended pipeline\n\nran on cpu" in text
+
+
+@pytest.mark.slow
+def test_demo_runs_on_cpu(tmp_path: Path) -> None:
+    report = tmp_path / "reports" / "demo.md"
+    profiles = tmp_path / "profiles" / "demo"
+    result = runner.invoke(
+        app, ["demo", "--device", "cpu", "--profiles", str(profiles), "--report", str(report)]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"wrote {report}" in result.stdout
+    rows = bench_lib.load(profiles / "results.db")
+    assert [(r["size"], r["mode"], r["dtype"], r["status"]) for r in rows] == [
+        ("tiny", "forward", "fp32", "ok"),
+        ("tiny", "forward", "bf16", "ok"),
+        ("tiny", "train", "fp32", "ok"),
+        ("tiny", "train", "bf16", "ok"),
+    ]
+    text = report.read_text()
+    assert "## Benchmark" in text and "| tiny | 128 | train | bf16 | ok |" in text
+
+
+def test_demo_rejects_an_unwritable_report(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = runner.invoke(app, ["demo", "--report", str(blocker / "demo.md")])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: cannot write")
