@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,14 @@ import torch
 
 DATA = Path(__file__).parent / "data"
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Commands default to profiles/results.db in the working directory; keep test runs
+    # (and the child processes they start) from writing into the checkout.
+    if "PROFKIT_DB" not in os.environ:
+        db_dir = Path(tempfile.mkdtemp(prefix="profkit-test-db-"))
+        os.environ["PROFKIT_DB"] = str(db_dir / "results.db")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -324,3 +324,14 @@ def test_cuda_oom_cell_is_kept_and_the_next_cell_runs() -> None:
     assert [r["status"] for r in rows] == ["oom", "ok"]
     assert rows[1]["pid"] == os.getpid()  # an OOM needs no fresh process
     assert rows[1]["memory_before_backward_bytes"] > 0
+
+
+def test_rows_are_stored_in_the_results_db(tmp_path) -> None:
+    import sqlite_utils
+
+    db = tmp_path / "results.db"
+    result = runner.invoke(app, ["attention", *SMALL, "--device", "cpu", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    rows = list(sqlite_utils.Database(db)["attention"].rows)
+    assert [(r["d_head"], r["seq"], r["status"]) for r in rows] == [(16, 64, "ok"), (16, 128, "ok")]
+    assert len({r["run_id"] for r in rows}) == 1 and rows[0]["torch_version"]

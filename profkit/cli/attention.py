@@ -10,8 +10,17 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profkit.cli import app
-from profkit.cli._common import CompileOpt, DeviceOpt, FormatOpt, OutOpt, command, compile_values
+from profkit.cli._common import (
+    CompileOpt,
+    DbOpt,
+    DeviceOpt,
+    FormatOpt,
+    OutOpt,
+    command,
+    compile_values,
+)
 from profkit.render import check_format, emit_tables, err_console
+from profkit.results import DEFAULT_DB, check_writable
 from profkit.studies import attention_tables
 from profkit.studies.attention import DEFAULT_D_HEADS, DEFAULT_SEQS, AttentionSettings, Cell
 from profkit.studies.attention_runner import run_attention
@@ -43,6 +52,7 @@ def attention(
     isolate: Annotated[
         str, typer.Option("--isolate", help="auto (shared process, OOM caught) | process.")
     ] = "auto",
+    db: DbOpt = DEFAULT_DB,
     fmt: FormatOpt = "table",
     out: OutOpt = None,
 ) -> None:
@@ -54,6 +64,7 @@ def attention(
     table as `oom`; the rest of the grid goes on.
     """
     check_format(fmt)
+    check_writable(db)
     settings = AttentionSettings(
         d_heads=tuple(dict.fromkeys(d_head)) or DEFAULT_D_HEADS,
         seqs=tuple(dict.fromkeys(seq)) or DEFAULT_SEQS,
@@ -80,7 +91,7 @@ def attention(
         def started(cell: Cell) -> None:
             progress.update(task, description=cell.label())
 
-        rows = run_attention(settings, started, lambda _row: progress.advance(task))
+        rows = run_attention(settings, started, lambda _row: progress.advance(task), db)
     tables: list[tuple[str, pd.DataFrame]] = [
         (attention_tables.title(rows), attention_tables.cells_table(rows))
     ]

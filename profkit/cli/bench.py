@@ -26,6 +26,7 @@ from profkit.cli._common import (
     Bf16Opt,
     CompileOpt,
     CtxOpt,
+    DbOpt,
     DeviceOpt,
     DtypeOpt,
     FormatOpt,
@@ -42,7 +43,6 @@ from profkit.errors import BadInput
 from profkit.render import check_format, emit_tables, err_console
 from profkit.results import DEFAULT_DB, check_writable, opened
 
-DbOpt = Annotated[Path, typer.Option("--db", help="Results database (SQLite), created if needed.")]
 ResumeOpt = Annotated[
     bool, typer.Option("--resume", help="Skip configs the DB already holds (ok or oom).")
 ]

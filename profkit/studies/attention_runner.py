@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ def run_attention(
     settings: AttentionSettings,
     on_start: OnStart | None = None,
     on_done: OnDone | None = None,
+    db_path: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Every cell of the grid, one row each (``ok``, ``oom`` or ``error``), in grid order.
 
@@ -73,7 +75,8 @@ def run_attention(
         ]
         for row in rows[len(finished) :]:
             row.update(device=settings.device, device_name=None)
-    record_results(rows)
+    if db_path is not None:
+        record_results(rows, db_path)
     return rows
 
 
@@ -94,14 +97,19 @@ def run_cells(
     return rows
 
 
-def record_results(rows: list[dict[str, Any]]) -> None:
-    """LEAD: wire this to the results DB (``profkit/results.py``) when it lands.
+def record_results(rows: list[dict[str, Any]], db_path: Path) -> None:
+    """Store every row (``ok``, ``oom``, ``error`` alike) in the ``attention`` table.
 
-    Called once per :func:`run_attention` with every row (``ok``, ``oom`` and ``error``
-    alike; fields as in :func:`profkit.studies.attention.new_row`). Until then the rows
-    live only in the command's output (``--format json`` / ``--out``).
+    Each row carries the environment (GPU, versions, commit) and a run id, as bench rows do.
     """
-    return None
+    from profkit.environment import environment
+    from profkit.results import insert, opened
+
+    env = environment()
+    run_id = uuid.uuid4().hex[:12]
+    with opened(db_path) as db:
+        for row in rows:
+            insert(db, "attention", {**row, **env, "run_id": run_id})
 
 
 def run_here(
