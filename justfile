@@ -29,3 +29,7 @@ demo:
 # On a GPU machine: the tests that need CUDA (and nsys where present).
 test-gpu:
     python -m pytest -q -m "gpu or nsys" -rs
+
+# On the GPU machine: memory fixtures, the 2.7B memory study and an OOM (outputs under $OUT).
+gpu-memory:
+    bash benchmarks/gpu_memory.sh
