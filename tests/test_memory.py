@@ -414,3 +414,94 @@ def test_real_snapshot_plot(tmp_path: Path) -> None:
     result = plot_file(DATA / "memory-tiny-ctx64-train-fp32.pickle.xz", tmp_path / "t.png")
     assert result["peak_allocated_bytes"] == 119_432_704
     assert mpimg.imread(tmp_path / "t.png").shape[:2] == (748, 1430)
+
+
+# --- the recorder's sequence, with fakes for the CUDA allocator calls only ----------------
+
+
+class _FakeAllocator:
+    """Stands in for torch.cuda's allocator calls (no CUDA here); the workload runs on CPU."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, snapshot: dict[str, Any]) -> None:
+        import torch
+
+        self.calls: list[tuple[Any, ...]] = []
+        self.snapshot = snapshot
+        self.allocated = 1000
+
+        def record(enabled: Any = "all", context: Any = "all", stacks: str = "all",
+                   max_entries: int = 0, clear_history: bool = False, **_: Any) -> None:  # fmt: skip
+            self.calls.append((enabled, stacks, max_entries, clear_history))
+
+        def allocated(*_: Any) -> int:
+            self.allocated += 1000
+            return self.allocated
+
+        fakes = {
+            "is_available": lambda: True,
+            "synchronize": lambda *_: None,
+            "memory_allocated": allocated,
+            "max_memory_allocated": lambda *_: 123_456,
+            "max_memory_reserved": lambda *_: 200_000,
+            "memory_reserved": lambda *_: 150_000,
+            "memory_stats": lambda *_: {"requested_bytes.all.peak": 120_000},
+            "get_device_name": lambda *_: "Fake GPU",
+        }
+        for name, fake in fakes.items():
+            monkeypatch.setattr(torch.cuda, name, fake)
+        monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", record)
+        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda *_: self.snapshot)
+
+
+def test_recorder_sequence_in_run_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from profkit.child import run_config
+
+    fake = _FakeAllocator(monkeypatch, transformer_step().snapshot())
+    config = WorkloadConfig(size="tiny", ctx=16, warmup=2, steps=1, device="cpu")
+    path = tmp_path / "s.pickle"
+    result = run_config(
+        config, "memory", {"snapshot": str(path), "max_entries": 77, "stacks": "python"}
+    )
+    assert result["status"] == "ok", result.get("traceback")
+    # On before the model is built; cleared when the timed steps begin; off after the dump.
+    assert fake.calls == [
+        ("all", "python", 77, False),
+        ("all", "python", 77, True),
+        (None, "all", 0, False),
+    ]
+    memory = result["memory"]
+    assert memory["model_bytes"] == 2000  # the first probe: right after the model was built
+    assert (
+        memory["after_forward_bytes"]
+        < memory["after_backward_bytes"]
+        < memory["after_optimizer_bytes"]
+    )
+    # Marks for every phase of every step (warm-up too), in order.
+    assert [m["phase"] for m in memory["phase_marks"]] == ["forward", "backward", "optimizer"] * 3
+    assert memory["max_memory_allocated_bytes"] == 123_456
+    assert memory["peak_requested_bytes"] == 120_000
+    assert load_snapshot(path)["device_traces"] == fake.snapshot["device_traces"]
+    assert path.read_bytes()[:2] == b"\x80\x04"
+
+
+def test_recorder_dumps_the_snapshot_after_an_oom(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import torch
+
+    from profkit.child import run_config
+    from profkit.workload import Workload
+
+    fake = _FakeAllocator(monkeypatch, transformer_step().snapshot())
+
+    def out_of_memory(self: Any) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+    monkeypatch.setattr(Workload, "_optimizer_step", out_of_memory)
+    path = tmp_path / "oom.pickle"
+    config = WorkloadConfig(size="tiny", ctx=16, warmup=1, steps=1, device="cpu")
+    result = run_config(config, "memory", {"snapshot": str(path)})
+    assert result["status"] == "oom"
+    assert path.exists()  # the snapshot users need most
+    assert fake.calls[-1][0] is None  # and recording was switched off
+    assert result["memory"]["phase_marks"][-1]["phase"] == "backward"  # died in the optimizer
