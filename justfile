@@ -33,3 +33,7 @@ test-gpu:
 # On a GPU machine: the bench runs of issue 2 (course table, an OOM sweep, timing overhead) into $OUT.
 gpu-bench:
     bash benchmarks/gpu_bench.sh
+
+# On the GPU machine: memory fixtures, the 2.7B memory study and an OOM (outputs under $OUT).
+gpu-memory:
+    bash benchmarks/gpu_memory.sh

@@ -8,7 +8,9 @@ way the sweep goes on.
 
 Captures decide what the child does around the timed steps (``on_timed_start`` /
 ``on_timed_end``): ``none``; ``cuda-profiler-api`` (cudaProfilerStart/Stop, so that
-``nsys --capture-range=cudaProfilerApi`` records only the timed steps).
+``nsys --capture-range=cudaProfilerApi`` records only the timed steps); ``memory``
+(CUDA allocator history and a snapshot, see ``profkit.memory.recorder``; its options
+come as JSON in ``--capture-options``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 from profkit.config import WorkloadConfig
 
 Hooks = tuple[Callable[[], None] | None, Callable[[], None] | None]
-CAPTURES = ("none", "cuda-profiler-api")
+CAPTURES = ("none", "cuda-profiler-api", "memory")
 STDERR_TAIL_CHARS = 2_000
 
 
@@ -52,7 +54,9 @@ def _cuda_profiler_hooks() -> Hooks:
     return start, stop
 
 
-def run_config(config: WorkloadConfig, capture: str = "none") -> dict[str, Any]:
+def run_config(
+    config: WorkloadConfig, capture: str = "none", capture_options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Run one config in this process and return its result; never raises for the run itself."""
     import torch
 
@@ -60,10 +64,18 @@ def run_config(config: WorkloadConfig, capture: str = "none") -> dict[str, Any]:
 
     result: dict[str, Any] = {"config": config.to_dict(), "status": "ok", "error": None}
     started = time.perf_counter()
+    recorder = None
     try:
+        if capture == "memory":
+            from profkit.memory.recorder import MemoryRecorder
+
+            recorder = MemoryRecorder(**(capture_options or {}))
+            recorder.begin()
         workload = Workload(config)
         result["device"] = str(workload.device)
         start, stop = _cuda_profiler_hooks() if capture == "cuda-profiler-api" else (None, None)
+        if recorder is not None:
+            start, stop = recorder.attach(workload)
         run = workload.run(on_timed_start=start, on_timed_end=stop)
         result.update(run.to_dict())
     except torch.OutOfMemoryError as exc:
@@ -71,6 +83,8 @@ def run_config(config: WorkloadConfig, capture: str = "none") -> dict[str, Any]:
     except Exception as exc:  # the child reports every failure as data, never a traceback
         result.update(status="error", error=f"{type(exc).__name__}: {_first_line(exc)}")
         result["traceback"] = traceback.format_exc(limit=8)
+    if recorder is not None:
+        result["memory"] = recorder.finish()  # dumps the snapshot after an OOM too
     result["wall_s"] = time.perf_counter() - started
     if torch.cuda.is_available() and result["status"] != "ok":
         result.setdefault("peak_memory_bytes", torch.cuda.max_memory_allocated())
@@ -88,8 +102,14 @@ def _write_json(path: Path, value: dict[str, Any]) -> None:
     os.replace(tmp, path)  # the parent never sees half a file
 
 
-def child_argv(config: WorkloadConfig, result_path: Path, capture: str = "none") -> list[str]:
+def child_argv(
+    config: WorkloadConfig,
+    result_path: Path,
+    capture: str = "none",
+    capture_options: dict[str, Any] | None = None,
+) -> list[str]:
     """The argv that runs ``config`` in a fresh interpreter (for nsys to wrap, say)."""
+    options = ["--capture-options", json.dumps(capture_options)] if capture_options else []
     return [
         sys.executable,
         "-m",
@@ -100,6 +120,7 @@ def child_argv(config: WorkloadConfig, result_path: Path, capture: str = "none")
         str(result_path),
         "--capture",
         capture,
+        *options,
     ]
 
 
@@ -109,6 +130,7 @@ def run_child(
     prefix: Sequence[str] = (),
     timeout_s: float | None = None,
     env: dict[str, str] | None = None,
+    capture_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` in a child process (optionally under ``prefix``, e.g. an nsys argv).
 
@@ -116,7 +138,7 @@ def run_child(
     """
     with tempfile.TemporaryDirectory(prefix="profkit-") as tmp:
         result_path = Path(tmp) / "result.json"
-        argv = [*prefix, *child_argv(config, result_path, capture)]
+        argv = [*prefix, *child_argv(config, result_path, capture, capture_options)]
         proc = subprocess.Popen(
             argv,
             stdout=subprocess.DEVNULL,
@@ -173,9 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="WorkloadConfig as JSON")
     parser.add_argument("--result", required=True, type=Path, help="where to write the result")
     parser.add_argument("--capture", default="none", choices=CAPTURES)
+    parser.add_argument("--capture-options", type=json.loads, default=None, help="JSON object")
     args = parser.parse_args(argv)
     config = WorkloadConfig.from_json(args.config)
-    _write_json(args.result, run_config(config, args.capture))
+    _write_json(args.result, run_config(config, args.capture, args.capture_options))
     return 0
 
 

@@ -121,6 +121,8 @@ class Workload:
         self.optimizer = (
             torch.optim.AdamW(self.model.parameters(), lr=1e-4) if config.has_optimizer else None
         )
+        self.on_phase_end: Callable[[str], None] | None = None
+        """Called with the phase name after each phase, outside its timing (memory probes)."""
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = AUTOCAST_DTYPES.get(self.config.dtype)
@@ -133,7 +135,10 @@ class Workload:
             started = time.perf_counter()
             result = fn()
             synchronize(self.device)
-        return result, (time.perf_counter() - started) * 1e3
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        if self.on_phase_end is not None:
+            self.on_phase_end(name)
+        return result, elapsed_ms
 
     def _forward(self) -> torch.Tensor:
         with self._autocast():
