@@ -19,6 +19,7 @@ from profkit.cli._common import (
     Bf16Opt,
     CompileOpt,
     CtxOpt,
+    DbOpt,
     DeviceOpt,
     DtypeOpt,
     FormatOpt,
@@ -30,6 +31,7 @@ from profkit.cli._common import (
     workload_configs,
 )
 from profkit.render import check_format, dumps, emit_tables, err_console
+from profkit.results import DEFAULT_DB
 
 
 class DefaultToCapture(typer.core.TyperGroup):
@@ -85,6 +87,7 @@ def capture(
     timeout: Annotated[
         float | None, typer.Option("--timeout", help="Seconds per config before it is killed.")
     ] = None,
+    db: DbOpt = DEFAULT_DB,
     fmt: FormatOpt = "table",
     out: OutOpt = None,
 ) -> None:
@@ -100,7 +103,9 @@ def capture(
         size, ctx, batch, mode, dtype, bf16, compile, attention, warmup or [1], steps, device
     )
     with _progress(len(configs)) as on_config:
-        rows = run_capture(configs, out_dir, name, max_entries, stacks, timeout, on_config)
+        rows = run_capture(
+            configs, out_dir, name, max_entries, stacks, timeout, on_config, db_path=db
+        )
     emit_tables(capture_tables(rows), fmt, out, json_value=rows)
     for row in rows:
         if row["snapshot"]:

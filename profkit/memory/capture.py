@@ -11,7 +11,6 @@ that ``memory summarize`` and ``memory plot`` read. An OOM becomes a row with st
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,12 @@ import pandas as pd
 
 from profkit.child import run_child
 from profkit.config import WorkloadConfig
+from profkit.environment import environment
 from profkit.errors import BadInput, MissingTool
 from profkit.memory.recorder import DEFAULT_MAX_ENTRIES, STACKS
 from profkit.memory.snapshot import sidecar_path
 from profkit.memory.summary import GIB, residual_stream_bytes
+from profkit.results import DEFAULT_DB, check_writable, record
 
 PHASE_COLUMNS = {
     "model_bytes": "after model creation",
@@ -72,9 +73,15 @@ def capture(
     stacks: str = "python",
     timeout_s: float | None = None,
     on_config: Callable[[int, WorkloadConfig], None] | None = None,
+    db_path: Path = DEFAULT_DB,
 ) -> list[dict[str, Any]]:
-    """Capture one snapshot per config; return one row per config (see :func:`result_row`)."""
+    """Capture one snapshot per config; return one row per config (see :func:`result_row`).
+
+    Each row is committed to the ``memory`` table of the results DB as soon as its config
+    finishes, so an interrupted sweep keeps every finished config.
+    """
     check_capture(configs, max_entries, stacks)
+    check_writable(db_path)
     if name is not None and (not name or "/" in name or name.startswith(".")):
         raise BadInput(f"--name {name!r}: give a plain file name (no '/')")
     try:
@@ -90,7 +97,7 @@ def capture(
         result = run_child(config, "memory", timeout_s=timeout_s, capture_options=options)
         row = result_row(result, snapshot)
         _write_sidecar(snapshot, result, row)
-        save_results(out_dir / "results.db", [row])
+        record(db_path, "memory", {**row, **environment()})
         rows.append(row)
     return rows
 
@@ -134,18 +141,6 @@ def _write_sidecar(snapshot: Path, result: dict[str, Any], row: dict[str, Any]) 
         "row": row,
     }
     sidecar_path(snapshot).write_text(json.dumps(sidecar, indent=1))
-
-
-def save_results(db_path: Path, rows: list[dict[str, Any]]) -> None:
-    """Append rows to the ``memory`` table of the results DB.
-
-    LEAD: the one call site to switch to ``profkit.results.record(db_path, "memory", row)``
-    once profkit/results.py is merged.
-    """
-    import sqlite_utils
-
-    stamped = [{**row, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S")} for row in rows]
-    sqlite_utils.Database(db_path)["memory"].insert_all(stamped, alter=True)  # type: ignore[union-attr]
 
 
 def _gib(value: int | None) -> float | None:
