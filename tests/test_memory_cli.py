@@ -18,7 +18,8 @@ from memory_synth import transformer_step
 from typer.testing import CliRunner
 
 from profkit.cli import app
-from profkit.memory.capture import capture_tables, peak_table, phase_table, save_results
+from profkit.memory.capture import capture_tables, peak_table, phase_table
+from profkit.results import record
 from profkit.memory.snapshot import dump_snapshot, sidecar_path
 
 runner = CliRunner()
@@ -220,8 +221,10 @@ def test_phase_table_in_gib() -> None:
 
 def test_results_go_to_a_real_sqlite_table(tmp_path: Path) -> None:
     db = tmp_path / "results.db"
-    save_results(db, [_row(128, "train", "fp32")])
-    save_results(db, [_row(256, "train", "fp32", status="oom", peak=None)])
+    # An oom row first (its peak null) must not make the peak column TEXT for later rows.
+    record(db, "memory", _row(256, "train", "fp32", status="oom", peak=None))
+    record(db, "memory", _row(128, "train", "fp32"))
     rows = list(sqlite_utils.Database(db)["memory"].rows)
-    assert [(r["ctx"], r["status"]) for r in rows] == [(128, "ok"), (256, "oom")]
-    assert all(r["recorded_at"] for r in rows)
+    assert [(r["ctx"], r["status"]) for r in rows] == [(256, "oom"), (128, "ok")]
+    peak_columns = [c for c in rows[1] if c.startswith("peak") and rows[1][c] is not None]
+    assert peak_columns and all(isinstance(rows[1][c], int | float) for c in peak_columns)
