@@ -36,6 +36,7 @@ def _root(
 
 # Importing a command module registers its commands on ``app``.
 from profkit.cli import sizes  # noqa: E402, F401
+from profkit.cli import torch as _torch  # noqa: E402, F401
 
 
 def main() -> None:
