@@ -441,6 +441,9 @@ def _meta(
                 "cupti_version", "record_shapes", "with_stack", "profile_memory"):  # fmt: skip
         if key in header:
             meta[key] = header[key]
-    if isinstance(header.get("profkit"), dict):
-        meta["config"] = header["profkit"]
+    profkit = header.get("profkit")  # what profkit torch adds: command, version, config
+    if isinstance(profkit, dict):
+        meta["profkit"] = profkit
+        if isinstance(profkit.get("config"), dict):
+            meta["config"] = profkit["config"]
     return meta
