@@ -49,9 +49,11 @@ def json_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """One real run with --format json, shared by the tests that read what it wrote."""
     root = tmp_path_factory.mktemp("torch-json")
     out_dir = root / "traces"
-    result = runner.invoke(
-        app, [*TINY, "--format", "json", "--out-dir", str(out_dir), "--row-limit", "5"]
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)  # reports/ lands here too
+        result = runner.invoke(
+            app, [*TINY, "--format", "json", "--out-dir", str(out_dir), "--row-limit", "5"]
+        )
     assert result.exit_code == 0, result.output
     return root, json.loads(result.stdout)
 
@@ -91,6 +93,7 @@ def test_json_output_is_the_contract(json_run: tuple[Path, dict]) -> None:
         times = [row["self_cpu_ms"] for row in run["rows"]]
         assert times == sorted(times, reverse=True)
         assert Path(run["trace_path"]).parent == root / "traces"
+    assert (root / "reports" / "torch-tiny-ctx16.md").exists()
 
 
 def test_written_traces_read_back_with_phases_and_config(json_run: tuple[Path, dict]) -> None:
