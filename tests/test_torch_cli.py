@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from torch.profiler import ProfilerActivity, profile
@@ -216,3 +217,49 @@ def test_default_names_and_option_checks() -> None:
     with pytest.raises(BadInput):
         TorchOptions(sort="self_cuda_mem")
     assert TorchOptions(sort="self_device_time_total").sort == "self_device_time_total"
+
+
+def fake_average(
+    key: str, device: bool = False, annotation: bool = False, old: bool = False, **times: float
+) -> SimpleNamespace:
+    """A stand-in for torch's FunctionEventAvg of a CUDA run (none can be recorded here).
+
+    ``old`` spells the device fields as torch < 2.4 did (``self_cuda_time_total``...).
+    """
+    fields = {"key": key, "count": int(times.pop("count", 1)), "is_user_annotation": annotation,
+              "device_type": "DeviceType.CUDA" if device else "DeviceType.CPU",
+              "self_cpu_time_total": times.get("self_cpu", 0.0), "cpu_time_total": times.get("cpu", 0.0)}  # fmt: skip
+    prefix = "cuda" if old else "device"
+    fields[f"self_{prefix}_time_total"] = times.get("self_dev", 0.0)
+    fields[f"{prefix}_time_total"] = times.get("dev", 0.0)
+    return SimpleNamespace(**fields)
+
+
+@pytest.mark.parametrize("old", [False, True])
+def test_cuda_columns_and_torch_denominators(old: bool) -> None:
+    averages = [
+        fake_average("aten::mm", self_cpu=300.0, cpu=400.0, dev=9000.0, count=3, old=old),
+        fake_average("ampere_sgemm_128x64_tn", device=True, self_dev=9000.0, dev=9000.0, count=3, old=old),
+        fake_average("vectorized_elementwise_kernel", device=True, self_dev=1000.0, dev=1000.0, count=10, old=old),
+        # Kineto's gpu_user_annotation row: shown, but not in the Self CUDA % denominator.
+        fake_average("forward", device=True, annotation=True, self_dev=10000.0, dev=10000.0, old=old),
+        fake_average("cudaLaunchKernel", self_cpu=100.0, cpu=100.0, count=13, old=old),
+    ]  # fmt: skip
+    table = averages_table(averages)
+    assert table.sort == "self_cuda"
+    assert table.self_cuda_total_ms == pytest.approx(10.0)  # 9 + 1 ms, the annotation left out
+    assert table.self_cpu_total_ms == pytest.approx(0.4)
+    rows = table.rows.set_index("name")
+    assert rows.loc["ampere_sgemm_128x64_tn", "self_cuda_pct"] == pytest.approx(90.0)
+    assert rows.loc["forward", "self_cuda_pct"] == pytest.approx(100.0)
+    assert rows.loc["ampere_sgemm_128x64_tn", "cuda_avg_us"] == pytest.approx(3000.0)
+    assert rows.loc["aten::mm", "cpu_total_pct"] == pytest.approx(100.0)
+    assert table.rows["name"].tolist()[:2] == ["forward", "ampere_sgemm_128x64_tn"]
+    assert list(table.display(2).columns) == [
+        "Name", "Self CPU %", "Self CPU (ms)", "CPU total %", "CPU total (ms)", "CPU time avg (µs)",
+        "Self CUDA (ms)", "Self CUDA %", "CUDA total (ms)", "CUDA time avg (µs)", "# of Calls",
+    ]  # fmt: skip
+    by_total = averages_table(averages, sort="cuda_total").rows["name"].tolist()
+    # aten::mm has 9 ms of kernels below it: tied with its kernel, ties go by name
+    assert by_total[:3] == ["forward", "ampere_sgemm_128x64_tn", "aten::mm"]
+    assert averages_table(averages, sort="calls").rows["name"].iloc[0] == "cudaLaunchKernel"
