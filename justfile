@@ -29,3 +29,7 @@ demo:
 # On a GPU machine: the tests that need CUDA (and nsys where present).
 test-gpu:
     python -m pytest -q -m "gpu or nsys" -rs
+
+# On the GPU machine: profkit torch fixtures, the large report, the cross-check's torch side.
+gpu-torch:
+    bash benchmarks/gpu_torch.sh

@@ -404,9 +404,14 @@ def test_real_gpu_trace_matches_independent_counts() -> None:
     assert int((k["end"] - k["start"]).sum()) == expected["gpu_time_ns"]
     assert int(k["launch_start"].notna().sum()) == expected["activities_with_launch"]
     assert trace.ranges["name"].value_counts().to_dict() == expected["ranges"]
-    backward = trace.ranges[trace.ranges["name"] == "backward"].iloc[0]
-    launched_in_backward = k[
-        (k["launch_start"] >= backward["start"]) & (k["launch_start"] < backward["end"])
-    ]
-    # The reason for the attribution rule: backward kernels come from another thread.
-    assert (launched_in_backward["launch_thread"] != backward["thread"]).mean() > 0.9
+
+    def launched_in(phase: str) -> tuple[pd.DataFrame, int]:
+        r = trace.ranges[trace.ranges["name"] == phase].iloc[0]
+        return k[(k["launch_start"] >= r["start"]) & (k["launch_start"] < r["end"])], r["thread"]
+
+    # Launch calls and ranges share one thread-id space: forward launches on its thread...
+    forward, main = launched_in("forward")
+    assert len(forward) > 0 and (forward["launch_thread"] == main).all()
+    # ...and the reason for the attribution rule: backward kernels come from another one.
+    backward, main = launched_in("backward")
+    assert (backward["launch_thread"] != main).mean() > 0.9

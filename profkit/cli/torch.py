@@ -36,6 +36,7 @@ from profkit.cli._common import (
     workload_configs,
 )
 from profkit.render import check_format, emit_tables, err_console
+from profkit.torchprof_report import TABLE_DIGITS
 from profkit.torchprof_tables import SORT_CHOICES
 
 RecordShapesOpt = Annotated[
@@ -135,9 +136,7 @@ def torch_(
         result = torchprof.profile_torch(
             config, options, name=name, out_dir=out_dir, on_step=on_step
         )
-    emit_tables(
-        result.tables(), fmt, out, json_value=result.to_dict(), digits=torchprof.TABLE_DIGITS
-    )
+    emit_tables(result.tables(), fmt, out, json_value=result.to_dict(), digits=TABLE_DIGITS)
     for warning in result.warnings:
         err_console.print(f"[yellow]note:[/] {warning}", highlight=False)
     written = [str(run.trace_path) for run in result.runs] + [str(result.report_path)]
