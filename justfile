@@ -37,3 +37,7 @@ gpu-bench:
 # On the GPU machine: memory fixtures, the 2.7B memory study and an OOM (outputs under $OUT).
 gpu-memory:
     bash benchmarks/gpu_memory.sh
+
+# On the GPU machine: profkit torch fixtures, the large report, the cross-check's torch side.
+gpu-torch:
+    bash benchmarks/gpu_torch.sh

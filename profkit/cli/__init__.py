@@ -44,6 +44,7 @@ from profkit.cli import (  # noqa: E402, F401
     precision,
     sizes,
 )
+from profkit.cli import torch as _torch  # noqa: E402, F401  (the module name shadows torch)
 
 
 def main() -> None:

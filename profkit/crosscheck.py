@@ -1,0 +1,86 @@
+"""One backend against another: per-phase kernel counts and GPU times side by side.
+
+``profkit kernels A.sqlite B.json.gz --compare`` loads each trace, analyses it as usual,
+and hands the ``phases`` tables to :func:`compare_phases`. Nsight Systems and
+torch.profiler (CUPTI both) time the same kernels, so for the same config the phase
+times should agree closely; a large gap means a phase attributed differently (or a run
+that differed), which is what the check is for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from profkit.errors import BadInput
+
+PHASE_ORDER = ("forward", "backward", "optimizer")
+TRAILING = ("unattributed",)
+TOTAL = "total"
+NEEDED = ("phase", "kernels", "gpu_time_ms")
+
+
+def compare_phases(
+    reports: Sequence[tuple[str, pd.DataFrame]], tolerance_pct: float = 5.0
+) -> pd.DataFrame:
+    """Side-by-side phase table of several reports, each compared with the first.
+
+    ``reports`` is ``[(label, phases), ...]`` where ``phases`` has the columns ``phase``,
+    ``kernels`` and ``gpu_time_ms`` (the ``phases`` table of a kernel report). The result
+    has one row per phase (``forward``, ``backward``, ``optimizer``, others in order of
+    appearance, ``unattributed``, then ``total``) and the columns ``LABEL kernels`` and
+    ``LABEL gpu_time_ms`` per report, then for each report after the first (the reference
+    REF): ``LABEL − REF gpu_time_ms``, ``LABEL vs REF %`` (the difference relative to REF;
+    NaN where REF is 0) and ``LABEL within T%`` (``|%| <= tolerance_pct``, or both 0). A phase a
+    report lacks counts as 0 kernels and 0 ms there: no kernel was attributed to it.
+    """
+    if len(reports) < 2:
+        raise BadInput("comparing needs at least two traces")
+    labels = _unique_labels([label for label, _ in reports])
+    tables = [_check(label, df) for label, (_, df) in zip(labels, reports, strict=True)]
+    phases = _phase_order(tables)
+    out = pd.DataFrame({"phase": [*phases, TOTAL]})
+    for label, table in zip(labels, tables, strict=True):
+        summed = table.groupby("phase", sort=False)[["kernels", "gpu_time_ms"]].sum()
+        summed = summed.reindex(phases, fill_value=0)
+        out[f"{label} kernels"] = np.append(summed["kernels"].to_numpy(), summed["kernels"].sum())
+        out[f"{label} gpu_time_ms"] = np.append(
+            summed["gpu_time_ms"].to_numpy(dtype=float), summed["gpu_time_ms"].sum()
+        )
+    out = out.astype({f"{label} kernels": "int64" for label in labels})
+    ref = labels[0]
+    ref_ms = out[f"{ref} gpu_time_ms"]
+    for label in labels[1:]:
+        diff = out[f"{label} gpu_time_ms"] - ref_ms
+        pct = 100.0 * diff / ref_ms.where(ref_ms != 0)
+        out[f"{label} − {ref} gpu_time_ms"] = diff
+        out[f"{label} vs {ref} %"] = pct
+        out[f"{label} within {tolerance_pct:g}%"] = (pct.abs() <= tolerance_pct) | (diff == 0)
+    return out
+
+
+def _unique_labels(labels: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    unique = []
+    for label in labels:
+        label = str(label).strip() or "trace"
+        seen[label] = seen.get(label, 0) + 1
+        unique.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
+    return unique
+
+
+def _check(label: str, df: pd.DataFrame) -> pd.DataFrame:
+    missing = [c for c in NEEDED if c not in df.columns]
+    if missing:
+        raise BadInput(f"{label}: the phases table lacks {', '.join(missing)}")
+    return df[list(NEEDED)].astype({"phase": str})
+
+
+def _phase_order(tables: list[pd.DataFrame]) -> list[str]:
+    seen = list(dict.fromkeys(p for t in tables for p in t["phase"]))
+    head = [p for p in PHASE_ORDER if p in seen]
+    tail = [p for p in TRAILING if p in seen]
+    middle = [p for p in seen if p not in head and p not in tail and p != TOTAL]
+    return head + middle + tail

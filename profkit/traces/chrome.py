@@ -1,0 +1,307 @@
+"""Chrome traces written by torch.profiler (Kineto), ``.json`` or ``.json.gz``, as a Trace.
+
+How Kineto events map to the two tables (see ``profkit.traces.schema``):
+
+- ``ranges`` come from ``user_annotation`` events: every ``record_function`` range,
+  hence every ``profkit.phase``/``annotate`` range, with the thread that opened it and its
+  nesting depth on that thread. ``ProfilerStep#N`` ranges (the profiler's own, one per
+  ``prof.step()``) are left out so that they never become the outermost "phase"; their
+  windows are kept in ``meta["profiler_steps"]``. ``gpu_user_annotation`` events are
+  ignored: Kineto projects each CPU range onto the GPU by the kernels whose launching
+  op it encloses on the same thread, so the backward kernels (launched from autograd
+  threads) fall outside ``backward`` there. Attribution works from launches instead.
+- ``kernels`` come from ``kernel``, ``gpu_memcpy`` and ``gpu_memset`` events; each is tied
+  to its launching ``cuda_runtime``/``cuda_driver`` call through ``args.correlation``,
+  which gives ``launch_start`` and ``launch_thread``.
+
+Timestamps: the Trace Event Format's ``ts``/``dur`` are microseconds whatever
+``displayTimeUnit`` says (that key only sets the viewer's display). Kineto writes them
+as integer nanoseconds divided by 1000 with three decimals, relative to
+``baseTimeNanoseconds`` (older traces: absolute, no base). Times here are
+``baseTimeNanoseconds + ns(ts)``, with ``ns`` taken from the whole and fractional parts
+separately so that no precision is lost multiplying a ~1e12 µs double by 1000;
+``end = start + ns(dur)`` so durations are exact to the nanosecond.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import gzip
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from profkit.errors import BadInput
+from profkit.traces.chrome_tables import kernels_table, ranges_table, short_kernel_name, to_ns
+from profkit.traces.schema import Trace
+
+_loads: Callable[[bytes], Any]
+try:  # orjson parses large traces several times faster than json, which is the fallback
+    import orjson  # (the GPU machine's bare Python may lack it)
+
+    _loads = orjson.loads
+    _DECODE_ERRORS: tuple[type[Exception], ...] = (orjson.JSONDecodeError, UnicodeDecodeError)
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    import json
+
+    _loads = json.loads
+    _DECODE_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
+
+__all__ = ["FORMAT", "is_chrome_trace", "read_chrome_trace", "short_kernel_name", "to_ns"]
+
+FORMAT = "chrome"
+SNIFF_BYTES = 64 * 1024
+_GZIP_MAGIC = b"\x1f\x8b"
+
+# What each Kineto event category is to the reader (the capitalised names come from
+# older Kineto versions). GPU activities map to their ``kind``; metadata has no category.
+_LAUNCH, _RANGE, _META = "launch", "range", "meta"
+_ROLE: dict[Any, str] = {
+    "kernel": "kernel",
+    "Kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "Memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "Memset": "memset",
+    "cuda_runtime": _LAUNCH,
+    "cuda_driver": _LAUNCH,
+    "Runtime": _LAUNCH,
+    "Driver": _LAUNCH,
+    "privateuse1_runtime": _LAUNCH,
+    "privateuse1_driver": _LAUNCH,
+    "user_annotation": _RANGE,
+    None: _META,
+}
+
+
+def is_chrome_trace(path: str | PathLike[str]) -> bool:
+    """Whether ``path`` should be read as a Chrome trace (for the reader registry).
+
+    True for names ending in ``.json`` or ``.json.gz`` (the reader then says precisely
+    what is wrong with a bad one), and for other files whose first bytes look like a
+    trace (``{"traceEvents"...`` or an array of events). Never raises.
+    """
+    p = Path(path)
+    name = p.name.lower()
+    if name.endswith((".json", ".json.gz")):
+        return True
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(SNIFF_BYTES)
+        if head.startswith(_GZIP_MAGIC):
+            with gzip.open(p, "rb") as fh:
+                head = fh.read(SNIFF_BYTES)
+    except (OSError, EOFError, zlib.error):
+        return False
+    text = head.lstrip()
+    return (text.startswith(b"{") and b'"traceEvents"' in text) or (
+        text.startswith(b"[") and b'"ph"' in text
+    )
+
+
+def read_chrome_trace(path: str | PathLike[str]) -> Trace:
+    """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a :class:`Trace`.
+
+    Raises :class:`BadInput` (one line) for a missing file, truncated or corrupt gzip,
+    invalid JSON, or JSON that is not a Chrome trace. A trace without GPU activity (a
+    CPU-only run) still returns its ranges, with a warning in ``meta["warnings"]``.
+    """
+    p = Path(path)
+    with _gc_paused():
+        doc = _loads_trace(p)
+        header, collected = _events_of(p, doc)
+        del doc  # the columns are all we keep; free the parsed events before building tables
+    base_ns = _int_or(header.get("baseTimeNanoseconds"), 0)
+    ranges, steps = ranges_table(collected["ranges"], base_ns)
+    kernels = kernels_table(collected["gpu"], collected["launches"], base_ns)
+    meta = _meta(p, header, collected, ranges, kernels, steps)
+    return Trace(kernels=kernels, ranges=ranges, meta=meta)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while millions of (acyclic) event dicts are created.
+
+    Each few hundred new containers trigger a collection that walks ever more objects;
+    that made ``orjson.loads`` of a 300 MB trace 2.7x slower (docs/PERFORMANCE.md).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _events_of(p: Path, doc: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+        events: list[Any] = doc["traceEvents"]
+        header = {k: v for k, v in doc.items() if k != "traceEvents"}
+    elif isinstance(doc, list) and any(isinstance(e, dict) and "ph" in e for e in doc[:100]):
+        events, header = doc, {}
+    else:
+        raise BadInput(f"{p} is JSON but not a Chrome trace (no traceEvents list)")
+    return header, _collect(events)
+
+
+def _loads_trace(path: Path) -> Any:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise BadInput(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise BadInput(f"{path} is a directory, not a trace file") from None
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+    if data.startswith(_GZIP_MAGIC):
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise BadInput(f"{path} is a truncated or corrupt gzip file ({exc})") from None
+    if not data.strip():
+        raise BadInput(f"{path} is empty, not a Chrome trace")
+    try:
+        return _loads(data)
+    except _DECODE_ERRORS as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = " (truncated?)" if "end of" in detail.lower() or "eof" in detail.lower() else ""
+        raise BadInput(f"{path} is not valid JSON{hint}: {detail}") from None
+
+
+def _collect(events: Iterable[Any]) -> dict[str, Any]:
+    """One pass over the events, keeping one tuple per event the tables need.
+
+    Every value of a row is computed before the row is kept, so a malformed event
+    (missing ``ts``, non-numeric ``tid``) is dropped alone and counted.
+    """
+    ranges: list[tuple[str, float, float, int]] = []
+    gpu: list[tuple[str, str, float, float, int, int, int, str, str]] = []
+    launches: list[tuple[int, float, int]] = []
+    threads: dict[int, str] = {}
+    malformed = 0
+    total = 0
+    role_of = _ROLE.get
+    for ev in events:
+        total += 1
+        if type(ev) is not dict:
+            malformed += 1
+            continue
+        role = role_of(ev.get("cat"))
+        if role is None:
+            continue
+        try:
+            if role == _LAUNCH:
+                corr = ev["args"].get("correlation")
+                if corr is not None:
+                    launches.append((int(corr), float(ev["ts"]), int(ev["tid"])))
+            elif role == _RANGE:
+                if ev.get("ph") == "X":
+                    ranges.append(
+                        (str(ev["name"]), float(ev["ts"]), float(ev["dur"]), int(ev["tid"]))
+                    )
+            elif role == _META:
+                if ev.get("ph") == "M" and ev.get("name") == "thread_name":
+                    threads[int(ev["tid"])] = str((ev.get("args") or {}).get("name", ""))
+            else:
+                args = ev.get("args") or {}
+                gpu.append(
+                    (
+                        str(ev.get("name", "")),
+                        role,
+                        float(ev["ts"]),
+                        float(ev["dur"]),
+                        int(args["device"] if "device" in args else ev.get("pid", 0)),
+                        _int_or(args.get("stream", ev.get("tid")), -1),
+                        _int_or(args.get("correlation"), -1),
+                        _dim3(args.get("grid")),
+                        _dim3(args.get("block")),
+                    )
+                )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            malformed += 1
+    return {
+        "ranges": _columns(ranges, 4),
+        "gpu": _columns(gpu, 9),
+        "launches": _columns(launches, 3),
+        "threads": threads,
+        "malformed": malformed,
+        "events": total,
+    }
+
+
+def _columns(rows: list[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
+    """Rows to columns (``width`` empty columns when there are no rows)."""
+    if not rows:
+        return tuple([] for _ in range(width))
+    return tuple(list(column) for column in zip(*rows, strict=True))
+
+
+def _int_or(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _dim3(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(str(int(v)) for v in value)
+    return ""
+
+
+def _meta(
+    path: Path,
+    header: dict[str, Any],
+    collected: dict[str, Any],
+    ranges: pd.DataFrame,
+    kernels: pd.DataFrame,
+    steps: list[dict[str, Any]],
+) -> dict[str, Any]:
+    warnings: list[str] = []
+    if kernels.empty:
+        warnings.append(
+            "no GPU kernels were recorded (a CPU-only run, or CUDA activity not profiled): "
+            "only the CPU ranges are available"
+        )
+    else:
+        unlaunched = int(kernels["launch_start"].isna().sum())
+        if unlaunched:
+            warnings.append(
+                f"{unlaunched:,} of {len(kernels):,} GPU activities have no matching "
+                "runtime/driver launch (correlation id); they stay unattributed"
+            )
+    if ranges.empty:
+        warnings.append(
+            "no record_function ranges: kernels cannot be attributed to phases "
+            "(wrap the step's parts in profkit.phase(...))"
+        )
+    if collected["malformed"]:
+        warnings.append(f"skipped {collected['malformed']:,} malformed events")
+    devices = header.get("deviceProperties") or []
+    meta: dict[str, Any] = {
+        "path": str(path),
+        "format": FORMAT,
+        "events": collected["events"],
+        "gpus": [d.get("name") for d in devices if isinstance(d, dict)],
+        "threads": collected["threads"],
+        "profiler_steps": steps,
+        "base_time_ns": _int_or(header.get("baseTimeNanoseconds"), 0),
+        "display_time_unit": header.get("displayTimeUnit"),
+        "warnings": warnings,
+    }
+    for key in ("schemaVersion", "trace_id", "cuda_runtime_version", "cuda_driver_version",
+                "cupti_version", "record_shapes", "with_stack", "profile_memory"):  # fmt: skip
+        if key in header:
+            meta[key] = header[key]
+    profkit = header.get("profkit")  # what profkit torch adds: command, version, config
+    if isinstance(profkit, dict):
+        meta["profkit"] = profkit
+        if isinstance(profkit.get("config"), dict):
+            meta["config"] = profkit["config"]
+    return meta

@@ -1,0 +1,153 @@
+"""The two tables of a Chrome trace, from the columns the reader collected.
+
+``to_ns`` turns Kineto's microsecond floats into exact integer nanoseconds; the ranges
+get their per-thread nesting depth; GPU activities get nsys-style names for copies and
+sets, a short name, and their launch (runtime/driver call) by correlation id.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.traces.schema import (
+    KERNEL_COLUMNS,
+    RANGE_COLUMNS,
+    conform,
+    empty_kernels,
+    empty_ranges,
+)
+
+_PROFILER_STEP = re.compile(r"ProfilerStep#\d+")
+_MEMCPY_KIND = re.compile(r"memcpy\s+(\w+)", re.IGNORECASE)
+
+
+def to_ns(us: Any, base_ns: int = 0) -> np.ndarray:
+    """Microsecond floats (Kineto ``ts``/``dur``) to integer nanoseconds, plus ``base_ns``.
+
+    Whole and fractional microseconds are converted apart: ``ts * 1000`` on a ~4e12 µs
+    double can be off by a nanosecond, the split cannot (while ts < 2**43 µs).
+    """
+    values = np.asarray(us, dtype=np.float64)
+    whole = np.floor(values)
+    frac_ns = np.rint((values - whole) * 1000.0).astype(np.int64)
+    return whole.astype(np.int64) * 1000 + frac_ns + np.int64(base_ns)
+
+
+def ranges_table(
+    columns: tuple[list[str], list[float], list[float], list[int]], base_ns: int
+) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    names, ts, dur, tids = columns
+    if not names:
+        return empty_ranges(), []
+    start = to_ns(ts, base_ns)
+    df = pd.DataFrame(
+        {
+            "name": names,
+            "start": start,
+            "end": start + to_ns(dur),
+            "thread": np.asarray(tids, dtype=np.int64),
+        }
+    )
+    is_step = df["name"].str.fullmatch(_PROFILER_STEP.pattern)
+    steps = [
+        {"name": r.name, "start": int(r.start), "end": int(r.end), "thread": int(r.thread)}
+        for r in df[is_step].sort_values("start").itertuples(index=False)
+    ]
+    df = df[~is_step].sort_values(["thread", "start", "end"], ascending=[True, True, False])
+    df["depth"] = _depths(df["thread"].to_numpy(), df["start"].to_numpy(), df["end"].to_numpy())
+    df["domain"] = ""
+    df = df.sort_values(["start", "depth"], kind="stable")
+    return conform(df, RANGE_COLUMNS), steps
+
+
+def _depths(threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Nesting depth of each range on its thread; input sorted by thread, start, -end."""
+    depth = np.zeros(len(starts), dtype=np.int64)
+    open_ends: list[int] = []
+    current = None
+    for i in range(len(starts)):
+        if threads[i] != current:
+            current, open_ends = threads[i], []
+        while open_ends and open_ends[-1] <= starts[i]:
+            open_ends.pop()
+        depth[i] = len(open_ends)
+        open_ends.append(ends[i])
+    return depth
+
+
+def kernels_table(
+    gpu: tuple[list[Any], ...], launches: tuple[list[Any], ...], base_ns: int
+) -> pd.DataFrame:
+    names, kinds, ts, dur, dev, stream, corr, grid, block = gpu
+    if not names:
+        return empty_kernels()
+    start = to_ns(ts, base_ns)
+    df = pd.DataFrame(
+        {
+            "name": names,
+            "kind": kinds,
+            "start": start,
+            "end": start + to_ns(dur),
+            "device": np.asarray(dev, dtype=np.int64),
+            "stream": np.asarray(stream, dtype=np.int64),
+            "correlation_id": np.asarray(corr, dtype=np.int64),
+            "grid": grid,
+            "block": block,
+        }
+    )
+    df["name"] = _activity_names(df["name"], df["kind"])
+    unique = df["name"].unique()
+    shorts = {n: (n if n.startswith("[") else short_kernel_name(n)) for n in unique}
+    df["short_name"] = df["name"].map(shorts)
+    l_corr, l_ts, l_tid = launches
+    launch = pd.DataFrame(
+        {
+            "correlation_id": np.asarray(l_corr, dtype=np.int64),
+            "launch_start": to_ns(l_ts, base_ns),
+            "launch_thread": np.asarray(l_tid, dtype=np.int64),
+        }
+    )
+    # One launch per correlation id: the outermost (earliest) call if a runtime call and
+    # the driver call inside it were both recorded under the same id.
+    launch = launch.sort_values("launch_start").drop_duplicates("correlation_id")
+    df = df.merge(launch, on="correlation_id", how="left")
+    df.loc[df["correlation_id"] < 0, ["launch_start", "launch_thread"]] = pd.NA
+    df = df.sort_values(["start", "end"], kind="stable")
+    return conform(df, KERNEL_COLUMNS)
+
+
+def _activity_names(names: pd.Series, kinds: pd.Series) -> pd.Series:
+    """Copies and sets named like nsys's: ``[memcpy HtoD]``, ``[memset]``."""
+    out = names.copy()
+    copies = kinds == "memcpy"
+    if copies.any():
+        kind = names[copies].str.extract(_MEMCPY_KIND, expand=False).fillna("")
+        out[copies] = ("[memcpy " + kind + "]").str.replace(" ]", "]", regex=False)
+    out[kinds == "memset"] = "[memset]"
+    return out
+
+
+def short_kernel_name(name: str) -> str:
+    """A kernel's function name without namespaces, template arguments or parameters.
+
+    ``void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)`` becomes
+    ``vectorized_elementwise_kernel`` (what nsys calls the short name).
+    """
+    depth = 0
+    kept: list[str] = []
+    for char in name:
+        if char == "<":
+            depth += 1
+        elif char == ">":
+            depth = max(depth - 1, 0)
+        elif char == "(" and depth == 0:
+            break
+        elif depth == 0:
+            kept.append(char)
+    bare = "".join(kept).strip()
+    last = bare.split()[-1] if bare.split() else name
+    return last.rsplit("::", 1)[-1] or name
