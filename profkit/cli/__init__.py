@@ -38,6 +38,7 @@ def _root(
 from profkit.cli import (  # noqa: E402, F401
     attention,
     bench,
+    compare,
     demo,
     doctor,
     memory,

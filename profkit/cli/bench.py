@@ -19,6 +19,7 @@ from rich.progress import (
 )
 
 from profkit import bench as bench_lib
+from profkit import compare as compare_lib
 from profkit.cli import app
 from profkit.cli._common import (
     AttentionOpt,
@@ -38,6 +39,7 @@ from profkit.cli._common import (
     command,
     workload_configs,
 )
+from profkit.cli.compare import render_comparison
 from profkit.config import WorkloadConfig
 from profkit.errors import BadInput
 from profkit.render import check_format, emit_tables, err_console
@@ -49,6 +51,14 @@ ResumeOpt = Annotated[
 TimeoutOpt = Annotated[
     float | None,
     typer.Option("--timeout", help="Seconds per config before its process is killed."),
+]
+CompareOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--compare",
+        help="Print the sweep as a comparison of this field instead: "
+        "dtype | compile | warmup | attention | mode (see `profkit compare`).",
+    ),
 ]
 
 
@@ -119,6 +129,7 @@ def bench(
     db: DbOpt = DEFAULT_DB,
     resume: ResumeOpt = False,
     timeout: TimeoutOpt = None,
+    compare: CompareOpt = None,
     fmt: FormatOpt = "table",
     out: OutOpt = None,
 ) -> None:
@@ -126,7 +137,8 @@ def bench(
 
     Each config runs in its own process: an OOM or a crash becomes a row with status
     oom|error and the sweep goes on. Every finished row is committed to the results DB at
-    once (Ctrl-C keeps them); --resume skips configs already there.
+    once (Ctrl-C keeps them); --resume skips configs already there. --compare dtype
+    prints fp32 and bf16 side by side with Δ ms and Δ % instead of the rows.
 
     Example: profkit bench --size small medium --ctx 128 256 --mode forward train --bf16
     """
@@ -138,6 +150,8 @@ def bench(
     configs = workload_configs(
         size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
     )
+    if compare is not None:  # a sweep with one dtype has nothing to compare: say so now
+        compare_lib.check_sweep(compare, (getattr(c, compare, None) for c in configs))
     # `--device cuda` without CUDA, a corrupt DB: one line, before the bar or any child.
     bench_lib.resolve_devices(configs)
     with opened(db):
@@ -145,4 +159,7 @@ def bench(
     with sweep_progress(configs) as (on_start, on_row):
         rows = bench_lib.bench(configs, db, resume, timeout, on_start, on_row)
     err_console.print(f"results database: {db}", highlight=False)
-    render_rows(rows, fmt, out)
+    if compare is not None:
+        render_comparison(compare_lib.compare(rows, compare), fmt, out)
+    else:
+        render_rows(rows, fmt, out)

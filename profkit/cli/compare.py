@@ -1,0 +1,99 @@
+"""``profkit compare FIELD``: course-report comparisons built from the results DB alone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from profkit import bench as bench_lib
+from profkit import compare as compare_lib
+from profkit.cli import app
+from profkit.cli._common import (
+    AttentionOpt,
+    BatchOpt,
+    CtxOpt,
+    DtypeOpt,
+    FormatOpt,
+    ModeOpt,
+    OutOpt,
+    SizeOpt,
+    WarmupOpt,
+    command,
+    compile_values,
+)
+from profkit.errors import BadInput
+from profkit.render import check_format, emit_tables, err_console
+from profkit.results import DEFAULT_DB, check_writable
+
+FieldArg = Annotated[
+    str, typer.Argument(help="The field that varies: dtype | compile | warmup | attention | mode.")
+]
+ReadDbOpt = Annotated[Path, typer.Option("--db", help="Results database to read.")]
+CompileFilterOpt = Annotated[
+    str | None, typer.Option("--compile", help="no | yes | both (default: any).")
+]
+StepsFilterOpt = Annotated[list[int], typer.Option("--steps", help="Timed steps.")]
+DeviceFilterOpt = Annotated[str | None, typer.Option("--device", help="cpu | cuda | mps.")]
+
+
+def render_comparison(comparison: compare_lib.Comparison, fmt: str, out: Path | None) -> None:
+    """Tables per phase (table, md), one table with a phase column (csv), or the records (json)."""
+    if fmt == "csv":
+        tables = [("", compare_lib.table(comparison))]
+    else:
+        tables = compare_lib.tables(comparison)
+    emit_tables(tables, fmt, out, json_value=compare_lib.records(comparison))
+    if comparison.unpaired:
+        err_console.print(
+            f"left out, no other {comparison.field} to compare with: "
+            + ", ".join(comparison.unpaired),
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+@command(app)
+def compare(
+    field: FieldArg,
+    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults, never mutates them
+    ctx: CtxOpt = [],  # noqa: B006
+    batch: BatchOpt = [],  # noqa: B006
+    mode: ModeOpt = [],  # noqa: B006
+    dtype: DtypeOpt = [],  # noqa: B006
+    compile: CompileFilterOpt = None,
+    attention: AttentionOpt = [],  # noqa: B006
+    warmup: WarmupOpt = [],  # noqa: B006
+    steps: StepsFilterOpt = [],  # noqa: B006
+    device: DeviceFilterOpt = None,
+    db: ReadDbOpt = DEFAULT_DB,
+    fmt: FormatOpt = "table",
+    out: OutOpt = None,
+) -> None:
+    """Compare bench rows that differ only in FIELD, from the results DB alone.
+
+    Runs nothing. Per size × context and phase (forward, forward+backward,
+    optimizer, step): each variant's mean ms side by side, with Δ ms and Δ %
+    against the baseline (fp32, eager, naive, fewest warm-up steps, forward).
+    `warmup` shows mean, std and the first timed step next to the median.
+    The options filter the rows; an option left out matches any value.
+
+    Example: profkit compare dtype --size small medium --mode train
+    """
+    compare_lib.check_field(field)
+    check_format(fmt)
+    if out is not None:
+        check_writable(out)
+    filters: dict[str, Sequence[Any]] = {
+        "size": size, "ctx": ctx, "batch": batch, "mode": mode, "dtype": dtype,
+        "compile": compile_values(compile) if compile is not None else (),
+        "attention": attention, "warmup": warmup, "steps": steps,
+        "device": [device] if device else [],
+    }  # fmt: skip
+    stored = bench_lib.load(db)
+    if not stored:
+        raise BadInput(f"nothing to compare: {db} holds no bench rows")
+    comparison = compare_lib.compare(compare_lib.select(stored, filters), field)
+    render_comparison(comparison, fmt, out)
