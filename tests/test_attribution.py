@@ -254,7 +254,7 @@ def test_short_names_keep_the_functor() -> None:
         short_kernel_name("nvjet_sm90_tst_48x64_64x15_2x1_v_bz_TNN")
         == "nvjet_sm90_tst_48x64_64x15_2x1_v_bz_TNN"
     )
-    assert len(short_kernel_name("x" * 200)) == 72
+    assert len(short_kernel_name("x" * 200)) == 80
 
 
 # --- the report ----------------------------------------------------------------------------

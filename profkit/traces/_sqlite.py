@@ -10,8 +10,13 @@ so they stay aligned row for row.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -20,6 +25,7 @@ from profkit.errors import BadInput
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_BYTES = 100
 CHUNK_ROWS = 500_000  # ~10 MB of text per column per chunk: bounded memory, few queries
+T = TypeVar("T")
 
 
 def check_sqlite_file(path: Path, what: str) -> None:
@@ -57,11 +63,15 @@ def check_sqlite_file(path: Path, what: str) -> None:
         )
 
 
-def open_readonly(path: Path) -> sqlite3.Connection:
-    """A read-only connection that never writes beside the file (no journal, no locks)."""
+def open_readonly(path: Path, any_thread: bool = False) -> sqlite3.Connection:
+    """A read-only connection that never writes beside the file (no journal, no locks).
+
+    ``any_thread`` lets another thread than the opener's close it (it is still used by one
+    thread at a time).
+    """
     uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
     try:
-        conn = sqlite3.connect(uri, uri=True)
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=not any_thread)
         conn.execute("PRAGMA cache_size = -65536")  # 64 MiB: the scans below reread pages
     except sqlite3.Error as exc:
         raise BadInput(f"{path} is corrupt: SQLite cannot read it ({exc})") from None
@@ -86,26 +96,116 @@ def read_int_columns(
     ``exprs`` maps each output name to an SQL expression over the table's columns (packing
     several small columns into one integer saves a column's worth of work).
     """
+    query = _chunk_query(table, exprs, where, missing)
+    chunks = [_read_chunk(conn, query, table, exprs, lo) for lo in _chunk_starts(conn, table)]
+    return _concatenate(chunks, exprs)
+
+
+class ParallelReader:
+    """Reads chunks of integer columns on a few threads, each with its own connection.
+
+    SQLite aggregates without holding the GIL, so chunks of several tables are read at the
+    same time; submit everything first, then collect the results in order::
+
+        with ParallelReader(path) as reader:
+            kernels = reader.columns(conn, "CUPTI_ACTIVITY_KIND_KERNEL", {"start": "start"})
+            calls = reader.columns(conn, "CUPTI_ACTIVITY_KIND_RUNTIME", {...})
+            kernels.result(), calls.result()
+    """
+
+    def __init__(self, path: Path, threads: int | None = None) -> None:
+        self.path = path
+        self.pool = ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1))
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> ParallelReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for conn in self._connections:
+            conn.close()
+
+    def connection(self) -> sqlite3.Connection:
+        """This worker thread's own connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = open_readonly(self.path, any_thread=True)  # closed by __exit__'s thread
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    def columns(
+        self,
+        conn: sqlite3.Connection,
+        table: str,
+        exprs: dict[str, str],
+        where: str = "",
+        missing: int = -1,
+    ) -> Pending:
+        """Queue the read of ``read_int_columns(table, exprs, where)``; ``.result()`` waits."""
+        query = _chunk_query(table, exprs, where, missing)
+
+        def chunk(lo: int) -> dict[str, np.ndarray]:
+            return _read_chunk(self.connection(), query, table, exprs, lo)
+
+        futures = [self.pool.submit(chunk, lo) for lo in _chunk_starts(conn, table)]
+        return Pending(futures, list(exprs))
+
+    def call(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
+        """Run ``fn(connection)`` on a worker thread."""
+        return self.pool.submit(lambda: fn(self.connection()))
+
+
+class Pending:
+    """A queued read: :meth:`result` waits for it and concatenates its chunks."""
+
+    def __init__(self, futures: list[Future[dict[str, np.ndarray]]], names: list[str]) -> None:
+        self._futures = futures
+        self.names = names
+
+    def chunks(self) -> list[dict[str, np.ndarray]]:
+        """The columns of each chunk, in rowid order (to concatenate once, with others)."""
+        return [future.result() for future in self._futures]
+
+    def result(self) -> dict[str, np.ndarray]:
+        return _concatenate(self.chunks(), self.names)
+
+
+def _chunk_starts(conn: sqlite3.Connection, table: str) -> range:
     lo, hi = conn.execute(f'SELECT min(rowid), max(rowid) FROM "{table}"').fetchone()
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in exprs}
-    if lo is None:
-        return {name: np.empty(0, dtype=np.int64) for name in exprs}
+    return range(0) if lo is None else range(lo, hi + 1, CHUNK_ROWS)
+
+
+def _chunk_query(table: str, exprs: dict[str, str], where: str, missing: int) -> str:
     # NULL -> ``missing`` keeps the columns aligned: group_concat skips NULLs.
-    selects = ", ".join(f"group_concat(ifnull({expr}, {missing}))" for expr in exprs.values())
+    selects = "".join(f", group_concat(ifnull({expr}, {missing}))" for expr in exprs.values())
     condition = f" AND ({where})" if where else ""
-    query = f'SELECT count(*), {selects} FROM "{table}" WHERE rowid >= ? AND rowid < ?{condition}'
-    for start in range(lo, hi + 1, CHUNK_ROWS):
-        count, *texts = conn.execute(query, (start, start + CHUNK_ROWS)).fetchone()
-        if not count:
-            continue
-        for name, text in zip(exprs, texts, strict=True):
-            values = np.fromstring(text, dtype=np.int64, sep=",")  # text mode: not deprecated
-            if len(values) != count:
-                raise sqlite3.DatabaseError(f"column {name!r} of {table} is not all integers")
-            parts[name].append(values)
+    return f'SELECT count(*){selects} FROM "{table}" WHERE rowid >= ? AND rowid < ?{condition}'
+
+
+def _read_chunk(
+    conn: sqlite3.Connection, query: str, table: str, exprs: dict[str, str], lo: int
+) -> dict[str, np.ndarray]:
+    count, *texts = conn.execute(query, (lo, lo + CHUNK_ROWS)).fetchone()
+    chunk = {}
+    for name, text in zip(exprs, texts, strict=True):
+        values = np.fromstring(text or "", dtype=np.int64, sep=",")  # text mode: supported
+        if len(values) != count:
+            raise sqlite3.DatabaseError(f"column {name!r} of {table} is not all integers")
+        chunk[name] = values
+    return chunk
+
+
+def _concatenate(
+    chunks: list[dict[str, np.ndarray]], names: Iterable[str]
+) -> dict[str, np.ndarray]:
     return {
-        name: np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
-        for name, chunks in parts.items()
+        name: np.concatenate([c[name] for c in chunks]) if chunks else np.empty(0, np.int64)
+        for name in names
     }
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,11 @@ NVTX_TABLE = "NVTX_EVENTS"
 PID_BITS = "((globalPid >> 24) & 16777215)"
 TID_PID_BITS = "((globalTid >> 24) & 16777215)"
 SHIFT32 = 4_294_967_296
+PASS_THROUGH = ("start", "duration", "key", "devstream")
+DEVICES = 1024  # CUDA device ordinals are far below this
+# Grid x < 2^31, y and z < 2^16; block x, y <= 1024, z <= 64: packed as x + base·(y-1 + ...)
+GRID_EXPR = "gridX + 2147483648 * ((gridY - 1) + 65536 * (gridZ - 1))"
+BLOCK_EXPR = "blockX + 2048 * ((blockY - 1) + 1024 * (blockZ - 1))"
 # API calls that can put work on the GPU. Reading only these rows of the API tables halves
 # the work on real exports; any activity left unmatched triggers a read of the rest.
 LAUNCH_NAME_PATTERNS = ("%Launch%", "%Memcpy%", "%Memset%", "%Prefetch%")
@@ -82,20 +88,28 @@ def read_nsys_sqlite(path: str | Path) -> Trace:
         tables = _sqlite.table_columns(conn)
         _check_nsys(path, tables)
         meta = _meta(conn, tables, path)
-        use_pid = all("globalPid" in tables[t] for t in _activity_tables(tables))
+        codec = _Codec.of(conn, tables)
         launch_ids = _launch_name_ids(conn)
-        # The API calls and NVTX events are read on a second connection in a worker thread
-        # while this one reads the activity tables: SQLite runs without the GIL, so the
-        # two scans share the machine's cores.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            side = pool.submit(_read_side_tables, path, tables, use_pid, launch_ids)
-            activity = _activity(conn, tables)
-            calls, nvtx_rows, domain_rows = side.result()
-        if not len(activity["start"]):
-            raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
-        _join_launches(conn, tables, activity, calls, use_pid, launch_ids)
-        trace_end = int(activity["end"].max())
+        # Every table is queued at once and read in chunks by worker threads, each with its
+        # own connection: SQLite runs without the GIL, so the scans share the cores.
+        with _sqlite.ParallelReader(path) as reader:
+            activity_jobs = _activity_jobs(reader, conn, tables, codec)
+            call_jobs = _api_jobs(reader, conn, tables, codec, launch_ids, launch_only=True)
+            nvtx_job = reader.call(lambda worker: _nvtx_rows(worker, tables))
+            activity = _activity(conn, tables, activity_jobs, codec)
+            calls = _collect_calls(call_jobs, codec)
+            nvtx_rows, domain_rows = nvtx_job.result()
+            if not activity["rows"]:
+                raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
+
+            def other_calls() -> dict[str, np.ndarray]:
+                jobs = _api_jobs(reader, conn, tables, codec, launch_ids, launch_only=False)
+                return _collect_calls(jobs, codec)
+
+            # Without launch-like names, the first read already took every call.
+            _join_launches(activity, calls, other_calls if launch_ids else None)
         kernels = _kernel_frame(activity)
+        trace_end = int(kernels["end"].max())
         ranges = _ranges(nvtx_rows, domain_rows, trace_end)
     except sqlite3.DatabaseError as exc:
         raise BadInput(f"{path} is corrupt or truncated (SQLite: {exc})") from None
@@ -103,19 +117,6 @@ def read_nsys_sqlite(path: str | Path) -> Trace:
         conn.close()
     meta["sidecar"] = read_sidecar(path, meta["warnings"])
     return Trace(kernels=kernels, ranges=ranges, meta=meta)
-
-
-def _read_side_tables(
-    path: Path, tables: dict[str, list[str]], use_pid: bool, launch_ids: list[int]
-) -> tuple[dict[str, np.ndarray], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Launch API calls and NVTX events, on a connection of this thread's own."""
-    conn = _sqlite.open_readonly(path)
-    try:
-        calls = _api_calls(conn, tables, use_pid, launch_ids, launch_only=True)
-        nvtx_rows, domain_rows = _nvtx_rows(conn, tables)
-    finally:
-        conn.close()
-    return calls, nvtx_rows, domain_rows
 
 
 def sidecar_path(path: Path) -> Path:
@@ -147,93 +148,169 @@ def _check_nsys(path: Path, tables: dict[str, list[str]]) -> None:
 # --- GPU activity -------------------------------------------------------------------------
 
 
-def _key_expr(columns: list[str]) -> str:
-    pid = f"{PID_BITS} * {SHIFT32} + " if "globalPid" in columns else ""
-    return f"{pid}correlationId"
+@dataclass(frozen=True)
+class _Codec:
+    """Packs columns into small integers: text transfer costs per digit (see ``_sqlite``).
+
+    Keys are (process, correlation id) with the process counted from the first activity's,
+    so a one-process trace's keys are its correlation ids; threads travel as offsets from
+    the first API call's ``globalTid``; shapes and ids are packed so that common values
+    (``x,1,1`` grids, device 0) stay short. Every packing is exact.
+    """
+
+    use_pid: bool
+    pid0: int
+    tid0: int
+    name_bits: int
+
+    @classmethod
+    def of(cls, conn: sqlite3.Connection, tables: dict[str, list[str]]) -> _Codec:
+        use_pid = all("globalPid" in tables[t] for t in _activity_tables(tables))
+        pid0 = tid0 = 0
+        if use_pid and KERNEL_TABLE in tables:
+            row = conn.execute(f"SELECT {PID_BITS} FROM {KERNEL_TABLE} LIMIT 1").fetchone()
+            pid0 = int(row[0] or 0) if row else 0
+        for table in API_TABLES:
+            if table in tables and "globalTid" in tables[table]:
+                row = conn.execute(f"SELECT globalTid FROM {table} LIMIT 1").fetchone()
+                tid0 = int(row[0] or 0) if row else 0
+                break
+        top = conn.execute("SELECT max(id) FROM StringIds").fetchone()[0] or 1
+        return cls(use_pid, pid0, tid0, max(int(top).bit_length(), 1))
+
+    def key(self, pid_bits: str) -> str:
+        if not self.use_pid:
+            return "correlationId"
+        return f"((({pid_bits}) - {self.pid0}) & 16777215) * {SHIFT32} + correlationId"
+
+    def common(self) -> dict[str, str]:
+        return {
+            "start": "start",
+            "duration": "end - start",
+            "key": self.key(PID_BITS),
+            "devstream": f"streamId * {DEVICES} + deviceId",
+        }
+
+    def names(self, full: str, short: str) -> str:
+        return f"{full} * {1 << self.name_bits} + {short}"
+
+    def split_names(self, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return packed >> self.name_bits, packed & ((1 << self.name_bits) - 1)
 
 
-def _common_exprs(columns: list[str]) -> dict[str, str]:
-    return {
-        "start": "start",
-        "end": "end",
-        "key": _key_expr(columns),
-        "devstream": f"deviceId * {SHIFT32} + streamId",
-    }
-
-
-def _activity(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> dict[str, Any]:
-    """Kernels, copies, memsets and whole-graph rows as aligned arrays plus name codes."""
-    parts: list[dict[str, np.ndarray]] = []
-    names: list[str] = []  # full names; codes index into it
-    shorts: list[str] = []
-    grids: dict[str, int] = {"": 0}  # "x,y,z" -> code; code 0 = no grid (copies)
-
-    def add(part: dict[str, np.ndarray], kind: int, full: list[str], short: list[str]) -> None:
-        part["name"] = part.pop("name_code") + len(names)
-        part["kind"] = np.full(len(part["start"]), kind, dtype=np.int8)
-        names.extend(full)
-        shorts.extend(short)
-        parts.append(part)
-
+def _activity_jobs(
+    reader: _sqlite.ParallelReader,
+    conn: sqlite3.Connection,
+    tables: dict[str, list[str]],
+    codec: _Codec,
+) -> dict[str, _sqlite.Pending]:
+    """Queue the reads of the kernel, memcpy, memset and graph tables."""
+    jobs = {}
     if KERNEL_TABLE in tables:
         cols = tables[KERNEL_TABLE]
         name_col = next(c for c in ("demangledName", "name", "mangledName") if c in cols)
         short_col = "shortName" if "shortName" in cols else name_col
         exprs = {
-            **_common_exprs(cols),
-            "names": f"{name_col} * {SHIFT32} + {short_col}",
-            "grid": f"gridX * {SHIFT32} + gridY * 65536 + gridZ",
-            "block": f"blockX * {SHIFT32} + blockY * 65536 + blockZ",
+            **codec.common(),
+            "names": codec.names(name_col, short_col),
+            "grid": GRID_EXPR,
+            "block": BLOCK_EXPR,
         }
-        part = _sqlite.read_int_columns(conn, KERNEL_TABLE, exprs)
-        codes, unique = pd.factorize(part.pop("names"))
-        strings = _sqlite.strings_by_id(conn, np.concatenate([unique >> 32, unique % SHIFT32]))
-        full = [strings.get(int(u >> 32), f"kernel {u >> 32}") for u in unique]
-        short = [strings.get(int(u % SHIFT32), "") or f for u, f in zip(unique, full, strict=True)]
-        for field in ("grid", "block"):
-            codes_, unique = pd.factorize(part[field])
-            index = [
-                grids.setdefault(f"{u >> 32},{(u >> 16) % 65536},{u % 65536}", len(grids))
-                for u in unique
-            ]
-            part[field] = np.asarray(index, dtype=np.int64)[codes_]
-        part["name_code"] = codes.astype(np.int64)
-        add(part, 0, full, short)
+        jobs[KERNEL_TABLE] = reader.columns(conn, KERNEL_TABLE, exprs)
     if MEMCPY_TABLE in tables:
         cols = tables[MEMCPY_TABLE]
         copy_kind = "copyKind" if "copyKind" in cols else "0"
-        part = _sqlite.read_int_columns(
-            conn, MEMCPY_TABLE, {**_common_exprs(cols), "copy_kind": copy_kind}
-        )
-        labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER") or MEMCPY_LABELS
-        codes, unique = pd.factorize(part.pop("copy_kind"))
-        full = [f"[CUDA memcpy {labels.get(int(k), f'kind {k}')}]" for k in unique]
-        part["name_code"] = codes.astype(np.int64)
-        add(part, 1, full, full)
+        exprs = {**codec.common(), "copy_kind": copy_kind}
+        jobs[MEMCPY_TABLE] = reader.columns(conn, MEMCPY_TABLE, exprs)
     if MEMSET_TABLE in tables:
-        part = _sqlite.read_int_columns(conn, MEMSET_TABLE, _common_exprs(tables[MEMSET_TABLE]))
-        part["name_code"] = np.zeros(len(part["start"]), dtype=np.int64)
-        add(part, 2, ["[CUDA memset]"], ["[CUDA memset]"])
+        exprs = codec.common()
+        jobs[MEMSET_TABLE] = reader.columns(conn, MEMSET_TABLE, exprs)
     if GRAPH_TABLE in tables:
         cols = tables[GRAPH_TABLE]
-        graph_id = "graphId" if "graphId" in cols else "0"
-        part = _sqlite.read_int_columns(
-            conn, GRAPH_TABLE, {**_common_exprs(cols), "graph": graph_id}
-        )
-        codes, unique = pd.factorize(part.pop("graph"))
-        full = [f"[CUDA graph {g}]" for g in unique]
-        part["name_code"] = codes.astype(np.int64)
-        add(part, 3, full, full)
+        exprs = {**codec.common(), "graph": "graphId" if "graphId" in cols else "0"}
+        jobs[GRAPH_TABLE] = reader.columns(conn, GRAPH_TABLE, exprs)
+    return jobs
 
-    fields = ("start", "end", "key", "devstream", "name", "kind", "grid", "block")
-    merged: dict[str, Any] = {
-        f: np.concatenate([p.get(f, np.zeros(len(p["start"]), np.int64)) for p in parts])
-        if parts
-        else np.empty(0, np.int64)
-        for f in fields
-    }
-    merged.update(names=names, shorts=shorts, grids=list(grids))
-    return merged
+
+def _activity(
+    conn: sqlite3.Connection,
+    tables: dict[str, list[str]],
+    jobs: dict[str, _sqlite.Pending],
+    codec: _Codec,
+) -> dict[str, Any]:
+    """Kernels, copies, memsets and whole-graph rows: aligned columns plus name codes.
+
+    ``start``, ``duration``, ``key`` and ``devstream`` stay lists of chunks, concatenated
+    once where they are used (at millions of rows every copy costs a tenth of a second).
+    """
+    chunked: dict[str, list[np.ndarray]] = {f: [] for f in PASS_THROUGH}
+    derived: dict[str, list[np.ndarray]] = {f: [] for f in ("name", "kind", "grid", "block")}
+    names: list[str] = []  # full names; codes index into it
+    shorts: list[str] = []
+    grids: dict[str, int] = {"": 0}  # "x,y,z" -> code; code 0 = no grid (copies)
+
+    def add(chunks: list[dict[str, np.ndarray]], kind: int, name_codes: np.ndarray,
+            full: list[str], short: list[str], shapes: tuple[np.ndarray, ...] = ()) -> None:  # fmt: skip
+        rows = len(name_codes)
+        for field in PASS_THROUGH:
+            chunked[field].extend(chunk[field] for chunk in chunks)
+        derived["name"].append((name_codes + len(names)).astype(np.int32))
+        derived["kind"].append(np.full(rows, kind, dtype=np.int8))
+        for field, codes in zip(
+            ("grid", "block"), shapes or (np.zeros(rows, np.int32),) * 2, strict=True
+        ):
+            derived[field].append(codes)
+        names.extend(full)
+        shorts.extend(short)
+
+    def column(chunks: list[dict[str, np.ndarray]], field: str) -> np.ndarray:
+        return np.concatenate([c[field] for c in chunks]) if chunks else np.empty(0, np.int64)
+
+    if KERNEL_TABLE in jobs:
+        chunks = jobs[KERNEL_TABLE].chunks()
+        codes, unique = pd.factorize(column(chunks, "names"))
+        full_ids, short_ids = codec.split_names(unique)
+        strings = _sqlite.strings_by_id(conn, np.concatenate([full_ids, short_ids]))
+        full = [strings.get(int(i), f"kernel {i}") for i in full_ids]
+        short = [strings.get(int(i), "") or f for i, f in zip(short_ids, full, strict=True)]
+        shapes = []
+        for field, (x_bits, y_bits) in (("grid", (31, 16)), ("block", (11, 10))):
+            field_codes, values = pd.factorize(column(chunks, field))
+            index = [grids.setdefault(_shape(int(v), x_bits, y_bits), len(grids)) for v in values]
+            shapes.append(np.asarray(index, dtype=np.int32)[field_codes])
+        add(chunks, 0, codes, full, short, tuple(shapes))
+    if MEMCPY_TABLE in jobs:
+        chunks = jobs[MEMCPY_TABLE].chunks()
+        labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER") or MEMCPY_LABELS
+        codes, unique = pd.factorize(column(chunks, "copy_kind"))
+        full = [f"[CUDA memcpy {labels.get(int(k), f'kind {k}')}]" for k in unique]
+        add(chunks, 1, codes, full, full)
+    if MEMSET_TABLE in jobs:
+        chunks = jobs[MEMSET_TABLE].chunks()
+        rows = sum(len(c["start"]) for c in chunks)
+        add(chunks, 2, np.zeros(rows, np.int64), ["[CUDA memset]"], ["[CUDA memset]"])
+    if GRAPH_TABLE in jobs:
+        chunks = jobs[GRAPH_TABLE].chunks()
+        codes, unique = pd.factorize(column(chunks, "graph"))
+        full = [f"[CUDA graph {g}]" for g in unique]
+        add(chunks, 3, codes, full, full)
+
+    activity: dict[str, Any] = {f: np.concatenate(v) if v else np.empty(0, np.int32)
+                                for f, v in derived.items()}  # fmt: skip
+    activity["key"] = (
+        np.concatenate(chunked.pop("key")) if chunked["key"] else np.empty(0, np.int64)
+    )
+    activity.update(chunked)
+    activity.update(rows=len(activity["name"]), names=names, shorts=shorts, grids=list(grids))
+    return activity
+
+
+def _shape(packed: int, x_bits: int, y_bits: int) -> str:
+    """``"x,y,z"`` of a grid or block packed by ``GRID_EXPR``/``BLOCK_EXPR``."""
+    rest = packed >> x_bits
+    return (
+        f"{packed & ((1 << x_bits) - 1)},{(rest & ((1 << y_bits) - 1)) + 1},{(rest >> y_bits) + 1}"
+    )
 
 
 def _enum_labels(
@@ -245,40 +322,35 @@ def _enum_labels(
 
 
 def _join_launches(
-    conn: sqlite3.Connection,
-    tables: dict[str, list[str]],
     activity: dict[str, Any],
     calls: dict[str, np.ndarray],
-    use_pid: bool,
-    launch_ids: list[int],
+    other_calls: Callable[[], dict[str, np.ndarray]] | None,
 ) -> None:
     """Add ``launch_start``/``launch_thread`` (-1 when unknown) by (process, correlation id).
 
     ``calls`` are the launch-like API calls; activities they leave unmatched are looked up
-    among the other API calls, read only then.
+    in ``other_calls()``, read only then.
     """
     keys = activity["key"]
     found_start = np.full(len(keys), -1, dtype=np.int64)
     found_thread = np.full(len(keys), -1, dtype=np.int64)
-    for first_pass in (True, False):
+    for batch in (lambda: calls, other_calls):
         pending = (found_start < 0) & (keys >= 0)
-        # Without launch-like names the first pass already read every call.
-        if not pending.any() or (not first_pass and not launch_ids):
+        if batch is None or not pending.any():
             break
-        if not first_pass:
-            calls = _api_calls(conn, tables, use_pid, launch_ids, launch_only=False)
-        if not len(calls["key"]):
+        found = batch()
+        if not len(found["key"]):
             continue
-        order = np.argsort(calls["key"], kind="stable")  # runtime rows win over driver rows
-        sorted_keys = calls["key"][order]
+        order = np.argsort(found["key"], kind="stable")  # runtime rows win over driver rows
+        sorted_keys = found["key"][order]
         first = np.ones(len(order), dtype=bool)
         first[1:] = sorted_keys[1:] != sorted_keys[:-1]
         order, sorted_keys = order[first], sorted_keys[first]
         index = np.minimum(np.searchsorted(sorted_keys, keys[pending]), len(sorted_keys) - 1)
         hit = sorted_keys[index] == keys[pending]
         rows = np.flatnonzero(pending)[hit]
-        found_start[rows] = calls["start"][order[index[hit]]]
-        found_thread[rows] = calls["thread"][order[index[hit]]]
+        found_start[rows] = found["start"][order[index[hit]]]
+        found_thread[rows] = found["thread"][order[index[hit]]]
     activity["launch_start"] = found_start
     activity["launch_thread"] = found_thread
 
@@ -294,39 +366,52 @@ def _launch_name_ids(conn: sqlite3.Connection) -> list[int]:
     ]
 
 
-def _api_calls(
+def _api_jobs(
+    reader: _sqlite.ParallelReader,
     conn: sqlite3.Connection,
     tables: dict[str, list[str]],
-    use_pid: bool,
+    codec: _Codec,
     launch_ids: list[int],
     launch_only: bool,
-) -> dict[str, np.ndarray]:
+) -> list[_sqlite.Pending]:
+    """Queue the reads of the API calls: launch-like ones, or all the others."""
     ids = ",".join(str(i) for i in launch_ids)
     where = (f"nameId IN ({ids})" if launch_only else f"nameId NOT IN ({ids})") if ids else ""
-    parts = []
+    jobs = []
     for table in API_TABLES:
         cols = tables.get(table)
         if not cols or "globalTid" not in cols:
             continue
-        pid = f"{TID_PID_BITS} * {SHIFT32} + " if use_pid else ""
-        exprs = {"key": f"{pid}correlationId", "start": "start", "thread": "globalTid"}
-        parts.append(_sqlite.read_int_columns(conn, table, exprs, where=where))
-    if not parts:
+        exprs = {
+            "key": codec.key(TID_PID_BITS),
+            "start": "start",
+            "thread": f"globalTid - {codec.tid0}",
+        }
+        jobs.append(reader.columns(conn, table, exprs, where=where))
+    return jobs
+
+
+def _collect_calls(jobs: list[_sqlite.Pending], codec: _Codec) -> dict[str, np.ndarray]:
+    chunks = [chunk for job in jobs for chunk in job.chunks()]
+    if not chunks:
         return {"key": np.empty(0, np.int64)}
-    return {f: np.concatenate([p[f] for p in parts]) for f in ("key", "start", "thread")}
+    calls = {f: np.concatenate([c[f] for c in chunks]) for f in ("key", "start", "thread")}
+    calls["thread"] += codec.tid0
+    return calls
 
 
 def _kernel_frame(a: dict[str, Any]) -> pd.DataFrame:
     """The kernels table, in table order (kernels, copies, memsets, graphs)."""
-    n = len(a["start"])
-    # One int64 block filled column by column: a DataFrame built from separate arrays
-    # would copy them all into a block anyway (hundreds of MB at millions of rows).
+    n = a["rows"]
+    # One int64 block filled column by column, straight from the chunks: a DataFrame built
+    # from separate arrays would copy them all into a block (hundreds of MB here).
     ints = np.empty((5, n), dtype=np.int64)
-    ints[0], ints[1] = a.pop("start"), a.pop("end")
-    devstream = a.pop("devstream")
-    np.right_shift(devstream, 32, out=ints[2])
-    np.remainder(devstream, SHIFT32, out=ints[3])
-    del devstream
+    _fill(ints[0], a.pop("start"))
+    _fill(ints[1], a.pop("duration"))
+    ints[1] += ints[0]  # end = start + duration
+    _fill(ints[3], a.pop("devstream"))
+    np.remainder(ints[3], DEVICES, out=ints[2])
+    ints[3] //= DEVICES
     np.remainder(a.pop("key"), SHIFT32, out=ints[4])
     frame = pd.DataFrame(
         ints.T, columns=["start", "end", "device", "stream", "correlation_id"], copy=False
@@ -342,6 +427,11 @@ def _kernel_frame(a: dict[str, Any]) -> pd.DataFrame:
     frame["launch_start"] = pd.arrays.IntegerArray(launch_start, unknown)
     frame["launch_thread"] = pd.arrays.IntegerArray(launch_thread, unknown.copy())
     return conform(frame, KERNEL_COLUMNS)
+
+
+def _fill(out: np.ndarray, chunks: list[np.ndarray]) -> None:
+    if chunks:
+        np.concatenate(chunks, out=out)
 
 
 def _strings(values: list[str], codes: np.ndarray) -> pd.arrays.StringArray:
@@ -398,10 +488,9 @@ def _ranges(
         "" if d == 0 else domain_names.get((p, d), f"domain {d}")
         for p, d in zip(pids.tolist(), domain_ids.tolist(), strict=True)
     ]
-    lane = pd.factorize(pd.MultiIndex.from_arrays([frame["thread"], domain_ids]))[0]
-    frame["depth"] = nesting_depth(
-        lane.astype(np.int64), frame["start"].to_numpy(), frame["end"].to_numpy()
-    )
+    thread_codes = pd.factorize(frame["thread"].to_numpy())[0].astype(np.int64)
+    lane = thread_codes * (int(domain_ids.max()) + 1) + domain_ids  # (thread, domain)
+    frame["depth"] = nesting_depth(lane, frame["start"].to_numpy(), frame["end"].to_numpy())
     frame = frame.sort_values(["start", "depth"], kind="stable")
     return conform(frame, RANGE_COLUMNS)
 
