@@ -126,25 +126,29 @@ def timed(argv: list[str], cwd: Path) -> dict[str, float]:
     }
 
 
-def breakdown(path: Path) -> dict[str, float]:
-    """Stages of ``profkit kernels`` in this process: read, analyze, JSON."""
+def breakdown(path: Path) -> dict[str, dict[str, float]]:
+    """Stages of ``profkit kernels`` in this process: wall and CPU seconds (all threads)."""
     sys.path.insert(0, str(ROOT))
-    stages: dict[str, float] = {}
-    started = time.perf_counter()
+    stages: dict[str, dict[str, float]] = {}
+    clock = (time.perf_counter(), time.process_time())
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = (time.perf_counter(), time.process_time())
+        stages[stage] = {"wall_s": now[0] - clock[0], "cpu_s": now[1] - clock[1]}
+        clock = now
+
     from profkit.analysis import analyze
     from profkit.render import dumps
     from profkit.traces import load_trace
 
-    stages["import_s"] = time.perf_counter() - started
-    mark = time.perf_counter()
+    lap("import")
     trace = load_trace(path)
-    stages["read_s"] = time.perf_counter() - mark
-    mark = time.perf_counter()
+    lap("read")
     report = analyze(trace)
-    stages["analyze_s"] = time.perf_counter() - mark
-    mark = time.perf_counter()
+    lap("analyze")
     dumps(report.to_json())
-    stages["json_s"] = time.perf_counter() - mark
+    lap("json")
     return stages
 
 
@@ -202,18 +206,21 @@ def main() -> int:
     if args.breakdown:
         stages = breakdown(big)
         result["breakdown"] = stages
-        print("in-process stages: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
+        print(
+            "in-process stages (wall/CPU s): "
+            + ", ".join(f"{k} {v['wall_s']:.2f}/{v['cpu_s']:.2f}" for k, v in stages.items())
+        )
 
     nsys = find_nsys(args.nsys)
     if nsys:
         timings = {}
         for report in ("cuda_gpu_kern_sum", "nvtx_gpu_proj_sum"):
             out_prefix = scratch / f"stats-{report}"
-            timings[report] = timed(
-                [nsys, "stats", "--report", report, "--format", "csv", "--force-overwrite",
-                 "true", "--output", str(out_prefix), str(big)],
-                scratch,
-            )  # fmt: skip
+            for old in scratch.glob(f"{out_prefix.name}*"):
+                old.unlink()  # nsys stats will not overwrite its own output
+            argv = [nsys, "stats", "--report", report, "--format", "csv", "--output",
+                    str(out_prefix), str(big)]  # fmt: skip
+            timings[report] = timed(argv, scratch)
             print(f"nsys stats {report}: {timings[report]['wall_s']:.2f} s wall")
         nsys_total = sum(t["wall_s"] for t in timings.values())
         result["nsys_stats"] = timings
