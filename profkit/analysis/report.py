@@ -418,10 +418,17 @@ def _notes(
             f"{owners} at launch; the launching thread alone (the rule of Nsight Systems' "
             f"nvtx_gpu_proj_sum) would give it {int((same == index).sum()):,}."
         )
-    missing = int((frame["phase"].to_numpy() == len(att.phase_names) - 1).sum())
-    if missing:
+    outside = int((frame["phase"].to_numpy() == len(att.phase_names) - 1).sum())
+    unlaunched = int((launchers < 0).sum())
+    if outside > unlaunched:
         notes.append(
-            f"{missing:,} GPU activities were launched outside every phase range (unattributed)."
+            f"{outside - unlaunched:,} GPU activities were launched outside every phase range "
+            "(unattributed)."
+        )
+    if unlaunched:
+        notes.append(
+            f"{unlaunched:,} GPU activities have no launch call in the trace (their API call "
+            "was not traced): they are unattributed and in no range."
         )
     return notes
 

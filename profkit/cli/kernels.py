@@ -49,8 +49,7 @@ def kernels(
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
-    Backward kernels, which PyTorch launches from autograd threads, are attributed to the
-    backward phase (docs/ATTRIBUTION.md).
+    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md).
     """
     check_format(fmt)
     with err_console.status(f"reading {path.name}"):
