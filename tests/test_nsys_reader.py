@@ -325,3 +325,17 @@ def test_reading_is_the_same_on_one_or_many_chunks(
     chunked = read_nsys_sqlite(path).kernels
     pd.testing.assert_frame_equal(whole, chunked)
     assert np.array_equal(whole["launch_start"].to_numpy(), chunked["launch_start"].to_numpy())
+
+
+def test_readers_register_by_suffix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from profkit.traces import load as loader
+
+    monkeypatch.setattr(loader, "READERS", dict(loader.READERS))
+    monkeypatch.setattr(loader, "PLUGINS", {".trace.gz": "profkit.traces.not_written_yet"})
+    path = tmp_path / "run.trace.gz"
+    path.write_bytes(b"\x1f\x8b")
+    with pytest.raises(BadInput, match="not a supported trace"):
+        load_trace(path)  # the plugin module does not exist: a plain message
+    probe = read_nsys_sqlite(PROBE)
+    loader.register(".trace.gz", lambda p: probe)
+    assert load_trace(path) is probe

@@ -406,6 +406,8 @@ def _notes(
     same = att.same_thread_phase[rows]
     launchers = kernels["launch_thread"].to_numpy(dtype=np.int64, na_value=-1)[rows]
     owners = ", ".join(sorted({threads.get(t, f"thread {t}") for t in att.owners.values()}))
+    nsys = meta.get("format") == "nsys-sqlite"
+    rule = "the rule of Nsight Systems' nvtx_gpu_proj_sum" if nsys else "a same-thread rule"
     for index, name in enumerate(att.phase_names):
         in_phase = frame["phase"].to_numpy() == index
         moved = cross & in_phase
@@ -415,8 +417,8 @@ def _notes(
         notes.append(
             f"{name}: {int(moved.sum()):,} of its {int(in_phase.sum()):,} GPU activities were "
             f"launched from {', '.join(workers)} and attributed through the ranges open on "
-            f"{owners} at launch; the launching thread alone (the rule of Nsight Systems' "
-            f"nvtx_gpu_proj_sum) would give it {int((same == index).sum()):,}."
+            f"{owners} at launch; the launching thread alone ({rule}) would give it "
+            f"{int((same == index).sum()):,}."
         )
     outside = int((frame["phase"].to_numpy() == len(att.phase_names) - 1).sum())
     unlaunched = int((launchers < 0).sum())

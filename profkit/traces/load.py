@@ -3,8 +3,8 @@
 Readers register by file suffix in :data:`READERS`. A file whose first bytes say SQLite is
 read as an Nsight Systems export whatever its name; a ``.nsys-rep`` report is exported to
 SQLite with nsys first (cached beside it as ``<stem>.sqlite``, redone when the report is
-newer). Chrome traces from torch.profiler (``.json``, ``.json.gz``) register themselves
-from ``profkit.traces.chrome``::
+newer). Chrome traces from torch.profiler (``.json``, ``.json.gz``) are read by
+``profkit.traces.chrome``, imported on first use (:data:`PLUGINS`), which registers itself::
 
     from profkit.traces.load import register
     register(".json.gz", read_chrome_trace)
@@ -12,6 +12,7 @@ from ``profkit.traces.chrome``::
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,9 @@ READERS: dict[str, Reader] = {
     # ".nsys-rep" is handled by load_trace itself (it needs the nsys executable).
     # ".json" / ".json.gz": registered by profkit.traces.chrome (torch.profiler traces).
 }
+# Readers living in modules of their own register themselves when imported; load_trace
+# imports the module named here the first time it meets one of its suffixes.
+PLUGINS: dict[str, str] = {".json": "profkit.traces.chrome", ".json.gz": "profkit.traces.chrome"}
 NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 SUPPORTED = "an Nsight Systems .sqlite or .nsys-rep export, or a Chrome trace .json[.gz]"
 
@@ -55,10 +59,21 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
         return read_nsys_sqlite(_export(path, nsys))
     if _starts_with(path, SQLITE_MAGIC):
         return read_nsys_sqlite(path)
+    _import_plugin(name)
     for suffix in sorted(READERS, key=len, reverse=True):  # ".json.gz" before ".gz"
         if name.endswith(suffix):
             return READERS[suffix](path)
     raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED})")
+
+
+def _import_plugin(name: str) -> None:
+    for suffix, module in PLUGINS.items():
+        if name.endswith(suffix) and suffix not in READERS:
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name != module:  # the plugin exists but lacks a dependency: say so
+                    raise
 
 
 def _export(report: Path, nsys: str | os.PathLike[str] | None) -> Path:
