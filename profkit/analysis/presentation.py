@@ -11,7 +11,8 @@ from typing import Any
 import pandas as pd
 
 from profkit.analysis.flops import FINAL, SCORES, SOFTMAX
-from profkit.analysis.report import ALL_PHASES, KernelReport
+from profkit.analysis.report import KernelReport
+from profkit.analysis.tables import ALL_PHASES
 from profkit.render import markdown_table
 
 KERNEL_VIEW = [
