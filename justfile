@@ -26,6 +26,10 @@ fmt:
 demo:
     python -m profkit demo
 
+# profkit kernels on a ~3 M-kernel export replicated from a fixture: time and peak memory.
+bench-kernels *ARGS:
+    python benchmarks/kernels_scale.py {{ARGS}}
+
 # On a GPU machine: the tests that need CUDA (and nsys where present).
 test-gpu:
     python -m pytest -q -m "gpu or nsys" -rs

@@ -41,6 +41,7 @@ from profkit.cli import (  # noqa: E402, F401
     compare,
     demo,
     doctor,
+    kernels,
     memory,
     precision,
     sizes,

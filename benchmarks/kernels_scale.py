@@ -1,0 +1,244 @@
+"""How fast is ``profkit kernels`` on a large Nsight Systems export, and how much memory?
+
+Builds a large export by replicating a real one (a committed fixture from tests/data/) N
+times, each copy shifted in time and in correlation ids, so that every table keeps its
+real shape: kernels, copies, memsets, runtime API rows and NVTX ranges on the right
+threads. Then times ``python -m profkit kernels BIG.sqlite --format json`` (all tables in
+one pass) in a fresh process and reads its peak RSS with ``wait4`` (tracemalloc would miss
+numpy's and SQLite's own allocations). With ``--breakdown`` it also times the stages in
+this process.
+
+Where nsys is installed (``--nsys``, ``$PROFKIT_NSYS`` or PATH) it also times
+``nsys stats --report cuda_gpu_kern_sum`` and ``--report nvtx_gpu_proj_sum`` on the same
+file and prints the ratio. Outputs go under ``--workdir`` (default ``$OUT`` or a temp dir):
+the big export itself is not kept unless ``--keep``.
+
+    python benchmarks/kernels_scale.py                  # ~3 M activities, ~5 M API rows
+    python benchmarks/kernels_scale.py --copies 10      # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import os
+import platform
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "data" / "nsys-2025.3-h100-small-fp32.sqlite.xz"
+REPLICATED = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_DRIVER",
+    "NVTX_EVENTS",
+)
+GIB = 1024**3
+
+
+def build(fixture: Path, copies: int, target: Path) -> dict[str, int]:
+    """Write ``target``: the fixture's export with its activity tables repeated ``copies`` times."""
+    stamp = target.with_suffix(".built.json")
+    if target.exists() and stamp.exists():
+        built = json.loads(stamp.read_text())
+        if built.get("copies") == copies and built.get("fixture") == fixture.name:
+            return built["rows"]
+    target.unlink(missing_ok=True)
+    with lzma.open(fixture) as src, target.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    conn = sqlite3.connect(target)
+    conn.executescript("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    lo, hi = _time_span(conn, tables)
+    shift = (hi - lo) + 1_000_000  # each copy starts 1 ms after the previous one ended
+    corr_shift = _max_correlation(conn, tables) + 1
+    rows = {}
+    for table in REPLICATED:
+        if table not in tables:
+            continue
+        columns = [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')]
+        shifted = [_shifted(c, shift, corr_shift) for c in columns]
+        conn.execute(f'CREATE TEMP TABLE original AS SELECT * FROM "{table}"')
+        conn.execute(
+            f"WITH RECURSIVE copy(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM copy "
+            f"WHERE i < {copies - 1}) "
+            f'INSERT INTO "{table}" ({", ".join(columns)}) '
+            f"SELECT {', '.join(shifted)} FROM original, copy"
+        )
+        conn.execute("DROP TABLE original")
+        rows[table] = conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+    conn.commit()
+    conn.execute("VACUUM")
+    conn.close()
+    stamp.write_text(json.dumps({"copies": copies, "fixture": fixture.name, "rows": rows}))
+    return rows
+
+
+def _shifted(column: str, shift: int, corr_shift: int) -> str:
+    if column in ("start", "end"):
+        return f"{column} + i * {shift}"
+    if column == "correlationId":
+        return f"correlationId + i * {corr_shift}"
+    return column
+
+
+def _time_span(conn: sqlite3.Connection, tables: set[str]) -> tuple[int, int]:
+    bounds = [
+        conn.execute(f'SELECT min(start), max(coalesce("end", start)) FROM "{t}"').fetchone()
+        for t in REPLICATED
+        if t in tables
+    ]
+    return min(b[0] for b in bounds if b[0] is not None), max(b[1] for b in bounds if b[1])
+
+
+def _max_correlation(conn: sqlite3.Connection, tables: set[str]) -> int:
+    found = [
+        conn.execute(f'SELECT max(correlationId) FROM "{t}"').fetchone()[0]
+        for t in REPLICATED
+        if t in tables and t != "NVTX_EVENTS"
+    ]
+    return max(f for f in found if f is not None)
+
+
+def timed(argv: list[str], cwd: Path) -> dict[str, float]:
+    """Run ``argv`` to completion; wall seconds, CPU seconds and peak RSS of that process."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    stderr = proc.stderr.read().decode(errors="replace")
+    if status != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({status}):\n{stderr[-2000:]}")
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_gib": usage.ru_maxrss * 1024 / GIB,  # ru_maxrss is KiB on Linux
+    }
+
+
+def breakdown(path: Path) -> dict[str, dict[str, float]]:
+    """Stages of ``profkit kernels`` in this process: wall and CPU seconds (all threads)."""
+    sys.path.insert(0, str(ROOT))
+    stages: dict[str, dict[str, float]] = {}
+    clock = (time.perf_counter(), time.process_time())
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = (time.perf_counter(), time.process_time())
+        stages[stage] = {"wall_s": now[0] - clock[0], "cpu_s": now[1] - clock[1]}
+        clock = now
+
+    from profkit.analysis import analyze
+    from profkit.render import dumps
+    from profkit.traces import load_trace
+
+    lap("import")
+    trace = load_trace(path)
+    lap("read")
+    report = analyze(trace)
+    lap("analyze")
+    dumps(report.to_json())
+    lap("json")
+    return stages
+
+
+def find_nsys(explicit: str | None) -> str | None:
+    return explicit or os.environ.get("PROFKIT_NSYS") or shutil.which("nsys")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--copies", type=int, default=745, help="copies of the fixture (745 ≈ 3 M activities)"
+    )
+    parser.add_argument("--fixture", type=Path, default=FIXTURE)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--nsys", default=None, help="nsys executable for the comparison")
+    parser.add_argument("--breakdown", action="store_true", help="also time the stages in-process")
+    parser.add_argument("--keep", action="store_true", help="keep the big export")
+    args = parser.parse_args()
+
+    workdir = args.workdir or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="kscale-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="kscale-db-")) if not args.keep else workdir
+    big = scratch / f"replicated-x{args.copies}.sqlite"
+    started = time.perf_counter()
+    rows = build(args.fixture, args.copies, big)
+    size_mb = big.stat().st_size / 1e6
+    print(
+        f"built {big.name}: {size_mb:,.0f} MB in {time.perf_counter() - started:.1f} s; rows: "
+        + ", ".join(f"{t.removeprefix('CUPTI_ACTIVITY_KIND_')} {n:,}" for t, n in rows.items())
+    )
+
+    result: dict[str, object] = {
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()})",
+        "python": platform.python_version(),
+        "copies": args.copies,
+        "export_mb": round(size_mb),
+        "rows": rows,
+        "load_before": os.getloadavg(),
+    }
+    baseline = timed([sys.executable, "-c", "import profkit.cli"], ROOT)
+    result["import_profkit"] = baseline
+    print(
+        f"import profkit.cli alone: {baseline['wall_s']:.2f} s wall, {baseline['cpu_s']:.2f} s "
+        f"CPU, peak RSS {baseline['peak_rss_gib']:.2f} GiB"
+    )
+    argv = [sys.executable, "-m", "profkit", "kernels", str(big), "--format", "json"]
+    runs = [timed(argv, ROOT) for _ in range(3)]  # the first warms the page cache
+    best = min(runs, key=lambda r: r["wall_s"])
+    result["profkit_kernels"] = best
+    result["profkit_kernels_runs"] = runs
+    print(
+        f"profkit kernels: {best['wall_s']:.2f} s wall, {best['cpu_s']:.2f} s CPU, "
+        f"peak RSS {best['peak_rss_gib']:.2f} GiB (best of {len(runs)})"
+    )
+    if args.breakdown:
+        stages = breakdown(big)
+        result["breakdown"] = stages
+        print(
+            "in-process stages (wall/CPU s): "
+            + ", ".join(f"{k} {v['wall_s']:.2f}/{v['cpu_s']:.2f}" for k, v in stages.items())
+        )
+
+    nsys = find_nsys(args.nsys)
+    if nsys:
+        timings = {}
+        for report in ("cuda_gpu_kern_sum", "nvtx_gpu_proj_sum"):
+            out_prefix = scratch / f"stats-{report}"
+            for old in scratch.glob(f"{out_prefix.name}*"):
+                old.unlink()  # nsys stats will not overwrite its own output
+            argv = [nsys, "stats", "--report", report, "--format", "csv", "--output",
+                    str(out_prefix), str(big)]  # fmt: skip
+            timings[report] = timed(argv, scratch)
+            print(f"nsys stats {report}: {timings[report]['wall_s']:.2f} s wall")
+        nsys_total = sum(t["wall_s"] for t in timings.values())
+        result["nsys_stats"] = timings
+        result["speedup_vs_nsys"] = nsys_total / best["wall_s"]
+        print(
+            f"nsys stats, both reports: {nsys_total:.2f} s; profkit kernels is "
+            f"{nsys_total / best['wall_s']:.1f}x faster"
+        )
+    else:
+        print("nsys not found: skipped the nsys stats comparison")
+    result["load_after"] = os.getloadavg()
+    summary = workdir / "kernels_scale.json"
+    summary.write_text(json.dumps(result, indent=2))
+    print(f"wrote {summary}")
+    if not args.keep:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""A :class:`KernelReport` as titled display tables and as a markdown report.
+
+The report's DataFrames keep fractions and full names (for JSON and code); these views
+show percentages, short kernel names and a category x phase pivot, for people.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from profkit.analysis.flops import FINAL, SCORES, SOFTMAX
+from profkit.analysis.report import KernelReport
+from profkit.analysis.tables import ALL_PHASES
+from profkit.render import markdown_table
+
+KERNEL_VIEW = [
+    "short_name", "category", "time_%", "total_ms", "instances",
+    "avg_us", "med_us", "min_us", "max_us", "std_us", "grid", "block",
+]  # fmt: skip
+
+
+def display_tables(report: KernelReport) -> list[tuple[str, pd.DataFrame]]:
+    """Phases, top kernels overall and per phase, ranges, categories: (title, table) pairs."""
+    totals = report.totals
+    top = f"Top {report.top} kernels" if report.top else "Kernels"
+    tables = [
+        (
+            f"Phases — {totals['kernels']:,} GPU activities, "
+            f"{totals['gpu_time_ms']:,.2f} ms of GPU time",
+            _percent(report.phases, "share"),
+        ),
+        (f"{top}, all phases", _kernel_view(report.top_kernels())),
+    ]
+    phases = [p for p in report.phases["phase"] if p != ALL_PHASES]
+    if len(phases) > 1:
+        for phase in phases:
+            tables.append((f"{top} in {phase}", _kernel_view(report.top_kernels(phase))))
+    if len(report.ranges):
+        tables.append(("Ranges (GPU time of the kernels each encloses)", _range_view(report)))
+    tables.append(("GPU time by category (ms)", category_pivot(report)))
+    return tables
+
+
+def category_pivot(report: KernelReport) -> pd.DataFrame:
+    """Categories down, phases across, GPU milliseconds in the cells, then total and %."""
+    table = report.categories
+    if table.empty:
+        return pd.DataFrame({"category": [], "total_ms": [], "time_%": []})
+    phases = list(dict.fromkeys(table["phase"]))
+    pivot = table.pivot_table(
+        index="category", columns="phase", values="gpu_time_ms", aggfunc="sum", fill_value=0.0
+    )[phases]
+    pivot.columns = [f"{p}_ms" for p in phases]
+    pivot["total_ms"] = pivot.sum(axis=1)
+    total = pivot["total_ms"].sum()
+    pivot["time_%"] = 100 * pivot["total_ms"] / total if total else 0.0
+    return pivot.sort_values("total_ms", ascending=False).reset_index()
+
+
+def kernel_report_markdown(report: KernelReport, title: str) -> str:
+    """The whole report as markdown (for ``reports/NAME.md``)."""
+    lines = [f"# {title}", "", _source_line(report), ""]
+    totals = report.totals
+    lines += [
+        f"{totals['kernels']:,} GPU activities (kernels, copies, memsets), "
+        f"{totals['gpu_time_ms']:,.2f} ms of summed GPU time.",
+        "",
+    ]
+    tables = display_tables(report)
+    _, phases = tables[0]
+    lines += ["## Phases", "", markdown_table(phases), ""]
+    if "python_ms" in phases:
+        lines += [
+            "`cpu_time_ms` is the wall time of the phase's NVTX ranges, `python_ms` the run's "
+            "own synchronized timing of the phase, both summed over the captured steps; "
+            "`gpu_time_ms` sums the durations of the kernels attributed to the phase.",
+            "",
+        ]
+    lines += [f"- {note}" for note in report.notes]
+    lines += [""] if report.notes else []
+    for title_, table in tables[1:]:
+        lines += [f"## {title_}", "", markdown_table(table), ""]
+        if title_.startswith("Ranges"):
+            sentence = attention_sentence(report.ranges)
+            lines += [sentence, ""] if sentence else []
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def attention_sentence(ranges: pd.DataFrame) -> str | None:
+    """Matmul vs softmax inside attention: analytic FLOPs beside measured GPU time."""
+    if "mflop" not in ranges:
+        return None
+    rows = ranges.set_index("range")
+    if not {SCORES, SOFTMAX, FINAL} <= set(rows.index):
+        return None
+    matmul_mflop = rows.at[SCORES, "mflop"] + rows.at[FINAL, "mflop"]
+    matmul_ms = rows.at[SCORES, "gpu_time_ms"] + rows.at[FINAL, "gpu_time_ms"]
+    softmax_mflop, softmax_ms = rows.at[SOFTMAX, "mflop"], rows.at[SOFTMAX, "gpu_time_ms"]
+    if not softmax_ms or not softmax_mflop:
+        return None
+    return (
+        f"Per attention call (forward), the scores and final matmuls do {matmul_mflop:,.1f} "
+        f"MFLOP and the softmax {softmax_mflop:,.2f} MFLOP ({matmul_mflop / softmax_mflop:.1f}× "
+        f"the FLOPs), yet they take only {matmul_ms / softmax_ms:.1f}× its GPU time "
+        f"({matmul_ms:.3f} ms vs {softmax_ms:.3f} ms over all calls): the softmax is bound by "
+        "memory traffic (it reads and writes the whole score matrix), not by FLOPs."
+    )
+
+
+def _source_line(report: KernelReport) -> str:
+    source = report.source
+    facts = [
+        f"{source.get('tool', '')} {source.get('tool_version', '')}".strip(),
+        source.get("gpu") or "",
+    ]
+    line = f"Source: `{source.get('path')}`" + (
+        f" ({', '.join(f for f in facts if f)})" if any(facts) else ""
+    )
+    config: dict[str, Any] | None = source.get("config")
+    if config:
+        run = ", ".join(
+            f"{key} {config[key]}"
+            for key in ("size", "ctx", "batch", "mode", "dtype", "attention", "compile", "steps")
+            if key in config
+        )
+        line += f". Run: {run}."
+    filters = [f"{k} `{source[k]}`" for k in ("phase", "range") if source.get(k)]
+    if filters:
+        line += f" Only activities in {' and '.join(filters)}."
+    return line
+
+
+def _percent(table: pd.DataFrame, column: str) -> pd.DataFrame:
+    view = table.copy()
+    view.insert(list(view.columns).index(column), "time_%", 100 * view[column])
+    return view.drop(columns=[column])
+
+
+def _kernel_view(table: pd.DataFrame) -> pd.DataFrame:
+    return _percent(table, "share")[KERNEL_VIEW]
+
+
+def _range_view(report: KernelReport) -> pd.DataFrame:
+    view = report.ranges.drop(columns=["domain"])
+    return view

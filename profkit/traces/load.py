@@ -1,0 +1,97 @@
+"""Open any supported trace file as a :class:`~profkit.traces.Trace`.
+
+Readers register by file suffix in :data:`READERS`. A file whose first bytes say SQLite is
+read as an Nsight Systems export whatever its name; a ``.nsys-rep`` report is exported to
+SQLite with nsys first (cached beside it as ``<stem>.sqlite``, redone when the report is
+newer). Chrome traces from torch.profiler (``.json``, ``.json.gz``) are read by
+``profkit.traces.chrome``, imported on first use (:data:`PLUGINS`), which registers itself::
+
+    from profkit.traces.load import register
+    register(".json.gz", read_chrome_trace)
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from profkit.errors import BadInput, MissingTool
+from profkit.traces._sqlite import SQLITE_MAGIC
+from profkit.traces.nsys_sqlite import read_nsys_sqlite
+from profkit.traces.schema import Trace
+
+Reader = Callable[[Path], Trace]
+
+READERS: dict[str, Reader] = {
+    ".sqlite": read_nsys_sqlite,
+    ".sqlite3": read_nsys_sqlite,
+    ".db": read_nsys_sqlite,
+    # ".nsys-rep" is handled by load_trace itself (it needs the nsys executable).
+    # ".json" / ".json.gz": registered by profkit.traces.chrome (torch.profiler traces).
+}
+# Readers living in modules of their own register themselves when imported; load_trace
+# imports the module named here the first time it meets one of its suffixes.
+PLUGINS: dict[str, str] = {".json": "profkit.traces.chrome", ".json.gz": "profkit.traces.chrome"}
+NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+SUPPORTED = "an Nsight Systems .sqlite or .nsys-rep export, or a Chrome trace .json[.gz]"
+
+
+def register(suffix: str, reader: Reader) -> None:
+    """Read files ending in ``suffix`` (``".json.gz"``) with ``reader``."""
+    READERS[suffix.lower()] = reader
+
+
+def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None = None) -> Trace:
+    """Read ``path`` with the reader its content or suffix calls for.
+
+    ``nsys`` is the Nsight Systems executable used to export a ``.nsys-rep`` (else
+    ``$PROFKIT_NSYS``, else ``nsys`` on PATH).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"no such file: {path}")
+    if path.is_dir():
+        raise BadInput(f"{path} is a directory; give a trace file ({SUPPORTED})")
+    name = path.name.lower()
+    if name.endswith(NSYS_REPORT_SUFFIXES):
+        return read_nsys_sqlite(_export(path, nsys))
+    if _starts_with(path, SQLITE_MAGIC):
+        return read_nsys_sqlite(path)
+    _import_plugin(name)
+    for suffix in sorted(READERS, key=len, reverse=True):  # ".json.gz" before ".gz"
+        if name.endswith(suffix):
+            return READERS[suffix](path)
+    raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED})")
+
+
+def _import_plugin(name: str) -> None:
+    for suffix, module in PLUGINS.items():
+        if name.endswith(suffix) and suffix not in READERS:
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name != module:  # the plugin exists but lacks a dependency: say so
+                    raise
+
+
+def _export(report: Path, nsys: str | os.PathLike[str] | None) -> Path:
+    from profkit.nsys_tool import export_sqlite
+
+    try:
+        return export_sqlite(report, nsys)
+    except MissingTool as exc:
+        raise MissingTool(
+            f"reading {report.name} needs Nsight Systems to export it to SQLite: {exc} "
+            f"(or export it elsewhere with `nsys export --type sqlite {report.name}` and "
+            "give the .sqlite)"
+        ) from None
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(magic)) == magic
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None

@@ -1,0 +1,89 @@
+"""NVTX ranges of an Nsight Systems export: push/pop and start/end, with domain names.
+
+Part of :mod:`profkit.traces.nsys_sqlite`. Names come from ``text`` or ``textId`` ->
+``StringIds``; domains are named by their ``NvtxDomainCreate`` events; event type ids come
+from ``ENUM_NSYS_EVENT_TYPE`` where the export has it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.traces.depth import nesting_depth
+from profkit.traces.schema import RANGE_COLUMNS, conform
+
+NVTX_TABLE = "NVTX_EVENTS"
+RANGE_EVENT_TYPES = {
+    "NvtxPushPopRange": 59,
+    "NvtxStartEndRange": 60,
+    "NvtxtPushPopRange": 70,
+    "NvtxtStartEndRange": 71,
+}
+DOMAIN_CREATE_EVENT = ("NvtxDomainCreate", 75)
+
+
+def nvtx_rows(
+    conn: sqlite3.Connection, tables: dict[str, list[str]]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Raw NVTX range rows ``(start, end, globalTid, domainId, text)`` and domain creations."""
+    cols = tables.get(NVTX_TABLE)
+    if not cols:
+        return [], []
+    types = _event_types(conn, tables)
+    range_types = [types.get(name, default) for name, default in RANGE_EVENT_TYPES.items()]
+    domain_create = types.get(DOMAIN_CREATE_EVENT[0], DOMAIN_CREATE_EVENT[1])
+    text = "coalesce(e.text, s.value)" if "textId" in cols else "e.text"
+    join = "LEFT JOIN StringIds s ON s.id = e.textId" if "textId" in cols else ""
+    domain = "ifnull(e.domainId, 0)" if "domainId" in cols else "0"
+    query = (
+        f"SELECT e.start, e.end, e.globalTid, {domain}, {text} "
+        f"FROM {NVTX_TABLE} e {join} WHERE e.eventType IN ({{types}})"
+    )
+    rows = conn.execute(query.format(types=",".join(map(str, range_types)))).fetchall()
+    created = conn.execute(query.format(types=domain_create)).fetchall()
+    return rows, created
+
+
+def build_ranges(
+    rows: list[tuple[Any, ...]], created: list[tuple[Any, ...]], trace_end: int
+) -> pd.DataFrame:
+    """The ranges table from :func:`nvtx_rows`' rows; ranges left open end at ``trace_end``."""
+    if not rows:
+        return conform(pd.DataFrame({c: [] for c in RANGE_COLUMNS}), RANGE_COLUMNS)
+    frame = pd.DataFrame(rows, columns=["start", "end", "thread", "domain_id", "name"])
+    domain_names = {
+        (_pid(int(tid or 0)), int(dom)): str(name or "") for _, _, tid, dom, name in created
+    }
+    frame["thread"] = frame["thread"].fillna(-1).astype(np.int64)
+    frame["start"] = frame["start"].astype(np.int64)
+    # A range still open when the capture stopped has no end: it lasts to the trace's end.
+    frame["end"] = frame["end"].fillna(max(trace_end, int(frame["start"].max()))).astype(np.int64)
+    frame["end"] = np.maximum(frame["end"].to_numpy(), frame["start"].to_numpy())
+    frame["name"] = frame["name"].fillna("(unnamed)")
+    domain_ids = frame["domain_id"].fillna(0).astype(np.int64).to_numpy()
+    pids = (frame["thread"].to_numpy() >> 24) & 0xFFFFFF
+    frame["domain"] = [
+        "" if d == 0 else domain_names.get((p, d), f"domain {d}")
+        for p, d in zip(pids.tolist(), domain_ids.tolist(), strict=True)
+    ]
+    thread_codes = pd.factorize(frame["thread"].to_numpy())[0].astype(np.int64)
+    lane = thread_codes * (int(domain_ids.max()) + 1) + domain_ids  # (thread, domain)
+    frame["depth"] = nesting_depth(lane, frame["start"].to_numpy(), frame["end"].to_numpy())
+    frame = frame.sort_values(["start", "depth"], kind="stable")
+    return conform(frame, RANGE_COLUMNS)
+
+
+def _pid(global_tid: int) -> int:
+    return (global_tid >> 24) & 0xFFFFFF
+
+
+def _event_types(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> dict[str, int]:
+    if "ENUM_NSYS_EVENT_TYPE" not in tables:
+        return {}
+    return {
+        str(name): int(i) for i, name in conn.execute("SELECT id, name FROM ENUM_NSYS_EVENT_TYPE")
+    }

@@ -1,0 +1,136 @@
+"""Nsight Systems test data: the committed real exports, and tiny synthetic ones.
+
+Real exports (tests/data/nsys-fixtures.md says how each was captured) are committed
+xz-compressed and unpacked once per session into a temporary directory, with their
+``.profkit.json`` sidecar beside them. Synthetic exports hold only the tables and columns
+the reader uses; they cover edge cases no real capture here shows (several processes,
+2022-era column sets, unmatched correlation ids).
+"""
+
+from __future__ import annotations
+
+import lzma
+import shutil
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+DATA = Path(__file__).parent / "data"
+STATS = DATA / "nsys-stats"
+PROBE = DATA / "nsys-2025.3-probe.sqlite"
+OLD_NO_KERNELS = "nsys-2022.4-no-kernels"
+SMALL_FP32 = "nsys-2025.3-h100-small-fp32"
+SMALL_BF16 = "nsys-2025.3-h100-small-bf16"
+TINY_COMPILE = "nsys-2025.3-h100-tiny-compile"
+GRAPH_NODES = "nsys-2025.3-h100-cudagraph-node"
+GRAPH_WHOLE = "nsys-2025.3-h100-cudagraph-whole"
+
+# globalTid = pid << 24 | tid (plus high bits nsys sets); two threads of process 100.
+PID = 100
+MAIN = (1 << 48) | (PID << 24) | 100
+WORKER = (1 << 48) | (PID << 24) | 101
+PUSH_POP, START_END, DOMAIN_CREATE = 59, 60, 75
+
+
+def unpack(name: str, into: Path) -> Path:
+    """``tests/data/NAME.sqlite.xz`` unpacked into ``into`` (with its sidecar, if any)."""
+    target = into / f"{name}.sqlite"
+    if not target.exists():
+        with lzma.open(DATA / f"{name}.sqlite.xz") as src, target.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        sidecar = DATA / f"{name}.profkit.json"
+        if sidecar.exists():
+            shutil.copy(sidecar, into / sidecar.name)
+    return target
+
+
+class Export:
+    """A minimal nsys-like SQLite export built row by row (times in ns)."""
+
+    def __init__(self, path: Path, *, pid_column: bool = True, short_names: bool = True,
+                 text_ids: bool = True, meta_table: str = "META_DATA_EXPORT") -> None:  # fmt: skip
+        self.path = path
+        self.conn = sqlite3.connect(path)
+        self.strings: dict[str, int] = {}
+        self.correlation = 0
+        self.text_ids = text_ids
+        kernel_cols = ["start", "end", "deviceId", "streamId", "correlationId"]
+        kernel_cols += ["globalPid"] if pid_column else []
+        kernel_cols += ["demangledName"] + (["shortName"] if short_names else [])
+        kernel_cols += ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
+        self.kernel_cols = kernel_cols
+        nvtx_cols = ["start", "end", "eventType", "globalTid", "domainId", "text"]
+        nvtx_cols += ["textId"] if text_ids else []
+        self.conn.executescript(
+            f"""
+            CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
+            CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL ({", ".join(kernel_cols)});
+            CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME
+                (start, end, eventClass, globalTid, correlationId, nameId, returnValue);
+            CREATE TABLE NVTX_EVENTS ({", ".join(nvtx_cols)});
+            CREATE TABLE {meta_table} (name TEXT NOT NULL, value TEXT);
+            INSERT INTO {meta_table} VALUES ('EXPORT_PRODUCT_VERSION', '2099.1.0');
+            """
+        )
+
+    def string(self, value: str) -> int:
+        if value not in self.strings:
+            self.strings[value] = len(self.strings) + 1
+            self.conn.execute("INSERT INTO StringIds VALUES (?, ?)", (self.strings[value], value))
+        return self.strings[value]
+
+    def kernel(self, name: str, start: int, duration: int, launch_at: int | None,
+               thread: int = MAIN, api: str = "cudaLaunchKernel_v7000",
+               table: str = "CUPTI_ACTIVITY_KIND_RUNTIME", correlation: int | None = None,
+               pid: int = PID, grid: Sequence[int] = (1, 1, 1)) -> int:  # fmt: skip
+        """A kernel and (unless ``launch_at`` is None) the API call that launched it."""
+        if correlation is None:
+            self.correlation += 1
+            correlation = self.correlation
+        values = {
+            "start": start, "end": start + duration, "deviceId": 0, "streamId": 7,
+            "correlationId": correlation, "globalPid": (1 << 48) | (pid << 24),
+            "demangledName": self.string(name), "shortName": self.string(name.split("<")[0]),
+            "gridX": grid[0], "gridY": grid[1], "gridZ": grid[2],
+            "blockX": 128, "blockY": 1, "blockZ": 1,
+        }  # fmt: skip
+        cols = self.kernel_cols
+        self.conn.execute(
+            f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL ({', '.join(cols)}) "
+            f"VALUES ({', '.join('?' * len(cols))})",
+            [values[c] for c in cols],
+        )
+        if launch_at is not None:
+            self.api(api, launch_at, thread, correlation, table)
+        return correlation
+
+    def api(self, name: str, start: int, thread: int, correlation: int,
+            table: str = "CUPTI_ACTIVITY_KIND_RUNTIME") -> None:  # fmt: skip
+        self.conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {table} "
+            "(start, end, eventClass, globalTid, correlationId, nameId, returnValue)"
+        )
+        self.conn.execute(
+            f"INSERT INTO {table} VALUES (?, ?, 0, ?, ?, ?, 0)",
+            (start, start + 1_000, thread, correlation, self.string(name)),
+        )
+
+    def range(self, name: str, start: int, end: int | None, thread: int = MAIN,
+              domain: int = 0, kind: int = PUSH_POP) -> None:  # fmt: skip
+        text, text_id = (None, self.string(name)) if self.text_ids else (name, None)
+        row = [start, end, kind, thread, domain, text] + ([text_id] if self.text_ids else [])
+        self.conn.execute(f"INSERT INTO NVTX_EVENTS VALUES ({', '.join('?' * len(row))})", row)
+
+    def domain(self, domain_id: int, name: str, thread: int = MAIN) -> None:
+        row = [0, None, DOMAIN_CREATE, thread, domain_id, name]
+        row += [None] if self.text_ids else []
+        self.conn.execute(f"INSERT INTO NVTX_EVENTS VALUES ({', '.join('?' * len(row))})", row)
+
+    def ranges(self, rows: Iterable[tuple[str, int, int]], thread: int = MAIN) -> None:
+        for name, start, end in rows:
+            self.range(name, start, end, thread)
+
+    def save(self) -> Path:
+        self.conn.commit()
+        self.conn.close()
+        return self.path

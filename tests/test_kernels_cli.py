@@ -1,0 +1,114 @@
+"""``profkit kernels``: every format, the filters, and bad input as a user types it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from nsys_data import OLD_NO_KERNELS, PROBE, SMALL_FP32, unpack
+from typer.testing import CliRunner
+
+from profkit.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="session")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return unpack(SMALL_FP32, tmp_path_factory.mktemp("nsys"))
+
+
+def kernels(*args: str | Path) -> object:
+    return runner.invoke(app, ["kernels", *map(str, args)])
+
+
+def test_help() -> None:
+    result = kernels("--help")
+    assert result.exit_code == 0
+    for option in ("--phase", "--range", "--top", "--format", "--out", "--nsys"):
+        assert option in result.output
+
+
+def test_table_shows_phases_kernels_ranges_and_categories(small: Path) -> None:
+    result = kernels(small, "--top", "5")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for title in ("Phases — 4,028 GPU activities, 37.58 ms of GPU time", "Top 5 kernels, all phases",
+                  "Top 5 kernels in backward", "Ranges", "GPU time by category (ms)"):  # fmt: skip
+        assert title in out
+    assert "computing softmax" in out and "multi_tensor_apply_kernel" in out
+    assert "pt_autograd_0" in out  # the note on cross-thread attribution
+
+
+def test_json_is_the_contract_and_nothing_else_on_stdout(small: Path) -> None:
+    result = kernels(small, "--format", "json", "--top", "3")
+    assert result.exit_code == 0, result.output
+    value = json.loads(result.stdout)
+    assert value["totals"]["kernels"] == 4028
+    assert [p["phase"] for p in value["phases"]] == ["forward", "backward", "optimizer"]
+    assert [p["kernels"] for p in value["phases"]] == [1460, 2456, 112]
+    assert len(value["kernels"]) == 9 and value["source"]["top"] == 3
+
+
+def test_markdown_and_csv_and_out_file(small: Path, tmp_path: Path) -> None:
+    md = kernels(small, "--format", "md")
+    assert md.exit_code == 0 and md.stdout.startswith(f"# Kernels of {small.name}")
+    csv = kernels(small, "--format", "csv")
+    assert csv.exit_code == 0 and csv.stdout.startswith("phase,instances,kernels,gpu_time_ms")
+    target = tmp_path / "reports" / "small.md"
+    written = kernels(small, "--out", target)
+    assert written.exit_code == 0 and "## Ranges" in target.read_text()
+    as_json = tmp_path / "small.json"
+    assert kernels(small, "-f", "json", "-o", as_json).exit_code == 0
+    assert json.loads(as_json.read_text())["totals"]["kernels"] == 4028
+
+
+def test_phase_and_range_filters(small: Path) -> None:
+    backward = json.loads(kernels(small, "--phase", "backward", "-f", "json").stdout)
+    assert backward["totals"]["kernels"] == 2456 and backward["source"]["phase"] == "backward"
+    softmax = json.loads(kernels(small, "--range", "computing softmax", "-f", "json").stdout)
+    assert softmax["totals"]["kernels"] == 24
+    assert {c["category"] for c in softmax["categories"]} == {"softmax"}
+
+
+def test_probe_export() -> None:
+    value = json.loads(kernels(PROBE, "-f", "json").stdout)
+    phases = {p["phase"]: p["kernels"] for p in value["phases"]}
+    assert phases == {"forward": 6, "backward": 23, "unattributed": 2}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--format", "xml"], "unknown --format 'xml'"),
+        (["--top", "-1"], "--top must be 0 (all) or more"),
+        (["--phase", "warmup"], "no phase 'warmup'"),
+        (["--range", "attention"], "no range named 'attention'"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(small: Path, args: list[str], message: str) -> None:
+    result = kernels(small, *args)
+    assert result.exit_code == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output
+
+
+def test_bad_files_exit_2_with_one_line(tmp_path: Path) -> None:
+    truncated = tmp_path / "cut.sqlite"
+    truncated.write_bytes(PROBE.read_bytes()[: 4096 * 5])
+    text = tmp_path / "run.sqlite"
+    text.write_text("not a database")
+    cases = {
+        tmp_path / "missing.sqlite": "no such file",
+        truncated: "is truncated",
+        text: "is not an SQLite database",
+        unpack(OLD_NO_KERNELS, tmp_path): "no CUDA kernels were traced",
+        tmp_path / "x.nsys-rep": "needs Nsight Systems to export it to SQLite",
+    }
+    (tmp_path / "x.nsys-rep").write_bytes(b"report")
+    for path, message in cases.items():
+        result = runner.invoke(app, ["kernels", str(path), "--nsys", str(tmp_path / "no-nsys")])
+        assert result.exit_code == 2, (path, result.output)
+        assert message in " ".join(result.stderr.split()), (path, result.stderr)
+        assert "Traceback" not in result.output

@@ -1,0 +1,341 @@
+"""Reading Nsight Systems SQLite exports: real H100 exports, old schemas, every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from nsys_data import (
+    GRAPH_NODES,
+    GRAPH_WHOLE,
+    MAIN,
+    OLD_NO_KERNELS,
+    PROBE,
+    SMALL_BF16,
+    SMALL_FP32,
+    STATS,
+    TINY_COMPILE,
+    WORKER,
+    Export,
+    unpack,
+)
+
+from profkit.errors import BadInput, MissingTool
+from profkit.traces import KERNEL_COLUMNS, RANGE_COLUMNS, load_trace
+from profkit.traces.nsys_sqlite import NoKernelsTraced, read_nsys_sqlite
+
+PROBE_MAIN, PROBE_AUTOGRAD = 281494723495065, 281494723495102
+
+
+@pytest.fixture(scope="session")
+def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("nsys")
+
+
+def durations(trace_kernels: pd.DataFrame) -> pd.Series:
+    return trace_kernels["end"] - trace_kernels["start"]
+
+
+def test_probe_export_tables_follow_the_schema() -> None:
+    trace = read_nsys_sqlite(PROBE)
+    k, r = trace.kernels, trace.ranges
+    assert list(k.columns) == list(KERNEL_COLUMNS) and list(r.columns) == list(RANGE_COLUMNS)
+    assert {c: str(t) for c, t in k.dtypes.items()} == {
+        c: ("string" if t == "string" else t) for c, t in KERNEL_COLUMNS.items()
+    }
+    assert k["kind"].value_counts().to_dict() == {"kernel": 25, "memset": 6}
+    assert int(durations(k).sum()) == 16_909_599
+    assert int(durations(k[k["kind"] == "kernel"]).sum()) == 16_903_327
+    # Every activity found its launch call; the backward ones on autograd's own thread.
+    assert k["launch_start"].notna().all()
+    assert k["launch_thread"].value_counts().to_dict() == {PROBE_MAIN: 17, PROBE_AUTOGRAD: 14}
+    assert (k["launch_start"] < k["start"]).all()
+    assert r["name"].tolist() == ["forward", "backward"] * 3
+    assert r["depth"].tolist() == [0] * 6 and set(r["domain"]) == {""}
+    assert set(r["thread"]) == {PROBE_MAIN}
+    assert trace.meta["tool_version"] == "2025.3.2.0"
+    assert trace.meta["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert trace.meta["thread_names"][PROBE_AUTOGRAD] == "pt_autograd_0"
+    assert trace.meta["sidecar"] is None
+
+
+def test_probe_names_grids_and_copies() -> None:
+    k = read_nsys_sqlite(PROBE).kernels
+    gemm = k[k["short_name"].str.startswith("sm80_xmma_gemm")]
+    assert len(gemm) == 3 and set(gemm["grid"]) == {"16,32,1"} and set(gemm["block"]) == {"256,1,1"}
+    cutlass = k[k["short_name"] == "Kernel2"]
+    assert (
+        cutlass["name"].iloc[0]
+        == "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>(T1::Params)"
+    )
+    memsets = k[k["kind"] == "memset"]
+    assert set(memsets["name"]) == {"[CUDA memset]"} and set(memsets["grid"]) == {""}
+    assert k["correlation_id"].is_unique
+
+
+@pytest.mark.parametrize(
+    ("name", "kernels", "memcpy", "memset", "kernel_ns"),
+    [
+        (SMALL_FP32, 3858, 98, 72, 37_341_626),
+        (SMALL_BF16, 4326, 98, 0, 20_745_051),
+        (TINY_COMPILE, 280, 0, 0, 1_304_202),
+    ],
+)
+def test_workload_exports_match_nsys_own_totals(
+    unpacked: Path, name: str, kernels: int, memcpy: int, memset: int, kernel_ns: int
+) -> None:
+    trace = read_nsys_sqlite(unpack(name, unpacked))
+    k = trace.kernels
+    counts = k["kind"].value_counts().to_dict()
+    assert counts == {
+        key: n for key, n in (("kernel", kernels), ("memcpy", memcpy), ("memset", memset)) if n
+    }
+    # nsys stats --report cuda_gpu_kern_sum on the same export: same instances and time.
+    nsys = pd.read_csv(STATS / f"{name}_cuda_gpu_kern_sum.csv")
+    assert nsys["Instances"].sum() == kernels
+    assert (
+        int(durations(k[k["kind"] == "kernel"]).sum()) == nsys["Total Time (ns)"].sum() == kernel_ns
+    )
+    assert k["launch_start"].notna().all()
+    assert trace.meta["sidecar"]["config"]["size"] in ("small", "tiny")
+
+
+def test_nested_ranges_get_depths_and_other_domains_keep_theirs(unpacked: Path) -> None:
+    r = read_nsys_sqlite(unpack(SMALL_FP32, unpacked)).ranges
+    depth = r.groupby("name")["depth"].agg(set).to_dict()
+    assert depth["forward"] == depth["backward"] == depth["optimizer"] == {0}
+    assert depth["scaled dot product attention"] == {1}
+    assert depth["computing softmax"] == depth["final matmul"] == {2}
+    # CUB's own NVTX domain ("CCCL"), opened on the autograd thread: kept, in its domain.
+    cub = r[r["domain"] == "CCCL"]
+    assert cub["name"].tolist() == ["cub::DeviceRadixSort"] * 2 and set(cub["depth"]) == {0}
+    assert r.groupby("name").size()["computing attention scores"] == 24  # 12 layers x 2 steps
+
+
+def test_cuda_graphs_traced_per_node_and_as_a_whole(unpacked: Path) -> None:
+    nodes = read_nsys_sqlite(unpack(GRAPH_NODES, unpacked)).kernels
+    replayed = nodes[nodes.groupby("correlation_id")["name"].transform("size") > 1]
+    assert len(replayed) == 12  # 3 replays x (gemm, softmax, memset, sum)
+    assert replayed["launch_start"].notna().all()
+    whole = read_nsys_sqlite(unpack(GRAPH_WHOLE, unpacked))
+    graphs = whole.kernels[whole.kernels["kind"] == "graph"]
+    assert graphs["name"].tolist() == ["[CUDA graph 1]"] * 3
+    assert int(durations(graphs).sum()) == 245_281
+    assert graphs["launch_start"].notna().all()
+    # The start/end range around the replays, and the push/pop ranges inside it.
+    r = whole.ranges
+    assert r.loc[r["name"] == "replays", "depth"].tolist() == [0]
+    assert set(r.loc[r["name"] == "forward", "depth"]) == {1}
+    assert set(r.loc[r["domain"] == "mylib", "name"]) == {"lib op"}
+
+
+def test_export_without_kernels_says_why(tmp_path: Path) -> None:
+    path = unpack(OLD_NO_KERNELS, tmp_path)
+    with pytest.raises(NoKernelsTraced) as caught:
+        read_nsys_sqlite(path)
+    message = str(caught.value)
+    assert "no CUDA kernels were traced" in message and "CUPTI_ACTIVITY_KIND_KERNEL" in message
+    assert "2022.4.2.1" in message and "too old" in message and "\n" not in message
+
+
+def test_export_without_cuda_tracing_says_to_trace_cuda(tmp_path: Path) -> None:
+    export = Export(tmp_path / "nvtx-only.sqlite")
+    export.range("forward", 0, 10)
+    export.conn.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
+    export.conn.execute("DROP TABLE CUPTI_ACTIVITY_KIND_RUNTIME")
+    with pytest.raises(NoKernelsTraced, match=r"CUDA was not traced.*-t cuda,nvtx"):
+        read_nsys_sqlite(export.save())
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    text = tmp_path / "notes.sqlite"
+    text.write_text("forward 12 ms\nbackward 30 ms\n")
+    truncated = tmp_path / "truncated.sqlite"
+    truncated.write_bytes(PROBE.read_bytes()[:50_000])
+    corrupt = tmp_path / "corrupt.sqlite"
+    data = bytearray(PROBE.read_bytes())
+    for offset in range(3 * 4096, len(data), 4096):
+        data[offset : offset + 64] = b"\xff" * 64
+    corrupt.write_bytes(bytes(data))
+    empty_db = tmp_path / "empty-db.sqlite"
+    sqlite3.connect(empty_db).execute("PRAGMA user_version = 1").connection.commit()
+    other_db = tmp_path / "other.sqlite"
+    sqlite3.connect(other_db).execute("CREATE TABLE results (x)").connection.commit()
+    return {
+        "missing": (tmp_path / "nope.sqlite", "no such file"),
+        "directory": (tmp_path, "is a directory"),
+        "empty file": (empty, "is empty (0 bytes)"),
+        "not sqlite": (text, "is not an SQLite database"),
+        "truncated": (truncated, "is truncated: 50,000 bytes where its header promises 339,968"),
+        "corrupt": (corrupt, "is corrupt"),
+        "empty database": (empty_db, "is an empty SQLite database"),
+        "not nsys": (other_db, "not an Nsight Systems SQLite export"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "directory",
+        "empty file",
+        "not sqlite",
+        "truncated",
+        "corrupt",
+        "empty database",
+        "not nsys",
+    ],
+)
+def test_bad_inputs_are_one_line_errors(tmp_path: Path, case: str) -> None:
+    path, expected = _bad_inputs(tmp_path)[case]
+    with pytest.raises(BadInput) as caught:
+        load_trace(path)
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file(tmp_path: Path) -> None:
+    path = tmp_path / "locked.sqlite"
+    path.write_bytes(PROBE.read_bytes())
+    path.chmod(0)
+    with pytest.raises(BadInput, match="cannot read"):
+        load_trace(path)
+
+
+def test_2022_era_columns_text_names_and_driver_calls(tmp_path: Path) -> None:
+    """No globalPid/shortName/textId, EXPORT_META_DATA, a launch found in the DRIVER table."""
+    export = Export(
+        tmp_path / "old.sqlite",
+        pid_column=False,
+        short_names=False,
+        text_ids=False,
+        meta_table="EXPORT_META_DATA",
+    )
+    export.range("forward", 0, 1_000)
+    export.range("open at capture end", 2_000, None)
+    export.kernel("gemm_kernel", 100, 50, launch_at=10)
+    export.kernel("ampere_sgemm_128x64_tn", 300, 70, launch_at=20, api="cuLaunchKernel",
+                  table="CUPTI_ACTIVITY_KIND_DRIVER")  # fmt: skip
+    export.kernel("lost_kernel", 5_000, 30, launch_at=None)
+    trace = read_nsys_sqlite(export.save())
+    k = trace.kernels.set_index("name")
+    assert k.loc["gemm_kernel", "short_name"] == "gemm_kernel"  # no shortName: the full name
+    assert k.loc["ampere_sgemm_128x64_tn", "launch_start"] == 20
+    assert pd.isna(k.loc["lost_kernel", "launch_start"]) and pd.isna(
+        k.loc["lost_kernel", "launch_thread"]
+    )
+    r = trace.ranges.set_index("name")
+    assert r.loc["forward", "end"] == 1_000
+    assert r.loc["open at capture end", "end"] == 5_030  # the trace's last GPU end
+    assert trace.meta["tool_version"] == "2099.1.0"
+
+
+def test_launches_are_matched_per_process(tmp_path: Path) -> None:
+    """Two processes reuse correlation id 1: each kernel gets its own process's launch."""
+    export = Export(tmp_path / "two.sqlite")
+    other_thread = (1 << 48) | (200 << 24) | 200
+    export.kernel("a_kernel", 100, 10, launch_at=50, correlation=1)
+    export.kernel("b_kernel", 100, 10, launch_at=70, correlation=1, thread=other_thread, pid=200)
+    k = read_nsys_sqlite(export.save()).kernels.set_index("name")
+    assert k.loc["a_kernel", "launch_thread"] == MAIN and k.loc["a_kernel", "launch_start"] == 50
+    assert k.loc["b_kernel", "launch_thread"] == other_thread
+    assert k.loc["b_kernel", "launch_start"] == 70
+
+
+def test_launch_calls_with_unusual_names_are_still_found(tmp_path: Path) -> None:
+    """The fast path reads launch-like API calls only; anything else is found in a second pass."""
+    export = Export(tmp_path / "odd.sqlite")
+    export.kernel("k", 100, 10, launch_at=40, api="cudaSomethingNew_v99000", thread=WORKER)
+    k = read_nsys_sqlite(export.save()).kernels
+    assert k["launch_start"].tolist() == [40] and k["launch_thread"].tolist() == [WORKER]
+
+
+def test_sidecar_is_read_and_a_broken_one_is_a_warning(tmp_path: Path) -> None:
+    export = Export(tmp_path / "run.sqlite")
+    export.kernel("k", 100, 10, launch_at=40)
+    path = export.save()
+    (tmp_path / "run.profkit.json").write_text(json.dumps({"config": {"size": "large"}}))
+    assert read_nsys_sqlite(path).meta["sidecar"]["config"] == {"size": "large"}
+    (tmp_path / "run.profkit.json").write_text("{not json")
+    trace = read_nsys_sqlite(path)
+    assert trace.meta["sidecar"] is None and "run.profkit.json" in trace.meta["warnings"][0]
+
+
+def test_load_trace_dispatches_by_content_and_suffix(tmp_path: Path) -> None:
+    renamed = tmp_path / "profile.data"
+    renamed.write_bytes(PROBE.read_bytes())
+    assert len(load_trace(renamed).kernels) == 31  # SQLite magic: read as an nsys export
+    unknown = tmp_path / "trace.txt"
+    unknown.write_text("hello")
+    with pytest.raises(BadInput, match="not a supported trace"):
+        load_trace(unknown)
+
+
+def test_nsys_rep_without_nsys_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PROFKIT_NSYS", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    report = tmp_path / "run.nsys-rep"
+    report.write_bytes(b"not really a report")
+    with pytest.raises(MissingTool) as caught:
+        load_trace(report)
+    message = str(caught.value)
+    assert "install Nsight Systems" in message and "--nsys" in message
+    assert "nsys export --type sqlite run.nsys-rep" in message
+
+
+def test_nsys_rep_is_exported_once_and_cached(tmp_path: Path) -> None:
+    """A stand-in for nsys (none can run here) that "exports" by copying a real export."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "nsys"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'while [ "$1" != "--output" ]; do shift; done\n'
+        f'cp {PROBE} "$2"\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    report = tmp_path / "run.nsys-rep"
+    report.write_bytes(b"report")
+    first = load_trace(report, nsys=fake)
+    second = load_trace(report, nsys=fake)
+    assert len(first.kernels) == len(second.kernels) == 31
+    assert len(calls.read_text().splitlines()) == 1  # the second read used the cached .sqlite
+    assert (tmp_path / "run.sqlite").exists()
+
+
+def test_reading_is_the_same_on_one_or_many_chunks(
+    unpacked: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Columns read in chunks of rowids stay aligned row for row."""
+    from profkit.traces import _sqlite
+
+    path = unpack(SMALL_FP32, unpacked)
+    whole = read_nsys_sqlite(path).kernels
+    monkeypatch.setattr(_sqlite, "CHUNK_ROWS", 97)
+    chunked = read_nsys_sqlite(path).kernels
+    pd.testing.assert_frame_equal(whole, chunked)
+    assert np.array_equal(whole["launch_start"].to_numpy(), chunked["launch_start"].to_numpy())
+
+
+def test_readers_register_by_suffix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from profkit.traces import load as loader
+
+    monkeypatch.setattr(loader, "READERS", dict(loader.READERS))
+    monkeypatch.setattr(loader, "PLUGINS", {".trace.gz": "profkit.traces.not_written_yet"})
+    path = tmp_path / "run.trace.gz"
+    path.write_bytes(b"\x1f\x8b")
+    with pytest.raises(BadInput, match="not a supported trace"):
+        load_trace(path)  # the plugin module does not exist: a plain message
+    probe = read_nsys_sqlite(PROBE)
+    loader.register(".trace.gz", lambda p: probe)
+    assert load_trace(path) is probe
