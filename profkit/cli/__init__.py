@@ -35,7 +35,7 @@ def _root(
 
 
 # Importing a command module registers its commands on ``app``.
-from profkit.cli import sizes  # noqa: E402, F401
+from profkit.cli import nsys, sizes  # noqa: E402, F401
 
 
 def main() -> None:
