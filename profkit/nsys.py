@@ -10,9 +10,10 @@ Failures keep every file already written and say which.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -118,7 +119,8 @@ def profile(
     else:
         check_program(target)
     with tempfile.TemporaryDirectory(prefix="profkit-nsys-") as tmp:
-        run = plan(target, name, out_dir, reports_dir, options, nsys, Path(tmp) / "result.json")
+        result_path = Path(tmp) / "result.json"
+        run = plan(target, name, out_dir, reports_dir, options, nsys, result_path)
         files = run.files
         _clear_earlier_run(files, say)
         record = new_record(
@@ -130,52 +132,76 @@ def profile(
             {kind: str(path) for kind, path in _file_kinds(files).items()},
         )
         say(f"profiling {files.name} under nsys")
-        try:
-            outcome = run_logged(
-                run.argv, files.log, env=CHILD_ENV, timeout_s=timeout_s, echo=echo,
-                stop_grace_s=STOP_GRACE_S,
-                on_stopping=lambda: say(
-                    "stopping: nsys is writing the report of what it captured "
-                    "(Ctrl-C again to stop at once)"
-                ),
-            )  # fmt: skip
-        except KeyboardInterrupt:
-            record["result"] = {"status": "interrupted", "error": "stopped by Ctrl-C"}
-            write_sidecar(files.sidecar, record)
-            kept = [p for p in (files.report, files.sidecar, files.log) if p.exists()]
-            raise Interrupted(kept) from None
-        record["timings_s"]["nsys_profile"] = outcome.wall_s
-        record["nsys"]["returncode"] = outcome.returncode
-        if isinstance(target, WorkloadConfig):
-            result_path = Path(tmp) / "result.json"
-            wrote_result = result_path.exists()
-            # A result the child wrote is its own verdict; nsys's exit status is judged apart.
-            rc = 0 if wrote_result or outcome.returncode is None else outcome.returncode
-            record["result"] = collect_result(target, result_path, rc, outcome.tail())
-        else:
-            wrote_result = False  # a program's exit status can't tell it apart from nsys's
-            record["result"] = _program_result(outcome)
+        outcome = _capture(run, record, say, echo, timeout_s)
+        wrote_result = _record_result(target, record, outcome, result_path)
     write_sidecar(files.sidecar, record)
     _check_capture(record["result"], outcome, files, wrote_result, run.builtin)
 
     say(f"exporting {files.report} to SQLite")
-    export_started = time.perf_counter()
-    export_sqlite(files.report, run.nsys_argv[0], force=True)
-    record["timings_s"]["export"] = time.perf_counter() - export_started
+    with _timed(record, "export"):
+        export_sqlite(files.report, run.nsys_argv[0], force=True)
     write_sidecar(files.sidecar, record)  # readers of the export see the run's config
 
     say("analysing kernels")
-    analysis_started = time.perf_counter()
-    try:
-        kernels_markdown = _post_process(files.sqlite, files.name)
-    except ProfkitError as exc:
-        raise ProfkitError(f"{exc} (kept {files.report}, {files.sqlite})") from None
-    record["timings_s"]["analysis"] = time.perf_counter() - analysis_started
+    with _timed(record, "analysis"):
+        try:
+            kernels_markdown = _post_process(files.sqlite, files.name)
+        except ProfkitError as exc:
+            raise ProfkitError(f"{exc} (kept {files.report}, {files.sqlite})") from None
     record["timings_s"]["total"] = time.perf_counter() - started
     markdown = kernels_markdown.rstrip() + "\n\n" + run_section(record)
     _write(files.markdown, markdown)
     write_sidecar(files.sidecar, record)
     return NsysRun(files, record, markdown)
+
+
+def _capture(
+    run: Plan,
+    record: dict[str, Any],
+    say: Callable[[str], None],
+    echo: IO[str] | None,
+    timeout_s: float | None,
+) -> Outcome:
+    """Run nsys; on Ctrl-C record the interruption and raise :class:`Interrupted`."""
+    files = run.files
+    try:
+        outcome = run_logged(
+            run.argv, files.log, env=CHILD_ENV, timeout_s=timeout_s, echo=echo,
+            stop_grace_s=STOP_GRACE_S,
+            on_stopping=lambda: say(
+                "stopping: nsys is writing the report of what it captured "
+                "(Ctrl-C again to stop at once)"
+            ),
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        record["result"] = {"status": "interrupted", "error": "stopped by Ctrl-C"}
+        write_sidecar(files.sidecar, record)
+        kept = [p for p in (files.report, files.sidecar, files.log) if p.exists()]
+        raise Interrupted(kept) from None
+    record["timings_s"]["nsys_profile"] = outcome.wall_s
+    record["nsys"]["returncode"] = outcome.returncode
+    return outcome
+
+
+def _record_result(
+    target: Target, record: dict[str, Any], outcome: Outcome, result_path: Path
+) -> bool:
+    """Put the run's result into ``record``; True when the built-in child wrote its own."""
+    if not isinstance(target, WorkloadConfig):
+        record["result"] = _program_result(outcome)
+        return False  # a program's exit status can't be told apart from nsys's
+    wrote_result = result_path.exists()
+    # A result the child wrote is its own verdict; nsys's exit status is judged apart.
+    rc = 0 if wrote_result or outcome.returncode is None else outcome.returncode
+    record["result"] = collect_result(target, result_path, rc, outcome.tail())
+    return wrote_result
+
+
+@contextlib.contextmanager
+def _timed(record: dict[str, Any], part: str) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    record["timings_s"][part] = time.perf_counter() - started
 
 
 def _post_process(sqlite_path: Path, name: str) -> str:
