@@ -28,11 +28,12 @@ from typer.testing import CliRunner
 import profkit.nsys
 from profkit.cli import app
 from profkit.config import WorkloadConfig
-from profkit.errors import BadInput, MissingTool
-from profkit.nsys_argv import NsysOptions, check_name, default_name, profile_argv
+from profkit.errors import BadInput, MissingTool, ProfkitError
+from profkit.nsys import _check_capture
+from profkit.nsys_argv import NsysOptions, RunFiles, check_name, default_name, profile_argv
 from profkit.nsys_record import python_phase_times, read_sidecar, run_section, sidecar_path
 from profkit.nsys_tool import find_nsys
-from profkit.proc import kill_tree, run_logged
+from profkit.proc import Outcome, kill_tree, run_logged
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "user_train.py"
@@ -472,6 +473,51 @@ def test_analysis_failure_keeps_the_capture(
         "(kept profiles/k.nsys-rep, profiles/k.sqlite)"
     )
     assert json.loads(Path("profiles/k.profkit.json").read_text())["timings_s"]["export"] >= 0
+
+
+def _outcome(tmp_path: Path, returncode: int | None, output: str) -> Outcome:
+    log = tmp_path / "profiles" / "run.nsys.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(output)
+    return Outcome(returncode, 1.0, log, timed_out=returncode is None)
+
+
+@pytest.mark.parametrize(
+    ("result", "wrote", "report", "rc", "message"),
+    [
+        ({"status": "oom", "error": "CUDA out of memory. Tried to allocate 2.00 GiB"}, True,
+         True, 0, "the built-in workload failed under nsys (oom: CUDA out of memory. Tried to "
+         "allocate 2.00 GiB); kept {d}/run.nsys-rep; full output in {d}/run.nsys.log; "
+         "`profkit kernels {d}/run.nsys-rep` reads what was captured"),
+        ({"status": "error", "error": "RuntimeError: boom"}, True, False, 0,
+         "the built-in workload failed under nsys (RuntimeError: boom); no report; "
+         "full output in {d}/run.nsys.log"),
+        ({"status": "error", "error": "child exited with status 1 without a result"}, False,
+         False, 1, "nsys failed (exit status 1): Error: unrecognised option '--bogus'; "
+         "full output in {d}/run.nsys.log"),
+        ({"status": "ok", "error": None}, True, False, 0,
+         "nsys wrote no report: Error: unrecognised option '--bogus'; "
+         "full output in {d}/run.nsys.log"),
+        ({"status": "error", "error": "timed out"}, False, False, None,
+         "nsys run timed out; no files kept; full output in {d}/run.nsys.log"),
+    ],
+    ids=["oom-kept", "error-no-report", "nsys-failed", "no-report", "timed-out"],
+)  # fmt: skip
+def test_builtin_failures_name_what_failed_and_what_was_kept(
+    tmp_path: Path,
+    result: dict[str, Any],
+    wrote: bool,
+    report: bool,
+    rc: int | None,
+    message: str,
+) -> None:
+    files = RunFiles("run", tmp_path / "profiles", tmp_path / "reports")
+    outcome = _outcome(tmp_path, rc, "Collecting data...\nError: unrecognised option '--bogus'\n")
+    if report:
+        files.report.write_text("report")
+    with pytest.raises(ProfkitError) as caught:
+        _check_capture(result, outcome, files, wrote, builtin=True)
+    assert str(caught.value) == message.format(d=files.out_dir)
 
 
 # --- Ctrl-C and process trees -------------------------------------------------------------
