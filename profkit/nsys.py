@@ -252,7 +252,7 @@ def _check_capture(
         raise ProfkitError(f"nsys run timed out; {_kept(files)}; {log}")
     what = "the built-in workload" if builtin else "the program"
     if result["status"] == "ok":  # the program was fine; nsys produced nothing
-        raise ProfkitError(f"nsys wrote no report: {outcome.last_line() or 'no output'}; {log}")
+        raise ProfkitError(f"nsys wrote no report: {outcome.error_line() or 'no output'}; {log}")
     if wrote_result and not have_report:
         # the workload ran and failed; nsys produced nothing (e.g. before the capture range)
         raise ProfkitError(f"{what} failed under nsys ({result['error']}); no report; {log}")
@@ -260,7 +260,7 @@ def _check_capture(
         failed = "nsys failed" if builtin else "nsys or the program failed"
         raise ProfkitError(
             f"{failed} ({describe_exit(outcome.returncode)}): "
-            f"{outcome.last_line() or 'no output'}; {log}"
+            f"{outcome.error_line() or 'no output'}; {log}"
         )
     raise ProfkitError(
         f"{what} failed under nsys ({result['status']}: {result['error']}); {_kept(files)}; "

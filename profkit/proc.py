@@ -1,8 +1,8 @@
 """Running an external command as one process tree that can be ended as a whole.
 
-Profilers wrap the program they profile (``nsys profile python ...``) and may put it in a
-process group of its own, so ending only the child's group can leave the real workload
-running and holding the GPU. :func:`kill_tree` ends every descendant too; :func:`run_logged`
+Profilers wrap the program they profile (``nsys profile python ...``) and may move it out
+of their process group: nsys 2025.3 starts it in a session of its own (seen on the H100),
+so ending only the child's group would leave the real workload running and holding the GPU. :func:`kill_tree` ends every descendant too; :func:`run_logged`
 runs a command in its own session with its whole output saved to a log file (and echoed,
 if asked), and ends the tree on Ctrl-C or timeout.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -23,6 +24,10 @@ from typing import IO
 from profkit.errors import MissingTool
 
 TAIL_CHARS = 4_000
+_ERROR_WORDS = re.compile(
+    r"error|unrecogni[sz]ed|not found|no such|failed|invalid|denied|exception|killed",
+    re.IGNORECASE,
+)
 
 
 def descendants(pid: int) -> list[int]:
@@ -81,6 +86,19 @@ class Outcome:
         """The last non-empty line of the output, or ``""``."""
         lines = [line for line in self.tail().splitlines() if line.strip()]
         return lines[-1].strip() if lines else ""
+
+    def error_line(self) -> str:
+        """The last line of the output that reads like an error, else the last line.
+
+        Tools end with a usage hint after the error itself (nsys: "unrecognised option
+        '--x'" then "Try 'nsys profile --help' for more information."); the error is the
+        line worth showing.
+        """
+        lines = [line.strip() for line in self.tail().splitlines() if line.strip()]
+        for line in reversed(lines):
+            if _ERROR_WORDS.search(line):
+                return line
+        return lines[-1] if lines else ""
 
 
 def read_tail(path: Path, chars: int = TAIL_CHARS) -> str:

@@ -574,6 +574,20 @@ def test_run_logged_times_out_and_keeps_the_log(tmp_path: Path) -> None:
     assert outcome.last_line() == "started"
 
 
+def test_the_error_line_is_the_error_not_the_usage_hint(tmp_path: Path) -> None:
+    # what nsys 2025.3 printed for an unknown flag, on the H100
+    nsys_said = (
+        "unrecognised option '--bogus-flag=1'\n\n"
+        "usage: nsys profile [<args>] [application] [<application args>]\n"
+        "Try 'nsys profile --help' for more information.\n"
+    )
+    outcome = _outcome(tmp_path, 1, nsys_said)
+    assert outcome.error_line() == "unrecognised option '--bogus-flag=1'"
+    assert _outcome(tmp_path, 0, "Generated:\n\tNo reports were generated\n").error_line() == (
+        "No reports were generated"
+    )
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_nsys_and_the_program_and_keeps_the_report(
     stand_in: Path, sig: signal.Signals
