@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import profkit.nsys
@@ -302,9 +303,7 @@ def test_bad_input_exits_2_with_one_line(args: list[str], message: str, stand_in
     assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
 
 
-@pytest.mark.skipif(
-    __import__("torch").cuda.is_available(), reason="checks the message on CPU-only machines"
-)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on CPU-only machines")
 @pytest.mark.parametrize("device", ["auto", "cpu"])
 def test_builtin_model_without_cuda_exits_2(device: str, stand_in: Path) -> None:
     result = runner.invoke(app, ["nsys", "--size", "tiny", "--device", device])
