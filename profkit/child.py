@@ -16,7 +16,6 @@ come as JSON in ``--capture-options``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.config import WorkloadConfig
+from profkit.proc import kill_tree
 
 Hooks = tuple[Callable[[], None] | None, Callable[[], None] | None]
 CAPTURES = ("none", "cuda-profiler-api", "memory")
@@ -157,17 +157,28 @@ def run_child(
             _kill_group(proc)
             proc.wait()
             raise
-        if result_path.exists():
-            result: dict[str, Any] = json.loads(result_path.read_text())
-            if proc.returncode != 0 and result["status"] == "ok":
-                result.update(status="error", error=f"child exited with {proc.returncode}")
-            return result
-        return _died(config, _describe_exit(proc.returncode), stderr)
+        return collect_result(config, result_path, proc.returncode, stderr)
+
+
+def collect_result(
+    config: WorkloadConfig, result_path: Path, returncode: int, output: str | None
+) -> dict[str, Any]:
+    """The result a finished child left at ``result_path``, or an ``error``/``oom`` row.
+
+    ``output`` is the tail of the child's stderr (or of its whole output when a wrapper such
+    as nsys ran it), used to describe a child that died without writing a result.
+    """
+    if result_path.exists():
+        result: dict[str, Any] = json.loads(result_path.read_text())
+        if returncode != 0 and result["status"] == "ok":
+            result.update(status="error", error=f"child exited with {returncode}")
+        return result
+    return _died(config, _describe_exit(returncode), output)
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    # The whole tree, not just the group: a wrapper (nsys) may regroup the real child.
+    kill_tree(proc)
 
 
 def _describe_exit(code: int) -> str:

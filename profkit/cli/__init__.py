@@ -43,6 +43,7 @@ from profkit.cli import (  # noqa: E402, F401
     doctor,
     kernels,
     memory,
+    nsys,
     precision,
     sizes,
 )

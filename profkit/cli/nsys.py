@@ -1,0 +1,215 @@
+"""``profkit nsys``: the built-in workload, or your own program, under Nsight Systems."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from profkit import nsys as nsys_lib
+from profkit.cli import app
+from profkit.cli._common import (
+    AttentionOpt,
+    BatchOpt,
+    Bf16Opt,
+    CompileOpt,
+    CtxOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModeOpt,
+    SizeOpt,
+    StepsOpt,
+    WarmupOpt,
+    command,
+    single_config,
+    workload_configs,
+)
+from profkit.errors import BadInput
+from profkit.nsys_argv import DEFAULT_TRACE, NsysOptions
+from profkit.render import console, dumps, err_console
+
+WORKLOAD_PARAMS = (
+    "size", "ctx", "batch", "mode", "dtype", "bf16", "compile", "attention", "warmup", "steps",
+    "device",
+)  # fmt: skip
+FORMATS = ("table", "md", "json")
+
+ProgramArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Your program and its arguments, after `--` (e.g. `-- python train.py --lr 3e-4`). "
+        "Without one, the built-in model runs.",
+        show_default=False,
+    ),
+]
+NameOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--name",
+        help="File name of the run (default: the config label, e.g. large-ctx256-train-fp32, "
+        "or your script's stem). Files of an earlier run with this name are overwritten.",
+        show_default=False,
+    ),
+]
+NsysOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--nsys", help="The nsys executable (default: $PROFKIT_NSYS, else nsys on PATH).",
+        show_default=False,
+    ),
+]  # fmt: skip
+TraceOpt = Annotated[str, typer.Option("--trace", help="APIs nsys traces, comma-separated.")]
+CudaMemoryOpt = Annotated[
+    bool, typer.Option("--cuda-memory", help="Track GPU memory use (--cuda-memory-usage=true).")
+]
+BacktraceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--python-backtrace", help="Python stacks on CUDA API calls (--python-backtrace=cuda)."
+    ),
+]
+SampleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sample",
+        help="Keep CPU sampling and context-switch tracing on (off by default: they make a "
+        "run minutes slower and its report gigabytes larger).",
+    ),
+]
+CaptureOpt = Annotated[
+    str,
+    typer.Option(
+        "--capture-range",
+        help="auto: only the timed steps of the built-in model (cudaProfilerApi), the whole "
+        "program otherwise; or an nsys value: cudaProfilerApi | none | nvtx | hotkey.",
+    ),
+]
+NsysArgOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--nsys-arg",
+        help="One more nsys flag, passed through verbatim; repeatable. Write it with '=': "
+        "--nsys-arg=--osrt-threshold=10000.",
+        show_default=False,
+    ),
+]
+OutDirOpt = Annotated[
+    Path, typer.Option("--out-dir", help="Where the .nsys-rep, .sqlite, sidecar and log go.")
+]
+FormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format", "-f", help="table | md (the report) | json (the run record: the sidecar)."
+    ),
+]
+DryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="Print the exact nsys command line and exit.")
+]
+
+
+@command(app)
+def nsys(
+    context: typer.Context,
+    program: ProgramArg = None,
+    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults, never mutates them
+    ctx: CtxOpt = [],  # noqa: B006
+    batch: BatchOpt = [],  # noqa: B006
+    mode: ModeOpt = [],  # noqa: B006
+    dtype: DtypeOpt = [],  # noqa: B006
+    bf16: Bf16Opt = False,
+    compile: CompileOpt = "no",
+    attention: AttentionOpt = [],  # noqa: B006
+    warmup: WarmupOpt = [],  # noqa: B006
+    steps: StepsOpt = 10,
+    device: DeviceOpt = "auto",
+    name: NameOpt = None,
+    nsys: NsysOpt = None,
+    trace: TraceOpt = DEFAULT_TRACE,
+    cuda_memory: CudaMemoryOpt = False,
+    python_backtrace: BacktraceOpt = False,
+    sample: SampleOpt = False,
+    capture_range: CaptureOpt = "auto",
+    nsys_arg: NsysArgOpt = None,
+    out_dir: OutDirOpt = Path("profiles"),
+    fmt: FormatOpt = "table",
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Profile under Nsight Systems, export SQLite, print and write the kernel report.
+
+    `profkit nsys --size large --ctx 256` runs the built-in model (CUDA needed) and captures
+    only its timed steps; `profkit nsys -- python train.py ARGS` profiles your own program
+    (mark its phases with `profkit.phase("forward")`). Writes OUT_DIR/NAME.nsys-rep, .sqlite,
+    .profkit.json (config, Python phase times, timings) and .nsys.log, and reports/NAME.md.
+    """
+    if fmt not in FORMATS:
+        raise BadInput(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    options = NsysOptions(
+        trace=trace,
+        capture_range=capture_range,
+        cuda_memory=cuda_memory,
+        python_backtrace=python_backtrace,
+        sample=sample,
+        extra_args=tuple(nsys_arg or ()),
+    )
+    if program:
+        given = [p for p in WORKLOAD_PARAMS if _given(context, p)]
+        if given:
+            flags = ", ".join(f"--{p}" for p in given)
+            raise BadInput(f"{flags}: workload options apply to the built-in model, not a program")
+        target: nsys_lib.Target = program
+    else:
+        configs = workload_configs(
+            size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
+        )
+        target = single_config(configs, "nsys")
+    if dry_run:
+        print(shlex.join(nsys_lib.plan(target, name, out_dir, options=options, nsys=nsys).argv))
+        return
+    try:
+        if program:  # the program's own output streams through (to stderr: stdout is ours)
+            run = nsys_lib.profile(
+                target, name, out_dir, options=options, nsys=nsys, echo=sys.stderr,
+                progress=lambda message: err_console.print(f"[dim]profkit:[/] {message}"),
+            )  # fmt: skip
+        else:
+            with err_console.status("starting") as status:
+                run = nsys_lib.profile(
+                    target, name, out_dir, options=options, nsys=nsys, progress=status.update
+                )
+    except nsys_lib.Interrupted as stop:
+        kept = ", ".join(str(path) for path in stop.kept) or "nothing"
+        err_console.print(f"stopped; kept {kept}", highlight=False, soft_wrap=True)
+        raise KeyboardInterrupt from None
+    _render(run, fmt)
+
+
+def _given(context: typer.Context, param: str) -> bool:
+    source = context.get_parameter_source(param)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _render(run: nsys_lib.NsysRun, fmt: str) -> None:
+    if fmt == "json":
+        print(dumps(run.record))
+    elif fmt == "md":
+        print(run.report_markdown, end="")
+    else:
+        from rich.markdown import Markdown
+
+        console.print(Markdown(run.report_markdown))
+    files = run.files
+    timings = run.record["timings_s"]
+    parts = ", ".join(
+        f"{label} {timings[key]:.1f} s"
+        for key, label in (("nsys_profile", "nsys profile"), ("export", "export"),
+                           ("analysis", "analysis"), ("total", "total"))
+        if key in timings
+    )  # fmt: skip
+    err_console.print(
+        f"wrote {files.report}, {files.sqlite}, {files.sidecar}, {files.markdown} ({parts})",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -1,0 +1,242 @@
+"""Running an external command as one process tree that can be ended as a whole.
+
+Profilers wrap the program they profile (``nsys profile python ...``) and may move it out
+of their process group: nsys 2025.3 starts it in a session of its own (seen on the H100),
+so ending only the child's group would leave the real workload running and holding the GPU. :func:`kill_tree` ends every descendant too; :func:`run_logged`
+runs a command in its own session with its whole output saved to a log file (and echoed,
+if asked), and ends the tree on Ctrl-C or timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from profkit.errors import MissingTool
+
+TAIL_CHARS = 4_000
+_ERROR_WORDS = re.compile(
+    r"error|unrecogni[sz]ed|not found|no such|failed|invalid|denied|exception|killed",
+    re.IGNORECASE,
+)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children first), read from ``/proc``; [] elsewhere."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        kids = children.get(frontier.pop(), [])
+        found.extend(kids)
+        frontier.extend(kids)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc``'s process group and every descendant, wherever they regrouped."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGSTOP)  # freeze the group so nothing forks meanwhile
+    tree = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class Outcome:
+    """How a command run by :func:`run_logged` ended."""
+
+    returncode: int | None
+    """Exit status (negative: killed by that signal); None when it timed out."""
+    wall_s: float
+    log_path: Path
+    timed_out: bool = False
+
+    def tail(self, chars: int = TAIL_CHARS) -> str:
+        """The last ``chars`` characters of the log (its whole output)."""
+        return read_tail(self.log_path, chars)
+
+    def last_line(self) -> str:
+        """The last non-empty line of the output, or ``""``."""
+        lines = [line for line in self.tail().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""
+
+    def error_line(self) -> str:
+        """The last line of the output that reads like an error, else the last line.
+
+        Tools end with a usage hint after the error itself (nsys: "unrecognised option
+        '--x'" then "Try 'nsys profile --help' for more information."); the error is the
+        line worth showing.
+        """
+        lines = [line.strip() for line in self.tail().splitlines() if line.strip()]
+        for line in reversed(lines):
+            if _ERROR_WORDS.search(line):
+                return line
+        return lines[-1] if lines else ""
+
+
+def read_tail(path: Path, chars: int = TAIL_CHARS) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - chars))
+            return log.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def run_logged(
+    argv: Sequence[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    echo: IO[str] | None = None,
+    stop_grace_s: float = 0.0,
+    on_stopping: Callable[[], None] | None = None,
+) -> Outcome:
+    """Run ``argv`` (no shell) with stdout and stderr saved to ``log_path``.
+
+    With ``echo`` the output is also copied there line by line as it comes (a user's
+    program's own log). The command runs in its own session, so Ctrl-C reaches only us.
+    On Ctrl-C (or SIGTERM) the command first gets SIGINT and up to ``stop_grace_s`` to
+    wind down (nsys then stops the program and writes the report of what it captured;
+    ``on_stopping`` is called as this starts), then the whole process tree is killed and
+    KeyboardInterrupt re-raised; a second Ctrl-C cuts the wait short. On timeout the tree
+    is killed at once. The log is kept. Raises :class:`MissingTool` when ``argv[0]``
+    cannot be executed at all.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if echo else log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        except OSError as exc:  # not a program this system can run (format, permission)
+            raise MissingTool(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+        pump = _start_pump(proc, log, echo) if echo else None
+        timed_out = False
+        try:
+            with _terminate_as_interrupt():
+                proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            proc.wait()
+            timed_out = True
+        except KeyboardInterrupt:
+            _stop(proc, stop_grace_s, on_stopping)
+            raise
+        except BaseException:  # leave no orphaned GPU process behind
+            kill_tree(proc)
+            proc.wait()
+            raise
+        finally:
+            if pump is not None:
+                # a grandchild that outlived the tree could hold the pipe open; don't hang
+                pump.join(timeout=5)
+    return Outcome(
+        returncode=None if timed_out else proc.returncode,
+        wall_s=time.perf_counter() - started,
+        log_path=log_path,
+        timed_out=timed_out,
+    )
+
+
+def _stop(
+    proc: subprocess.Popen[str], grace_s: float, on_stopping: Callable[[], None] | None
+) -> None:
+    """Ask the command to stop (SIGINT), wait up to ``grace_s``, then end its whole tree."""
+    try:
+        if grace_s > 0 and proc.poll() is None:
+            if on_stopping is not None:
+                on_stopping()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+            with _terminate_as_interrupt():
+                proc.wait(timeout=grace_s)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        pass  # out of patience, or a second Ctrl-C: no more waiting
+    finally:
+        kill_tree(proc)  # whatever the command left behind (a regrouped program) goes too
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM/SIGHUP (``timeout``, a batch scheduler, a closed terminal) act as Ctrl-C.
+
+    Our child runs in its own session and would outlive us; raising KeyboardInterrupt
+    lets the caller end the tree first.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _start_pump(proc: subprocess.Popen[str], log: IO[str], echo: IO[str]) -> threading.Thread:
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with contextlib.suppress(OSError, ValueError):  # a closed echo stream or log
+                log.write(line)
+                echo.write(line)
+                echo.flush()
+
+    thread = threading.Thread(target=pump, name="profkit-output", daemon=True)
+    thread.start()
+    return thread
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit status 3`` / ``killed by SIGKILL`` / ``timed out``."""
+    if code is None:
+        return "timed out"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
