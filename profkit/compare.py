@@ -20,7 +20,7 @@ import pandas as pd
 
 from profkit.config import ATTENTIONS, DTYPES, MODES
 from profkit.errors import BadInput
-from profkit.model import SIZES
+from profkit.specs import SIZES
 
 FIELDS = ("dtype", "compile", "warmup", "attention", "mode")
 # What makes two rows the same config, the compared field aside. Device and GPU first, so

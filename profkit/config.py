@@ -56,7 +56,7 @@ class WorkloadConfig:
     """Free-form labels carried along into results (not part of a config's identity)."""
 
     def __post_init__(self) -> None:
-        from profkit.model import SIZES  # the model module imports torch; keep config light
+        from profkit.specs import SIZES
 
         if self.size not in SIZES:
             raise BadInput(f"unknown size {self.size!r}; choose one of: {', '.join(SIZES)}")

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from profkit import bench as bench_lib
-from profkit import model
+from profkit import specs
 from profkit.config import WorkloadConfig, resolve_device
 from profkit.environment import environment
 from profkit.render import markdown_table, write_text
@@ -79,7 +79,7 @@ def demo_configs(device: str) -> list[WorkloadConfig]:
 
 
 def _sizes_step(ctx: DemoContext) -> str:
-    table = pd.DataFrame(model.sizes()).rename(
+    table = pd.DataFrame(specs.sizes()).rename(
         columns={"non_embedding_params": "params w/o LM head"}
     )
     return (

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 
 from profkit.config import WorkloadConfig
-from profkit.model import get_spec
+from profkit.specs import get_spec
 
 
 @dataclass(frozen=True)

@@ -11,68 +11,24 @@ at 3 std (Linear std sqrt(2/(d_in+d_out)), embedding std 1).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from profkit.annotate import annotate
+from profkit.specs import COURSE_SIZES, SIZES, ModelSpec, get_spec, sizes
 
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Shape of one model size. Parameter counts are analytic (no weights allocated)."""
-
-    name: str
-    d_model: int
-    d_ff: int
-    num_layers: int
-    num_heads: int
-    vocab_size: int = 10_000
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.num_heads
-
-    @property
-    def params(self) -> int:
-        """All parameters: embedding, blocks, final norm and LM head."""
-        return self.non_embedding_params + self.d_model * self.vocab_size
-
-    @property
-    def non_embedding_params(self) -> int:
-        """Parameters without the LM head (the course's convention for "model size")."""
-        d, f = self.d_model, self.d_ff
-        per_layer = 4 * d * d + 3 * d * f + 2 * d  # q,k,v,o + w1,w2,w3 + two RMSNorm weights
-        return self.vocab_size * d + self.num_layers * per_layer + d
-
-    def with_vocab(self, vocab_size: int) -> ModelSpec:
-        return ModelSpec(
-            self.name, self.d_model, self.d_ff, self.num_layers, self.num_heads, vocab_size
-        )
-
-    def as_row(self) -> dict[str, int | str]:
-        row: dict[str, int | str] = {"size": self.name, **asdict(self)}
-        del row["name"]
-        row["params"] = self.params
-        row["non_embedding_params"] = self.non_embedding_params
-        return row
-
-
-SIZES: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in (
-        ModelSpec("tiny", 64, 256, 2, 4),
-        ModelSpec("small", 768, 3072, 12, 12),
-        ModelSpec("medium", 1024, 4096, 24, 16),
-        ModelSpec("large", 1280, 5120, 36, 20),
-        ModelSpec("xl", 1600, 6400, 48, 25),
-        ModelSpec("2.7B", 2560, 10240, 32, 32),
-        ModelSpec("10B", 4608, 12288, 50, 36),
-    )
-}
-COURSE_SIZES = ("small", "medium", "large", "xl", "2.7B")
+__all__ = [
+    "COURSE_SIZES",
+    "SIZES",
+    "BasicsTransformerLM",
+    "ModelSpec",
+    "build_model",
+    "get_spec",
+    "naive_attention",
+    "sizes",
+]
 
 
 class Linear(nn.Module):
@@ -219,15 +175,6 @@ class BasicsTransformerLM(nn.Module):
         return self.lm_head(self.ln_final(x))
 
 
-def get_spec(size: str, vocab_size: int = 10_000) -> ModelSpec:
-    from profkit.errors import BadInput
-
-    if size not in SIZES:
-        raise BadInput(f"unknown size {size!r}; choose one of: {', '.join(SIZES)}")
-    spec = SIZES[size]
-    return spec if vocab_size == spec.vocab_size else spec.with_vocab(vocab_size)
-
-
 def build_model(
     size: str,
     context_length: int,
@@ -238,8 +185,3 @@ def build_model(
     """Build the model directly on ``device`` (``meta`` builds it without memory)."""
     with torch.device(device):
         return BasicsTransformerLM(get_spec(size, vocab_size), context_length, attention)
-
-
-def sizes() -> list[dict[str, int | str]]:
-    """Every size with its shapes and parameter counts (the ``profkit sizes`` contract)."""
-    return [spec.as_row() for spec in SIZES.values()]

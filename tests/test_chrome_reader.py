@@ -415,3 +415,31 @@ def test_real_gpu_trace_matches_independent_counts() -> None:
     # ...and the reason for the attribution rule: backward kernels come from another one.
     backward, main = launched_in("backward")
     assert (backward["launch_thread"] != main).mean() > 0.9
+
+
+def test_kernels_cli_attributes_autograd_launches_to_backward(tmp_path: Path) -> None:
+    """SYNTHETIC trace through `profkit kernels`: the same analysis as for nsys exports."""
+    from typer.testing import CliRunner
+
+    from profkit.cli import app
+
+    path = write(tmp_path, synthetic_trace(synthetic_step()), "step.json.gz")
+    result = CliRunner().invoke(app, ["kernels", str(path), "-f", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    phases = {p["phase"]: (p["kernels"], round(p["gpu_time_ms"], 6)) for p in report["phases"]}
+    assert phases["forward"] == (1, 0.025125)
+    assert phases["backward"] == (2, 0.0645)  # both launched from pt_autograd_0
+    assert report["source"]["format"] == "chrome"
+
+
+def test_kernels_cli_on_a_cpu_trace_shows_ranges_and_says_why_no_kernels(cpu_trace: Path) -> None:
+    from typer.testing import CliRunner
+
+    from profkit.cli import app
+
+    result = CliRunner().invoke(app, ["kernels", str(cpu_trace)])
+    assert result.exit_code == 0, result.output
+    assert "no GPU activities" in result.stdout and "computing softmax" in result.stdout
+    assert "Top" not in result.stdout  # no empty kernel tables
+    assert "no GPU kernels were recorded" in result.stdout

@@ -29,7 +29,7 @@ def attention_flops(config: dict[str, Any]) -> dict[str, float] | None:
     """
     if config.get("attention", "naive") != "naive" or config.get("compile"):
         return None
-    from profkit.model import SIZES  # imports torch: only when a run's config is known
+    from profkit.specs import SIZES
 
     spec = SIZES.get(str(config.get("size")))
     if spec is None:

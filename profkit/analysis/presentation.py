@@ -25,6 +25,13 @@ def display_tables(report: KernelReport) -> list[tuple[str, pd.DataFrame]]:
     """Phases, top kernels overall and per phase, ranges, categories: (title, table) pairs."""
     totals = report.totals
     top = f"Top {report.top} kernels" if report.top else "Kernels"
+    if not totals["kernels"]:
+        # A CPU-only trace: the ranges' CPU times are all there is; empty kernel tables
+        # would only hide that (the report's notes say why there are no kernels).
+        tables = [("Phases — no GPU activities in this trace", report.phases)]
+        if len(report.ranges):
+            tables.append(("Ranges", _range_view(report)))
+        return tables
     tables = [
         (
             f"Phases — {totals['kernels']:,} GPU activities, "

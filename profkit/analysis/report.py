@@ -207,7 +207,7 @@ def _notes(
     att: Attribution, frame: pd.DataFrame, kernels: pd.DataFrame, meta: dict[str, Any]
 ) -> list[str]:
     """Plain sentences on how the activities were attributed (for humans, not the JSON)."""
-    notes = []
+    notes = list(meta.get("warnings") or [])  # what the reader found odd about the source
     threads = meta.get("thread_names") or {}
     rows = frame.index.to_numpy()
     cross = att.cross_thread[rows]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import pandas as pd
 import typer
@@ -22,8 +22,9 @@ from profkit.cli._common import (
 from profkit.render import check_format, emit_tables, err_console
 from profkit.results import DEFAULT_DB, check_writable
 from profkit.studies import attention_tables
-from profkit.studies.attention import DEFAULT_D_HEADS, DEFAULT_SEQS, AttentionSettings, Cell
-from profkit.studies.attention_runner import run_attention
+
+if TYPE_CHECKING:
+    from profkit.studies.attention import Cell
 
 DHeadOpt = Annotated[
     list[int], typer.Option("--d-head", help="Head dimension(s); default 16 32 64 128.")
@@ -63,6 +64,10 @@ def attention(
     the analytic count of what autograd saves. Cells that run out of memory stay in the
     table as `oom`; the rest of the grid goes on.
     """
+    # torch loads here, not at `profkit` start-up: trace-reading commands never need it.
+    from profkit.studies.attention import DEFAULT_D_HEADS, DEFAULT_SEQS, AttentionSettings
+    from profkit.studies.attention_runner import run_attention
+
     check_format(fmt)
     check_writable(db)
     settings = AttentionSettings(

@@ -10,7 +10,6 @@ from rich.markup import escape
 from profkit.cli import app
 from profkit.cli._common import FormatOpt, OutOpt, command
 from profkit.render import emit_tables, err_console
-from profkit.studies import precision as study
 
 precision_app = typer.Typer(
     help="Mixed precision: accumulation error, and the dtypes autocast produces.",
@@ -26,6 +25,8 @@ def accumulate(
     out: OutOpt = None,
 ) -> None:
     """Sum 0.01 a thousand times: fp32, fp16, fp16 into fp32, fp16 upcast to fp32."""
+    from profkit.studies import precision as study  # torch: only when the command runs
+
     rows = study.accumulate(device)
     title = f"Sum of 0.01 × {study.ACCUMULATE_STEPS} (exact: {study.ACCUMULATE_EXACT:g})"
     emit_tables([(title, study.accumulate_table(rows))], fmt, out, json_value=rows)
@@ -43,6 +44,8 @@ def dtypes(
     out: OutOpt = None,
 ) -> None:
     """The handout's ToyModel under autocast: dtypes of parameters, activations, loss, grads."""
+    from profkit.studies import precision as study
+
     rows = study.autocast_dtypes(device, dtype)
     emit_tables([("ToyModel under autocast", study.dtypes_table(rows))], fmt, out, json_value=rows)
     notes = {f"{r['device']} {r['autocast']}: {r['note']}" for r in rows if r["note"]}

@@ -127,7 +127,7 @@ def residual_stream_bytes(config: dict[str, Any]) -> int | None:
     The residual stream stays fp32 under bf16/fp16 autocast too: the blocks add their
     autocast outputs to the fp32 embedding output, which promotes the sum to fp32.
     """
-    from profkit.model import SIZES
+    from profkit.specs import SIZES
 
     spec = SIZES.get(str(config.get("size")))
     if spec is None or "ctx" not in config:

@@ -305,3 +305,13 @@ def _meta(
         if isinstance(profkit.get("config"), dict):
             meta["config"] = profkit["config"]
     return meta
+
+
+def _register() -> None:
+    from profkit.traces.load import register
+
+    for suffix in (".json", ".json.gz"):
+        register(suffix, read_chrome_trace)
+
+
+_register()

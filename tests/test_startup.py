@@ -1,0 +1,18 @@
+"""The CLI starts without importing torch: reading traces and DBs should not pay ~1 s for it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_importing_the_cli_does_not_import_torch() -> None:
+    code = "import sys, profkit, profkit.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_phase_helper_is_still_one_attribute_away() -> None:
+    code = "import profkit; print(profkit.phase('x').name)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "x"
