@@ -61,6 +61,20 @@ def compare_phases(
     return out
 
 
+def per_step(phases: pd.DataFrame) -> pd.DataFrame:
+    """A phases table divided by each phase's range instances (its steps).
+
+    Two captures of one config rarely hold the same number of steps (``profkit nsys``
+    records every timed step, ``profkit torch`` one by default), so traces are compared per
+    step. Rows without instances (``unattributed``) stay as they are.
+    """
+    steps = phases["instances"].where(phases["instances"] > 0, 1)
+    out = phases.copy()
+    out["kernels"] = phases["kernels"] / steps
+    out["gpu_time_ms"] = phases["gpu_time_ms"] / steps
+    return out
+
+
 def _unique_labels(labels: list[str]) -> list[str]:
     seen: dict[str, int] = {}
     unique = []

@@ -53,8 +53,10 @@ def rich_table(df: pd.DataFrame, title: str | None = None, digits: int = 2) -> T
         numeric = pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(
             df[column]
         )
-        # Numbers are never cut short: a narrow terminal wraps the header instead.
-        width = max((len(row[index]) for row in cells), default=1) if numeric else None
+        # Numbers are never cut short: a narrow terminal wraps the header instead. Text
+        # keeps a readable minimum so wide numeric tables cannot squeeze it to nothing.
+        longest = max((len(row[index]) for row in cells), default=1)
+        width = longest if numeric else min(longest, 16)
         table.add_column(
             str(column), justify="right" if numeric else "left", min_width=width, no_wrap=numeric
         )

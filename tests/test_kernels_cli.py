@@ -112,3 +112,26 @@ def test_bad_files_exit_2_with_one_line(tmp_path: Path) -> None:
         assert result.exit_code == 2, (path, result.output)
         assert message in " ".join(result.stderr.split()), (path, result.stderr)
         assert "Traceback" not in result.output
+
+
+def test_compare_two_traces_per_step(tmp_path: Path) -> None:
+    example = Path(__file__).parents[1] / "profiles" / "examples" / "small-ctx128-train-fp32.sqlite"
+    copy = tmp_path / "again.sqlite"
+    copy.write_bytes(example.read_bytes())
+    result = runner.invoke(app, ["kernels", str(example), str(copy), "--compare", "-f", "json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["phase"]: r for r in json.loads(result.stdout)}
+    # Two captured steps: per-step values are half the run's totals (1,460 forward activities).
+    assert rows["forward"]["nsys#1 kernels"] == 730 and rows["total"]["nsys#2 kernels"] == 2014
+    assert all(r["nsys#2 within 5%"] and r["nsys#2 vs nsys#1 %"] == 0 for r in rows.values())
+    assert "nsys#1 = " in result.stderr
+
+
+def test_compare_needs_two_traces() -> None:
+    example = Path(__file__).parents[1] / "profiles" / "examples" / "small-ctx128-train-fp32.sqlite"
+    result = runner.invoke(app, ["kernels", str(example), "--compare"])
+    assert result.exit_code == 2
+    assert (
+        result.stderr.strip()
+        == "error: --compare needs two or more traces (e.g. run.sqlite run.json.gz)"
+    )

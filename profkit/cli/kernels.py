@@ -13,9 +13,9 @@ from profkit.cli._common import FormatOpt, OutOpt, command
 from profkit.render import check_format, console, emit_tables, err_console, write_text
 
 PathArg = Annotated[
-    Path,
+    list[Path],
     typer.Argument(
-        help="Trace file: Nsight Systems .sqlite or .nsys-rep (exported with nsys and cached "
+        help="Trace file(s): Nsight Systems .sqlite or .nsys-rep (exported with nsys and cached "
         "beside it), or a torch.profiler Chrome trace .json[.gz].",
         show_default=False,
     ),
@@ -37,6 +37,19 @@ NsysOpt = Annotated[
 ]
 
 
+CompareOpt = Annotated[
+    bool,
+    typer.Option(
+        "--compare",
+        help="Several traces of one config (e.g. nsys .sqlite and torch .json.gz): phase "
+        "times per step side by side, each against the first.",
+    ),
+]
+ToleranceOpt = Annotated[
+    float, typer.Option("--tolerance", help="With --compare: agreement threshold in %.")
+]
+
+
 @command(app)
 def kernels(
     path: PathArg,
@@ -46,16 +59,23 @@ def kernels(
     fmt: FormatOpt = "table",
     out: OutOpt = None,
     nsys: NsysOpt = None,
+    compare: CompareOpt = False,
+    tolerance: ToleranceOpt = 5.0,
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
     Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md).
     """
     check_format(fmt)
-    with err_console.status(f"reading {path.name}"):
-        report = analysis.kernels(path, top=top, phase=phase, range=range_, nsys=nsys)
+    paths = list(path)
+    if compare or len(paths) > 1:
+        _compare(paths, top, phase, range_, nsys, tolerance, fmt, out)
+        return
+    single = paths[0]
+    with err_console.status(f"reading {single.name}"):
+        report = analysis.kernels(single, top=top, phase=phase, range=range_, nsys=nsys)
     if fmt == "md" or (fmt == "table" and out is not None):
-        text = analysis.kernel_report_markdown(report, title=f"Kernels of {path.name}")
+        text = analysis.kernel_report_markdown(report, title=f"Kernels of {single.name}")
         if out is None:
             print(text, end="")
         else:
@@ -66,3 +86,39 @@ def kernels(
     if fmt == "table":
         for note in report.notes:
             console.print(f"[dim]• {note}[/]", highlight=False)
+
+
+def _compare(
+    paths: list[Path],
+    top: int,
+    phase: str | None,
+    range_: str | None,
+    nsys: str | None,
+    tolerance: float,
+    fmt: str,
+    out: Path | None,
+) -> None:
+    from profkit.crosscheck import compare_phases, per_step
+    from profkit.errors import BadInput
+
+    if len(paths) < 2:
+        raise BadInput("--compare needs two or more traces (e.g. run.sqlite run.json.gz)")
+    reports = []
+    for p in paths:
+        with err_console.status(f"reading {p.name}"):
+            report = analysis.kernels(p, top=top, phase=phase, range=range_, nsys=nsys)
+        reports.append((BACKENDS.get(report.source.get("format", ""), p.stem), report.phases))
+    # Short labels keep the table readable: the backend, numbered if two traces share one.
+    labels = [label for label, _ in reports]
+    labels = [
+        f"{x}#{labels[:i].count(x) + 1}" if labels.count(x) > 1 else x for i, x in enumerate(labels)
+    ]
+    for label, p in zip(labels, paths, strict=True):
+        err_console.print(f"{label} = {p}", highlight=False)
+    steps = [(label, per_step(phases)) for label, (_, phases) in zip(labels, reports, strict=True)]
+    table = compare_phases(steps, tolerance_pct=tolerance)
+    title = f"Per step: kernels and GPU ms of each phase, each trace against {labels[0]}"
+    emit_tables([(title, table)], fmt, out, json_value=table)
+
+
+BACKENDS = {"nsys-sqlite": "nsys", "chrome": "torch"}
