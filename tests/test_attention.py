@@ -335,3 +335,21 @@ def test_rows_are_stored_in_the_results_db(tmp_path) -> None:
     rows = list(sqlite_utils.Database(db)["attention"].rows)
     assert [(r["d_head"], r["seq"], r["status"]) for r in rows] == [(16, 64, "ok"), (16, 128, "ok")]
     assert len({r["run_id"] for r in rows}) == 1 and rows[0]["torch_version"]
+
+
+def test_counting_saved_tensors_leaks_nothing() -> None:
+    """Regression: the count once kept the softmax output alive for the rest of the process."""
+    import gc
+
+    from profkit.studies.attention import _attention_fn
+    from profkit.studies.attention_memory import measure_saved_bytes
+
+    batch, seq, d_head = 8, 64, 16
+    q, k, v = (torch.randn(batch, seq, d_head, requires_grad=True) for _ in range(3))
+    fn = _attention_fn(Cell("naive", False, "fp32", d_head, seq), False, CPU)
+    assert measure_saved_bytes(fn, q, k, v) == batch * seq * seq * 4
+    gc.collect()
+    squares = [
+        o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.numel() == batch * seq**2
+    ]
+    assert squares == []

@@ -75,7 +75,10 @@ def measure_saved_bytes(fn: Attention, q: torch.Tensor, k: torch.Tensor, v: torc
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
+        # Detached: softmax saves its own output, and packing that tensor itself would tie
+        # it to its grad_fn in a cycle through C++ that Python's GC cannot free (one B·S·S
+        # buffer leaked for the rest of the process, seen on an H100 as 2x the count).
+        return tensor.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         out = fn(q, k, v)
