@@ -111,8 +111,16 @@ class AveragesTable:
         return self.rows if row_limit <= 0 else self.rows.head(row_limit)
 
     def display(self, row_limit: int) -> pd.DataFrame:
-        """The top rows with the course's column headers."""
-        return self.top(row_limit).rename(columns=COLUMNS)
+        """The top rows with the course's column headers; long kernel names shortened.
+
+        Demangled CUDA kernel names run to hundreds of characters; the table shows the
+        short form profkit's kernel tables use (the JSON keeps the full names).
+        """
+        from profkit.analysis.names import short_kernel_name
+
+        table = self.top(row_limit).copy()
+        table["name"] = [n if len(n) <= 60 else short_kernel_name(n) for n in table["name"]]
+        return table.rename(columns=COLUMNS)
 
 
 def clean_stack(frames: list[str] | None) -> list[str]:

@@ -135,3 +135,21 @@ def test_compare_needs_two_traces() -> None:
         result.stderr.strip()
         == "error: --compare needs two or more traces (e.g. run.sqlite run.json.gz)"
     )
+
+
+def test_nsys_and_torch_profiler_agree_on_the_same_config() -> None:
+    """Two real H100 captures of small/ctx128/fp32/train: `profkit nsys` (2 steps) and
+    `profkit torch` (1 step). Per step, every phase has the same kernels and times within 0.5%."""
+    data = Path(__file__).parent / "data"
+    example = Path(__file__).parents[1] / "profiles" / "examples" / "small-ctx128-train-fp32.sqlite"
+    torch_trace = data / "torch-small-ctx128-train.json.gz"
+    result = runner.invoke(app, ["kernels", str(example), str(torch_trace), "-f", "json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["phase"]: r for r in json.loads(result.stdout)}
+    assert [(p, rows[p]["nsys kernels"], rows[p]["torch kernels"]) for p in rows] == [
+        ("forward", 730, 730),
+        ("backward", 1228, 1228),
+        ("optimizer", 56, 56),
+        ("total", 2014, 2014),
+    ]
+    assert all(abs(r["torch vs nsys %"]) < 0.5 for r in rows.values())
