@@ -107,9 +107,75 @@ def _bench_step(ctx: DemoContext) -> str:
     )
 
 
+# A real Nsight Systems export shipped with profkit: the small model, ctx 128, fp32, two
+# training steps, captured by `profkit nsys` on an H100 (so the demo shows GPU kernel
+# tables on any machine, nsys or not).
+EXAMPLE_EXPORT = (
+    Path(__file__).resolve().parents[1] / "profiles" / "examples" / "small-ctx128-train-fp32.sqlite"
+)
+
+
+def _kernels_step(ctx: DemoContext) -> str:
+    from profkit.analysis import analyze
+    from profkit.analysis.presentation import attention_sentence
+    from profkit.traces.load import load_trace
+
+    if not EXAMPLE_EXPORT.exists():  # an installed wheel ships no profiles/
+        return "The example export is not in this installation; skipped."
+    report = analyze(load_trace(EXAMPLE_EXPORT), top=10)
+    phases = report.phases[["phase", "kernels", "gpu_time_ms", "python_ms"]].copy()
+    phases.insert(3, "share %", 100 * report.phases["share"])
+    kernels = report.top_kernels(n=10)[["short_name", "category", "total_ms", "instances"]]
+    attention = report.ranges[report.ranges["range"].isin(_ATTENTION_RANGES)]
+    sentence = attention_sentence(report.ranges)
+    return (
+        f"Where the GPU time of a real training step goes: `profkit kernels "
+        f"{EXAMPLE_EXPORT.relative_to(EXAMPLE_EXPORT.parents[2])}` (small model, ctx 128, fp32, "
+        "two steps captured by `profkit nsys` on an NVIDIA H100). Backward kernels, which "
+        "PyTorch launches from its autograd thread, count in `backward`.\n\n"
+        + markdown_table(phases)
+        + "\n\nTop 10 kernels:\n\n"
+        + markdown_table(kernels)
+        + "\n\nInside attention:\n\n"
+        + markdown_table(attention[["range", "instances", "kernels", "gpu_time_ms"]])
+        + (f"\n\n{sentence}" if sentence else "")
+    )
+
+
+_ATTENTION_RANGES = (
+    "scaled dot product attention",
+    "computing attention scores",
+    "computing softmax",
+    "final matmul",
+)
+
+
+def _torch_step(ctx: DemoContext) -> str:
+    from profkit.torchprof import TorchOptions, profile_torch
+
+    size = "small" if ctx.on_gpu else "tiny"
+    config = WorkloadConfig(size=size, ctx=128, warmup=1, steps=1, device=ctx.device)
+    profiled = profile_torch(
+        config,
+        TorchOptions(row_limit=10),
+        name=f"demo-torch-{size}",
+        out_dir=ctx.profiles_dir,
+        reports_dir=ctx.report_path.parent,
+    )
+    title, table = profiled.tables()[-1]  # the full step
+    traces = ", ".join(f"`{run.trace_path}`" for run in profiled.runs)
+    return (
+        f"`profkit torch --size {size} --ctx 128 --steps 1` on {ctx.device}: torch.profiler "
+        f"key_averages of one training step ({title}); Chrome traces {traces} open in "
+        "https://ui.perfetto.dev and in `profkit kernels`.\n\n" + markdown_table(table)
+    )
+
+
 STEPS: list[DemoStep] = [
     DemoStep("sizes", "Model sizes", _sizes_step),
     DemoStep("bench", "Benchmark", _bench_step),
+    DemoStep("kernels", "Where the GPU time goes (a shipped H100 profile)", _kernels_step),
+    DemoStep("torch", "torch.profiler", _torch_step),
 ]
 
 
