@@ -286,3 +286,18 @@ def test_per_step_nan_free_when_a_side_lacks_a_category(exports: dict[str, Path]
     assert not any(
         isinstance(v, float) and math.isnan(v) for r in out["phases"] for v in r.values()
     )
+
+
+def test_per_step_counts_stay_fractional(tmp_path: Path) -> None:
+    # A user's program, 5 steps: 94 optimizer kernels are 18.8 per step, not 18.
+    user = unpack("nsys-2025.3-h100-user_train", tmp_path)
+    per_step = rows(diff(user, user)["phases"], "phase")
+    total = rows(diff(user, user, "--total")["phases"], "phase")
+    assert diff(user, user)["a"]["steps"] == 5 and total["optimizer"]["a_kernels"] == 94
+    assert per_step["optimizer"]["a_kernels"] == pytest.approx(94 / 5)
+    assert per_step["optimizer"]["a_ms"] == pytest.approx(total["optimizer"]["a_ms"] / 5)
+    # Activities outside every phase belong to no step: they are not divided.
+    assert per_step["unattributed"]["a_kernels"] == total["unattributed"]["a_kernels"] == 33
+    assert per_step["total"]["a_kernels"] == pytest.approx(
+        sum(r["a_kernels"] for r in per_step.values() if r["phase"] != "total")
+    )

@@ -41,13 +41,7 @@ KERNEL_COLUMNS = [
     "name", "short_name", "category", "a_instances", "b_instances", "a_total_ms",
     "b_total_ms", "delta_ms", "delta_pct", "a_avg_us", "b_avg_us",
 ]  # fmt: skip
-PARTS = {
-    "kernels": "kernels",
-    "instances": "inst",
-    "ms": "ms",
-    "total_ms": "ms",
-    "avg_us": "avg µs",
-}
+PARTS = {"kernels": "kernels", "instances": "inst", "ms": "ms", "total_ms": "ms", "avg_us": "avg µs"}  # fmt: skip
 HEADERS = {"short_name": "kernel", "delta_ms": "Δ ms", "delta_pct": "Δ %"} | {
     f"{side}_{part}": f"{side.upper()} {header}" for side in "ab" for part, header in PARTS.items()
 }
@@ -133,7 +127,7 @@ class ProfileDiff:
             some = f"{len(rows)} of " if len(rows) < self.counts[group] else ""
             view = rows.drop(columns=["name"])
             view = view[[c for c in view if not c.startswith(absent.get(group, ()))]]
-            title = f"{GROUPS[group]} — {some}{self.counts[group]} kernels, ms {unit}"
+            title = f"{GROUPS[group]} — {some}{_plural(self.counts[group], 'kernel')}, ms {unit}"
             tables.append((title, _view(view)))
         return tables
 
@@ -168,6 +162,12 @@ def diff_reports(
     scale = crosscheck.per_step if per_step else lambda phases: phases
     phases = crosscheck.compare_phases([("A", scale(a.phases)), ("B", scale(b.phases))])
     phases = phases.rename(columns=PHASE_COLUMNS)[["phase", *PHASE_COLUMNS.values()]]
+    # compare_phases casts kernel counts to integers, but per step they can be fractional
+    # (94 optimizer kernels over 5 steps): take them from the scaled tables as they are.
+    for side, report in (("a", a), ("b", b)):
+        per_phase = scale(report.phases).set_index("phase")["kernels"].astype(float)
+        column = phases["phase"].map(per_phase).fillna(0.0)
+        phases[f"{side}_kernels"] = column.where(phases["phase"] != "total", per_phase.sum())
     ca, cb = (_scaled(r.categories, r, per_step, ["kernels", "gpu_time_ms"]) for r in (a, b))
     categories = _merge(ca, cb, "category", {"kernels": "kernels", "gpu_time_ms": "ms"})
     kernels = _kernel_groups(a, b, per_step)
