@@ -40,6 +40,7 @@ from profkit.cli import (  # noqa: E402, F401
     bench,
     compare,
     demo,
+    diff,
     doctor,
     kernels,
     memory,

@@ -1,0 +1,294 @@
+"""What changed between two profiles: GPU time deltas per phase, per category and per kernel.
+
+:func:`diff_reports` compares two :class:`~profkit.analysis.KernelReport` (any mix of
+backends); :func:`diff` reads two trace files first (the facade ``profkit diff`` calls).
+Times are per step by default (each phase divided by its range instances, as in
+``profkit kernels --compare``): two captures rarely hold the same number of steps.
+
+Kernels are matched by their full name through :func:`match_key`: Nsight Systems and
+torch.profiler spell one demangled name differently (``(int)128`` / ``128``, ``<unnamed>`` /
+``(anonymous namespace)``, ``[lambda() (instance 1)]`` / ``{lambda()#1}``, parameter lists,
+``[CUDA memcpy Device-to-Device]`` / ``[memcpy DtoD]``); compared as written, a
+mixed-format diff would call most kernels vanished and then appeared.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit import crosscheck
+from profkit.analysis.names import short_kernel_name
+from profkit.analysis.report import KernelReport
+from profkit.errors import BadInput
+
+GROUPS = {
+    "appeared": "Appeared (only in B)",
+    "vanished": "Vanished (only in A)",
+    "faster": "Faster in B",
+    "slower": "Slower in B",
+}
+PHASE_COLUMNS = {  # crosscheck.compare_phases' columns, A the reference
+    "A kernels": "a_kernels", "B kernels": "b_kernels", "A gpu_time_ms": "a_ms",
+    "B gpu_time_ms": "b_ms", "B − A gpu_time_ms": "delta_ms", "B vs A %": "delta_pct",
+}  # fmt: skip
+KERNEL_COLUMNS = [
+    "name", "short_name", "category", "a_instances", "b_instances", "a_total_ms",
+    "b_total_ms", "delta_ms", "delta_pct", "a_avg_us", "b_avg_us",
+]  # fmt: skip
+PARTS = {"kernels": "kernels", "instances": "inst", "ms": "ms", "total_ms": "ms", "avg_us": "avg µs"}  # fmt: skip
+HEADERS = {"short_name": "kernel", "delta_ms": "Δ ms", "delta_pct": "Δ %"} | {
+    f"{side}_{part}": f"{side.upper()} {header}" for side in "ab" for part, header in PARTS.items()
+}
+
+_COPY = re.compile(r"^\[CUDA (memcpy|memset)(?: (\w)\w*-to-(\w)\w*)?\]$")
+_VOID = re.compile(r"\bvoid\s+")  # nsys writes it before function-template arguments too
+_ANONYMOUS = re.compile(r"\(anonymous namespace\)|<unnamed>")
+_LAMBDA = re.compile(r"\[lambda\([^()]*\) \(instance (\d+)\)\]|\{lambda\([^()]*\)#(\d+)\}")
+_PARENS = re.compile(r"\([^()]*\)")  # casts and parameter lists: spelled differently
+_LITERAL = re.compile(r"\b(false|true)\b|\b(\d+)(?:ull|ul|ll|u|l)\b")
+_SPACES = re.compile(r"\s+")
+
+
+def match_key(name: str) -> str:
+    """A kernel name with the demangler's spelling taken out, for matching across formats."""
+    text = _COPY.sub(lambda m: f"[{m[1]} {m[2]}to{m[3]}]" if m[2] else f"[{m[1]}]", name)
+    text = _ANONYMOUS.sub("anon", _VOID.sub("", text))
+    text = _LAMBDA.sub(lambda m: f"lambda#{m[1] or m[2]}", text)
+    previous = None
+    while previous != text:  # innermost first: parameter lists nest
+        previous, text = text, _PARENS.sub("", text)
+    text = _LITERAL.sub(lambda m: {"false": "0", "true": "1"}.get(m[1]) or m[2], text)
+    return _SPACES.sub("", text)
+
+
+@dataclass
+class ProfileDiff:
+    """B against A: ``delta_ms`` is B − A, ``delta_pct`` relative to A (NaN where A is 0).
+
+    ``phases`` (with a ``total`` row) and ``categories`` (summed over phases) hold each
+    side's kernels and GPU ms; ``kernels`` maps each group of :data:`GROUPS` to its first
+    ``top`` rows; ``counts`` says how many each has in all, and how many are ``unchanged``.
+    ``a`` and ``b`` hold path, format, steps (and the run's config when known).
+    """
+
+    a: dict[str, Any]
+    b: dict[str, Any]
+    per_step: bool
+    phases: pd.DataFrame
+    categories: pd.DataFrame
+    kernels: dict[str, pd.DataFrame]
+    counts: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{a, b, per_step, phases, categories, kernels: {appeared, vanished, faster, slower}}``."""
+        return {
+            "a": self.a,
+            "b": self.b,
+            "per_step": self.per_step,
+            "phases": self.phases.to_dict(orient="records"),
+            "categories": self.categories.to_dict(orient="records"),
+            "kernels": {g: rows.to_dict(orient="records") for g, rows in self.kernels.items()},
+        }
+
+    def lines(self) -> list[str]:
+        """What A and B are, total GPU time A → B, kernels per group, how to read the tables."""
+        total = self.phases.set_index("phase").loc["total"]
+        pct = "" if np.isnan(total["delta_pct"]) else f", {total['delta_pct']:+.1f}%"
+        groups = ", ".join(f"{self.counts[g]} {g}" for g in [*GROUPS, "unchanged"])
+        sides = (("A", self.a), ("B", self.b))
+        return [
+            *(
+                f"{k} = {s['path']} ({s['format']}, {_plural(s['steps'], 'step')})"
+                for k, s in sides
+            ),
+            f"GPU time {'per step' if self.per_step else 'in all'}: {total['a_ms']:,.3f} ms → "
+            f"{total['b_ms']:,.3f} ms ({total['delta_ms']:+,.3f} ms{pct}); kernels: {groups}.",
+            *self.notes,
+        ]
+
+    def display_tables(self) -> list[tuple[str, pd.DataFrame]]:
+        """(title, table) pairs for people: short names, A/B headers, empty groups left out."""
+        unit = "per step" if self.per_step else "total"
+        tables = [
+            (f"Phases — GPU ms {unit}", _view(self.phases)),
+            (f"Categories — GPU ms {unit}, all phases", _view(self.categories)),
+        ]
+        absent = {"appeared": ("a_", "delta"), "vanished": ("b_", "delta")}  # nothing there
+        for group, rows in self.kernels.items():
+            if rows.empty:
+                continue
+            some = f"{len(rows)} of " if len(rows) < self.counts[group] else ""
+            view = rows.drop(columns=["name"])
+            view = view[[c for c in view if not c.startswith(absent.get(group, ()))]]
+            title = f"{GROUPS[group]} — {some}{_plural(self.counts[group], 'kernel')}, ms {unit}"
+            tables.append((title, _view(view)))
+        return tables
+
+
+def diff(
+    path_a: str | os.PathLike[str],
+    path_b: str | os.PathLike[str],
+    per_step: bool = True,
+    top: int = 10,
+    nsys: str | os.PathLike[str] | None = None,
+) -> ProfileDiff:
+    """Read two traces (any supported formats) and compare B against A."""
+    from profkit.analysis.report import analyze
+    from profkit.traces import load_trace
+
+    a, b = (analyze(load_trace(p, nsys=nsys), top=0) for p in (path_a, path_b))
+    return diff_reports(a, b, per_step=per_step, top=top)
+
+
+def diff_reports(
+    a: KernelReport, b: KernelReport, per_step: bool = True, top: int = 10
+) -> ProfileDiff:
+    """Phase, category and kernel deltas of B against A; ``top`` kernels per group (0 = all)."""
+    if top < 0:
+        raise BadInput(f"--top must be 0 (all) or more, got {top}")
+    for label, report in (("A", a), ("B", b)):
+        if not report.totals["kernels"]:
+            raise BadInput(
+                f"{label} ({report.source.get('path')}) has no GPU activities (a CPU-only "
+                "trace?); profkit diff compares GPU time"
+            )
+    scale = crosscheck.per_step if per_step else lambda phases: phases
+    phases = crosscheck.compare_phases([("A", scale(a.phases)), ("B", scale(b.phases))])
+    phases = phases.rename(columns=PHASE_COLUMNS)[["phase", *PHASE_COLUMNS.values()]]
+    # compare_phases casts kernel counts to integers, but per step they can be fractional
+    # (94 optimizer kernels over 5 steps): take them from the scaled tables as they are.
+    for side, report in (("a", a), ("b", b)):
+        per_phase = scale(report.phases).set_index("phase")["kernels"].astype(float)
+        column = phases["phase"].map(per_phase).fillna(0.0)
+        phases[f"{side}_kernels"] = column.where(phases["phase"] != "total", per_phase.sum())
+    ca, cb = (_scaled(r.categories, r, per_step, ["kernels", "gpu_time_ms"]) for r in (a, b))
+    categories = _merge(ca, cb, "category", {"kernels": "kernels", "gpu_time_ms": "ms"})
+    kernels = _kernel_groups(a, b, per_step)
+    counts = {g: len(rows) for g, rows in kernels.items()}
+    kernels.pop("unchanged")
+    return ProfileDiff(
+        a=_side(a),
+        b=_side(b),
+        per_step=per_step,
+        phases=phases,
+        categories=categories[["category", *PHASE_COLUMNS.values()]],
+        kernels={g: (rows.head(top) if top else rows) for g, rows in kernels.items()},
+        counts=counts,
+        notes=_notes(a, b, per_step),
+    )
+
+
+def _steps(report: KernelReport) -> int:
+    """The most range instances of any phase: the steps the capture holds (0: no phases)."""
+    return int(report.phases["instances"].max()) if len(report.phases) else 0
+
+
+def _scaled(
+    table: pd.DataFrame, report: KernelReport, per: bool, columns: list[str]
+) -> pd.DataFrame:
+    """``table`` (a row per phase and more) with ``columns`` divided by its phase's steps."""
+    out = table.copy()
+    if per:
+        steps = out["phase"].map(report.phases.set_index("phase")["instances"]).fillna(0)
+        out[columns] = out[columns].div(steps.where(steps > 0, 1), axis=0)
+    return out
+
+
+def _merge(a: pd.DataFrame, b: pd.DataFrame, key: str, sums: dict[str, str]) -> pd.DataFrame:
+    """Per ``key``, the columns of ``sums`` summed on each side (renamed ``a_``/``b_`` + value),
+    absent = 0, and B − A of the last (the time); by A + B time, most first."""
+    a_sum, b_sum = (
+        t.groupby(key, sort=False)[list(sums)].sum().rename(columns=sums) for t in (a, b)
+    )
+    merged = a_sum.add_prefix("a_").join(b_sum.add_prefix("b_"), how="outer").fillna(0.0)
+    time = list(sums.values())[-1]
+    ms_a, ms_b = merged[f"a_{time}"], merged[f"b_{time}"]
+    merged["delta_ms"] = ms_b - ms_a
+    merged["delta_pct"] = 100.0 * merged["delta_ms"] / ms_a.where(ms_a > 0)
+    return merged.loc[(ms_a + ms_b).sort_values(ascending=False, kind="stable").index].reset_index()
+
+
+def _kernel_groups(a: KernelReport, b: KernelReport, per: bool) -> dict[str, pd.DataFrame]:
+    """Kernels matched by :func:`match_key`, split into appeared, vanished, faster, slower."""
+    tables = [_scaled(r.kernels, r, per, ["instances", "total_ms"]) for r in (a, b)]
+    for table in tables:
+        table["key"] = table["name"].map(match_key)
+    merged = _merge(tables[0], tables[1], "key", {"instances": "instances", "total_ms": "total_ms"})
+    # Name and category as A has them, else B; but torch.profiler's spelling of a name
+    # makes a poorer short name than Nsight Systems', so an nsys B comes first then.
+    named = [t.drop_duplicates("key").set_index("key")[["name", "category"]] for t in tables]
+    if a.source.get("format") == "chrome" and b.source.get("format") != "chrome":
+        named.reverse()
+    names = named[0].combine_first(named[1]).loc[merged["key"]]
+    merged["name"], merged["category"] = names["name"].to_numpy(), names["category"].to_numpy()
+    merged["short_name"] = merged["name"].map(short_kernel_name)
+    for side in "ab":
+        count = merged[f"{side}_instances"]
+        merged[f"{side}_avg_us"] = 1e3 * merged[f"{side}_total_ms"] / count.where(count > 0)
+    merged = merged[KERNEL_COLUMNS]
+    in_a, in_b, delta = merged["a_instances"] > 0, merged["b_instances"] > 0, merged["delta_ms"]
+    picks = {
+        "appeared": (~in_a, "b_total_ms", False),
+        "vanished": (~in_b, "a_total_ms", False),
+        "faster": (in_a & in_b & (delta < 0), "delta_ms", True),
+        "slower": (in_a & in_b & (delta > 0), "delta_ms", False),
+        "unchanged": (in_a & in_b & (delta == 0), "a_total_ms", False),
+    }
+    return {
+        g: merged[rows].sort_values(by, ascending=up, kind="stable").reset_index(drop=True)
+        for g, (rows, by, up) in picks.items()
+    }
+
+
+def _side(report: KernelReport) -> dict[str, Any]:
+    source = report.source
+    side = {"path": source.get("path"), "format": source.get("format"), "steps": _steps(report)}
+    return side | ({"config": source["config"]} if source.get("config") else {})
+
+
+def _notes(a: KernelReport, b: KernelReport, per: bool) -> list[str]:
+    """How to read the numbers: per step or totals, and what differs between the runs."""
+    steps = {"A": _steps(a), "B": _steps(b)}
+    if per:
+        notes = [
+            "Per step: each phase's kernels and GPU time are divided by its range instances, "
+            "since two captures rarely hold the same number of steps (--total: the sums)."
+        ]
+        notes += [
+            f"{k} has no phase ranges: its numbers are totals." for k, n in steps.items() if not n
+        ]
+    else:
+        notes = ["Totals over each capture."]
+        if steps["A"] != steps["B"]:
+            notes.append(
+                "A and B hold different numbers of steps: per step compares like with like."
+            )
+    config_a, config_b = a.source.get("config") or {}, b.source.get("config") or {}
+    changed = [f"{k} {v} → {config_b[k]}" for k, v in config_a.items() if config_b.get(k, v) != v]
+    notes += [f"The runs differ in: {', '.join(changed)}."] if changed else []
+    if a.source.get("format") != b.source.get("format"):
+        notes.append(
+            "Kernel names are matched across the two formats' spellings (Nsight Systems and "
+            "torch.profiler demangle them differently)."
+        )
+    return notes
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _view(table: pd.DataFrame) -> pd.DataFrame:
+    """Display headers (``A ms``, ``Δ %``); whole counts as integers."""
+    view = table.copy()
+    for column in view:
+        if column.endswith(("_kernels", "_instances")) and (view[column] % 1 == 0).all():
+            view[column] = view[column].astype("int64")
+    return view.rename(columns=HEADERS)

@@ -1,0 +1,85 @@
+"""``profkit diff A B``: what changed between two profiles (phases, categories, kernels)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from profkit.analysis import diff as diff_lib
+from profkit.cli import app
+from profkit.cli._common import FormatOpt, OutOpt, command
+from profkit.errors import BadInput
+from profkit.render import (
+    check_format,
+    console,
+    emit_tables,
+    err_console,
+    markdown_table,
+    write_text,
+)
+
+ProfilesArg = Annotated[
+    list[Path] | None,
+    typer.Argument(
+        metavar="A B",
+        help="Two profiles, any mix of formats: Nsight Systems .sqlite or .nsys-rep, or a "
+        "torch.profiler Chrome trace .json[.gz]. B is compared against A.",
+        show_default=False,
+    ),
+]
+TopOpt = Annotated[
+    int, typer.Option("--top", "-n", help="Kernels per group (appeared, vanished, ...); 0 = all.")
+]
+PerStepOpt = Annotated[
+    bool,
+    typer.Option(
+        "--per-step/--total",
+        help="Per step (each phase divided by its range instances) or the capture's sums.",
+    ),
+]
+NsysOpt = Annotated[
+    str | None,
+    typer.Option("--nsys", help="nsys to export a .nsys-rep with (else PROFKIT_NSYS, else PATH)."),
+]
+
+
+@command(app)
+def diff(
+    profiles: ProfilesArg = None,
+    top: TopOpt = 10,
+    per_step: PerStepOpt = True,
+    fmt: FormatOpt = "table",
+    out: OutOpt = None,
+    nsys: NsysOpt = None,
+) -> None:
+    """What changed from A to B: GPU time per phase and category; kernels appeared, vanished, faster, slower.
+
+    E.g. fp32 vs bf16 (fp32 gemm kernels vanish and bf16 ones appear: the category table compares gemm with gemm) or eager vs torch.compile (triton kernels appear). Per step by default.
+    """
+    check_format(fmt)
+    paths = list(profiles or [])
+    if len(paths) != 2:
+        raise BadInput(f"profkit diff takes two profiles, A and B; got {len(paths)}")
+    with err_console.status(f"reading {paths[0].name} and {paths[1].name}"):
+        result = diff_lib.diff(paths[0], paths[1], per_step=per_step, top=top, nsys=nsys)
+    tables = result.display_tables()
+    if fmt == "md" or (fmt == "table" and out is not None):
+        text = "\n\n".join(
+            ["# profkit diff", "\n".join(f"- {line}" for line in result.lines())]
+            + [f"## {title}\n\n{markdown_table(df, DIGITS)}" for title, df in tables]
+        )
+        if out is None:
+            print(text)
+        else:
+            write_text(out, text + "\n")
+            err_console.print(f"wrote {out}")
+        return
+    if fmt == "table":
+        for line in result.lines():
+            console.print(line, highlight=False)
+    emit_tables(tables, fmt, out, json_value=result.to_json(), digits=DIGITS)
+
+
+DIGITS = 3  # per-step kernel times are often tenths of a millisecond

@@ -1,0 +1,303 @@
+"""``profkit diff A B`` on real H100 captures, with the expected numbers taken from plain SQL
+on the exports (and the Chrome trace's own JSON), not from profkit's tables."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nsys_data import DATA, SMALL_BF16, SMALL_FP32, unpack
+from typer.testing import CliRunner
+
+from profkit.analysis.diff import match_key
+from profkit.cli import app
+
+runner = CliRunner()
+SMALL_COMPILED = "nsys-2025.3-h100-small-compiled"
+TORCH_TRAIN = DATA / "torch-small-ctx128-train.json.gz"  # small ctx128 train, 1 step, H100
+STEPS = 2  # each nsys fixture holds two captured steps
+KERNELS = (
+    "SELECT s.value AS name, k.end - k.start AS d "
+    "FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName"
+)
+# The gemm category's rules, as SQL (LIKE ignores ASCII case, as the rules do).
+GEMM = " OR ".join(
+    f"name LIKE '%{p}%'" for p in ("gemm", "nvjet", "xmma", "cutlass", "splitkreduce")
+)
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    into = tmp_path_factory.mktemp("nsys")
+    return {
+        "fp32": unpack(SMALL_FP32, into),
+        "bf16": unpack(SMALL_BF16, into),
+        "compiled": unpack(SMALL_COMPILED, into),
+    }
+
+
+def sql(path: Path, query: str) -> Any:
+    with sqlite3.connect(path) as conn:
+        return conn.execute(query).fetchone()
+
+
+def activity(path: Path) -> tuple[int, int]:
+    """(count, summed ns) of every kernel, copy and memset in the export."""
+    with sqlite3.connect(path) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        rows = [
+            conn.execute(f"SELECT COUNT(*), SUM(end - start) FROM {t}").fetchone()
+            for t in (
+                "CUPTI_ACTIVITY_KIND_KERNEL",
+                "CUPTI_ACTIVITY_KIND_MEMCPY",
+                "CUPTI_ACTIVITY_KIND_MEMSET",
+            )
+            if t in tables
+        ]
+    return sum(r[0] for r in rows), sum(r[1] for r in rows)
+
+
+def names(path: Path) -> set[str]:
+    with sqlite3.connect(path) as conn:
+        return {r[0] for r in conn.execute(f"SELECT DISTINCT name FROM ({KERNELS})")}
+
+
+def diff(*args: str | Path) -> Any:
+    result = runner.invoke(app, ["diff", *map(str, args), "-f", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def rows(table: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
+    return {row[key]: row for row in table}
+
+
+def ms(ns: int) -> float:
+    return ns / STEPS / 1e6
+
+
+def test_fp32_vs_bf16_phases_categories_and_kernels(exports: dict[str, Path]) -> None:
+    fp32, bf16 = exports["fp32"], exports["bf16"]
+    out = diff(fp32, bf16, "--top", "0")
+    assert out["a"]["path"] == str(fp32) and out["a"]["format"] == "nsys-sqlite"
+    assert out["a"]["steps"] == out["b"]["steps"] == STEPS and out["per_step"] is True
+    total = rows(out["phases"], "phase")["total"]
+    (a_count, a_ns), (b_count, b_ns) = activity(fp32), activity(bf16)
+    assert (a_count, a_ns, b_count, b_ns) == (4028, 37_580_731, 4424, 20_899_933)
+    assert total["a_kernels"] == a_count / STEPS and total["b_kernels"] == b_count / STEPS
+    assert total["a_ms"] == pytest.approx(ms(a_ns)) and total["b_ms"] == pytest.approx(ms(b_ns))
+    assert total["delta_ms"] == pytest.approx(ms(b_ns - a_ns))
+    assert total["delta_pct"] == pytest.approx(100 * (b_ns - a_ns) / a_ns)
+    assert [r["phase"] for r in out["phases"]] == ["forward", "backward", "optimizer", "total"]
+    # The category view compares gemm fp32 with gemm bf16 directly: 84.7% less gemm time.
+    gemm = rows(out["categories"], "category")["gemm"]
+    a_gemm, b_gemm = (
+        sql(fp32, f"SELECT COUNT(*), SUM(d) FROM ({KERNELS}) WHERE {GEMM}"),
+        sql(bf16, f"SELECT COUNT(*), SUM(d) FROM ({KERNELS}) WHERE {GEMM}"),
+    )
+    assert (
+        (gemm["a_kernels"], gemm["b_kernels"])
+        == (a_gemm[0] / STEPS, b_gemm[0] / STEPS)
+        == (508, 328)
+    )
+    assert gemm["a_ms"] == pytest.approx(ms(a_gemm[1])) and gemm["b_ms"] == pytest.approx(
+        ms(b_gemm[1])
+    )
+    assert gemm["delta_pct"] == pytest.approx(100 * (b_gemm[1] - a_gemm[1]) / a_gemm[1])
+    assert round(gemm["delta_pct"], 1) == -84.7
+    # Kernels matched by full name: 30 names only in bf16; 23 only in fp32, plus the memset.
+    groups = out["kernels"]
+    appeared, vanished = names(bf16) - names(fp32), names(fp32) - names(bf16)
+    assert {r["name"] for r in groups["appeared"]} == appeared and len(appeared) == 30
+    assert {r["name"] for r in groups["vanished"]} == vanished | {"[CUDA memset]"}
+    assert len(groups["faster"]) + len(groups["slower"]) == len(names(fp32) & names(bf16)) + 1
+    top = groups["vanished"][0]  # the fp32 gemm with the most time
+    name = "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas"
+    count, total_ns = sql(fp32, f"SELECT COUNT(*), SUM(d) FROM ({KERNELS}) WHERE name = '{name}'")
+    assert top["name"] == name and top["category"] == "gemm"
+    assert top["a_instances"] == count / STEPS == 73 and top["b_instances"] == 0
+    assert top["a_total_ms"] == pytest.approx(ms(total_ns))
+    assert top["a_avg_us"] == pytest.approx(total_ns / count / 1e3) and top["b_avg_us"] is None
+    nvjet = rows(groups["appeared"], "name")["nvjet_sm90_tst_48x64_64x15_2x1_v_bz_TNN"]
+    count, total_ns = sql(
+        bf16,
+        f"SELECT COUNT(*), SUM(d) FROM ({KERNELS}) WHERE name LIKE 'nvjet_sm90_tst_48x64_64x15_2x1_v_bz_TNN'",
+    )
+    assert nvjet["b_instances"] == count / STEPS == 60 and nvjet["a_total_ms"] == 0
+    assert nvjet["b_total_ms"] == pytest.approx(ms(total_ns)) and nvjet["delta_pct"] is None
+    slower = [r["delta_ms"] for r in groups["slower"]]
+    assert all(d > 0 for d in slower) and slower == sorted(slower, reverse=True)
+    assert all(r["delta_ms"] < 0 for r in groups["faster"])
+
+
+def test_eager_vs_compiled_triton_appears(exports: dict[str, Path]) -> None:
+    eager, compiled = exports["fp32"], exports["compiled"]
+    out = diff(eager, compiled, "-n", "3")
+    triton = rows(out["categories"], "category")["triton"]
+    count, total_ns = sql(
+        compiled, f"SELECT COUNT(*), SUM(d) FROM ({KERNELS}) WHERE name LIKE 'triton%'"
+    )
+    assert triton["a_kernels"] == 0 and triton["b_kernels"] == count / STEPS == 258
+    assert triton["b_ms"] == pytest.approx(ms(total_ns)) and triton["delta_pct"] is None
+    assert all(len(group) == 3 for group in out["kernels"].values())  # --top per group
+    assert all(r["category"] == "triton" for r in out["kernels"]["appeared"])
+    result = runner.invoke(app, ["diff", str(eager), str(compiled), "-n", "0"])
+    appeared = len(names(compiled) - names(eager))
+    vanished = len(names(eager) - names(compiled)) + 1  # the copies: none in the compiled run
+    assert f"kernels: {appeared} appeared, {vanished} vanished" in result.stdout
+    assert "The runs differ in: compile False → True." in result.stdout
+
+
+def test_nsys_against_torch_profiler_changes_nothing_much(exports: dict[str, Path]) -> None:
+    out = diff(exports["fp32"], TORCH_TRAIN, "-n", "0")
+    assert (out["a"]["steps"], out["b"]["steps"], out["b"]["format"]) == (2, 1, "chrome")
+    # Same kernels under both spellings: every one matched, none appeared or vanished.
+    groups = out["kernels"]
+    assert groups["appeared"] == [] and groups["vanished"] == []
+    assert len(groups["faster"]) + len(groups["slower"]) == len(names(exports["fp32"])) + 2 == 59
+    # B's per-step total is the trace's own: the one step's GPU events summed.
+    with gzip.open(TORCH_TRAIN) as handle:
+        events = json.load(handle)["traceEvents"]
+    gpu_ns = sum(
+        round(e["dur"] * 1000)
+        for e in events
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    total = rows(out["phases"], "phase")["total"]
+    assert (
+        total["b_ms"] == pytest.approx(gpu_ns / 1e6, rel=1e-12)
+        and total["a_kernels"] == total["b_kernels"] == 2014
+    )
+    assert all(abs(r["delta_pct"]) < 0.2 for r in out["phases"])
+    assert all(abs(r["delta_pct"]) < 1.5 for r in out["categories"])
+    totals = diff(exports["fp32"], TORCH_TRAIN, "--total")  # two steps against one
+    assert rows(totals["phases"], "phase")["total"]["a_ms"] == pytest.approx(
+        activity(exports["fp32"])[1] / 1e6
+    )
+    assert totals["per_step"] is False
+    result = runner.invoke(app, ["diff", str(exports["fp32"]), str(TORCH_TRAIN), "--total"])
+    assert "A and B hold different numbers of steps" in result.stdout
+
+
+def test_a_file_against_itself(exports: dict[str, Path]) -> None:
+    out = diff(exports["bf16"], exports["bf16"])
+    assert all(out["kernels"][g] == [] for g in ("appeared", "vanished", "faster", "slower"))
+    for table in (out["phases"], out["categories"]):
+        assert all(r["delta_ms"] == 0 and r["delta_pct"] == 0 for r in table)
+        assert all(r["a_ms"] == r["b_ms"] and r["a_kernels"] == r["b_kernels"] for r in table)
+    result = runner.invoke(app, ["diff", str(exports["bf16"]), str(exports["bf16"])])
+    same = len(names(exports["bf16"])) + 1  # and its one kind of copy
+    assert (
+        f"kernels: 0 appeared, 0 vanished, 0 faster, 0 slower, {same} unchanged." in result.stdout
+    )
+    assert "Per step:" in result.stdout and "Faster in B" not in result.stdout
+
+
+def test_formats_and_out(exports: dict[str, Path], tmp_path: Path) -> None:
+    a, b = str(exports["fp32"]), str(exports["bf16"])
+    table = runner.invoke(app, ["diff", a, b, "-n", "2"])
+    assert table.exit_code == 0, table.output
+    for text in ("Phases — GPU ms per step", "Categories — GPU ms per step", "Appeared (only in B) — 2 of 30",
+                 "Vanished (only in A) — 2 of 24", "Δ ms", "bfloat16_copy_kernel_cuda", "GPU time per step: 18.790 ms → 10.450 ms"):  # fmt: skip
+        assert text in table.stdout, text
+    md = runner.invoke(app, ["diff", a, b, "-f", "md", "--total"])
+    assert md.stdout.startswith("# profkit diff") and "## Phases — GPU ms total" in md.stdout
+    assert "| phase | A kernels | B kernels | A ms | B ms | Δ ms | Δ % |" in md.stdout
+    csv = runner.invoke(app, ["diff", a, b, "-f", "csv"])
+    assert csv.stdout.startswith("phase,A kernels,B kernels,A ms,B ms,Δ ms,Δ %\n")
+    out = tmp_path / "d" / "diff.md"
+    written = runner.invoke(app, ["diff", a, b, "--out", str(out)])
+    assert (
+        written.exit_code == 0
+        and written.stdout == ""
+        and out.read_text().startswith("# profkit diff")
+    )
+    assert runner.invoke(app, ["diff", "--help"]).exit_code == 0
+    assert "--per-step" in runner.invoke(app, ["diff", "--help"]).output
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("(int)128, (bool)0, (bool)1, std::array<char *, (unsigned long)3>", "128, false, true, std::array<char*, 3ul>"),
+        ("void <unnamed>::k<float>(const T1 *, long)", "void (anonymous namespace)::k<float>(float const*, long)"),
+        ("f<void at::g<x::[lambda() (instance 2)]>>(T1)", "f<at::g<x::{lambda()#2}> >(at::g<x>)"),
+        ("f<h(at::TensorIterator &, const c10::Scalar &)::[lambda(bool) (instance 1)]>", "f<h(at::TensorIterator&, c10::Scalar const&)::{lambda(bool)#1}>"),
+        ("[CUDA memcpy Device-to-Host]", "[memcpy DtoH]"),
+        ("[CUDA memset]", "[memset]"),
+    ],
+)  # fmt: skip
+def test_one_name_in_both_spellings_matches(a: str, b: str) -> None:
+    assert match_key(a) == match_key(b)
+
+
+def test_different_kernels_stay_apart() -> None:
+    pairs = [
+        ("k<(int)4>(T1)", "k<(int)8>(T1)"),
+        ("f<x::[lambda() (instance 1)]>", "f<x::[lambda() (instance 2)]>"),
+        ("[CUDA memcpy Host-to-Device]", "[CUDA memcpy Device-to-Host]"),
+        ("triton_poi_fused_add_0", "triton_poi_fused_add_1"),
+    ]
+    assert all(match_key(a) != match_key(b) for a, b in pairs)
+
+
+def test_bad_input_exits_2_with_one_line(exports: dict[str, Path], tmp_path: Path) -> None:
+    good = str(exports["fp32"])
+    cpu_only = tmp_path / "cpu.json"  # a range, no GPU activity: what a CPU run records
+    event = {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": "forward",
+        "ts": 0,
+        "dur": 10,
+        "pid": 1,
+        "tid": 1,
+    }
+    cpu_only.write_text(json.dumps({"traceEvents": [event]}))
+    cases = {
+        (good, str(tmp_path / "missing.sqlite")): "no such file",
+        (good,): "takes two profiles, A and B; got 1",
+        (): "takes two profiles, A and B; got 0",
+        (good, good, good): "got 3",
+        (good, str(DATA / "results-h100.db")): "not an Nsight Systems SQLite export",
+        (str(DATA / "memory-tiny-ctx64-forward-fp32.pickle.xz"), good): "is not a supported trace",
+        (good, str(tmp_path)): "is a directory",
+        (str(cpu_only), good): "has no GPU activities",
+        (good, good, "--top", "-1"): "--top must be 0 (all) or more",
+        (good, good, "-f", "xml"): "unknown --format 'xml'",
+    }
+    for args, message in cases.items():
+        result = runner.invoke(app, ["diff", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert message in result.stderr and "Traceback" not in result.output, (args, result.stderr)
+        assert result.stdout == ""
+
+
+def test_per_step_nan_free_when_a_side_lacks_a_category(exports: dict[str, Path]) -> None:
+    out = diff(exports["compiled"], exports["fp32"])
+    categories = rows(out["categories"], "category")
+    assert categories["triton"]["b_ms"] == 0 and categories["triton"]["delta_pct"] == -100
+    assert not any(
+        isinstance(v, float) and math.isnan(v) for r in out["phases"] for v in r.values()
+    )
+
+
+def test_per_step_counts_stay_fractional(tmp_path: Path) -> None:
+    # A user's program, 5 steps: 94 optimizer kernels are 18.8 per step, not 18.
+    user = unpack("nsys-2025.3-h100-user_train", tmp_path)
+    per_step = rows(diff(user, user)["phases"], "phase")
+    total = rows(diff(user, user, "--total")["phases"], "phase")
+    assert diff(user, user)["a"]["steps"] == 5 and total["optimizer"]["a_kernels"] == 94
+    assert per_step["optimizer"]["a_kernels"] == pytest.approx(94 / 5)
+    assert per_step["optimizer"]["a_ms"] == pytest.approx(total["optimizer"]["a_ms"] / 5)
+    # Activities outside every phase belong to no step: they are not divided.
+    assert per_step["unattributed"]["a_kernels"] == total["unattributed"]["a_kernels"] == 33
+    assert per_step["total"]["a_kernels"] == pytest.approx(
+        sum(r["a_kernels"] for r in per_step.values() if r["phase"] != "total")
+    )
