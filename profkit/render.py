@@ -77,8 +77,13 @@ def markdown_table(df: pd.DataFrame, digits: int = 2) -> str:
         "|" + "|".join("---:" if n else ":---" for n in numeric) + "|",
     ]
     for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_cell(v, digits) for v in row) + " |")
+        lines.append("| " + " | ".join(_md_escape(_cell(v, digits)) for v in row) + " |")
     return "\n".join(lines)
+
+
+def _md_escape(text: str) -> str:
+    # Kernel names are full of '<...>' (read as HTML and hidden by GitHub) and may hold '|'.
+    return text.replace("|", "\\|").replace("<", "&lt;")
 
 
 def to_jsonable(value: Any) -> Any:

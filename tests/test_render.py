@@ -1,0 +1,23 @@
+"""Rendering details that matter to readers: markdown that GitHub shows whole, exact counts."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from profkit.crosscheck import compare_phases
+from profkit.render import markdown_table
+
+
+def test_markdown_escapes_angle_brackets_and_pipes_in_kernel_names() -> None:
+    name = "multi_tensor_apply_kernel<TensorListMetadata<3>, a|b>"
+    text = markdown_table(pd.DataFrame({"name": [name], "ms": [1.5]}))
+    assert "multi_tensor_apply_kernel&lt;TensorListMetadata&lt;3>, a\\|b>" in text
+    assert text.splitlines()[-1].count(" | ") == 1  # still two cells
+
+
+def test_per_step_counts_keep_their_fractions() -> None:
+    a = pd.DataFrame({"phase": ["optimizer"], "kernels": [18.8], "gpu_time_ms": [1.0]})
+    b = pd.DataFrame({"phase": ["optimizer"], "kernels": [19.0], "gpu_time_ms": [1.0]})
+    table = compare_phases([("a", a), ("b", b)])
+    assert table["a kernels"].tolist() == [18.8, 18.8]
+    assert table["b kernels"].dtype == "int64"
