@@ -142,7 +142,8 @@ def run_progress(pieces: Sequence[Piece]) -> Iterator[Hooks]:
         def done(outcome: Outcome) -> None:
             style = STATUS_STYLE.get(outcome.status, "")
             progress.console.print(
-                f"[{style}]{outcome.status:<8}[/] {escape(outcome.piece.what)}: {escape(outcome.note)}",
+                f"[{style}]{outcome.status:<8}[/] {outcome.wall_s:6.1f} s  "
+                f"{escape(outcome.piece.what)}: {escape(outcome.note)}",
                 highlight=False,
                 soft_wrap=True,
             )

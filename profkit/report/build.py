@@ -89,6 +89,7 @@ def render(inv: Inventory, sections: list[Section], db_label: str, profiles_labe
 def draw_pictures(inv: Inventory, out_dir: Path, say: Say) -> Pictures:
     """Every PNG the data allows, one per machine for each kind; a failure becomes a note."""
     pictures = Pictures()
+    say("drawing the plots")
     bars = figures.step_bars(inv.bench)
     for item in bars:
         name = _png("report-step-time", item.where, len(bars))

@@ -23,7 +23,6 @@ NSYS_SUFFIXES = (".sqlite",)
 NSYS_REPORT_SUFFIXES = (".nsys-rep",)
 TORCH_SUFFIXES = (".json.gz", ".pt.trace.json")
 SNAPSHOT_SUFFIXES = (".pickle", ".pickle.gz", ".pickle.xz")
-SIDECAR_SUFFIX = ".profkit.json"
 
 # What makes two rows of a table "the same config" (the latest one wins).
 ATTENTION_KEY = (
@@ -55,8 +54,6 @@ class Inventory:
     """torch.profiler Chrome traces (``.json.gz``)."""
     snapshots: list[Path] = field(default_factory=list)
     """CUDA memory snapshots (``.pickle``, also ``.pickle.xz`` / ``.pickle.gz``)."""
-    notes: list[str] = field(default_factory=list)
-    """What was looked for and not found (for the CLI to say)."""
 
     @property
     def empty(self) -> bool:
@@ -80,8 +77,6 @@ def collect(profiles_dir: Path, db_path: Path) -> Inventory:
         inventory.attention = latest(attention, ATTENTION_KEY)
         memory = [_booleans(r, ("compile",)) for r in results.rows(db_path, "memory")]
         inventory.memory = latest(memory, MEMORY_KEY)
-    else:
-        inventory.notes.append(f"no results database at {db_path}")
     if profiles_dir.is_dir():
         files = sorted(p for p in profiles_dir.iterdir() if p.is_file())
         inventory.nsys = _nsys_files(files, db_path)
@@ -89,8 +84,6 @@ def collect(profiles_dir: Path, db_path: Path) -> Inventory:
         inventory.snapshots = [p for p in files if _ends(p, SNAPSHOT_SUFFIXES)]
     elif profiles_dir.exists():
         raise BadInput(f"--profiles {profiles_dir} is a file; give the directory of profiles")
-    else:
-        inventory.notes.append(f"no profiles directory at {profiles_dir}")
     return inventory
 
 
@@ -129,23 +122,6 @@ def _same(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
     except OSError:
         return False
-
-
-def sidecar(path: Path) -> dict[str, Any] | None:
-    """The ``NAME.profkit.json`` beside a trace or snapshot (``NAME.sqlite``, ``NAME.pickle.xz``)."""
-    import json
-
-    name = path.name
-    for suffix in (*SNAPSHOT_SUFFIXES, *NSYS_SUFFIXES, *NSYS_REPORT_SUFFIXES):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    side = path.with_name(name + SIDECAR_SUFFIX)
-    try:
-        value = json.loads(side.read_text())
-    except (OSError, ValueError):
-        return None  # a missing or broken sidecar only costs the extras
-    return value if isinstance(value, dict) else None
 
 
 def where(row: Row) -> str:

@@ -83,8 +83,8 @@ GPU_PLAN: list[Piece] = [
     Piece("torch", "torch.profiler: small, ctx 128", _gpu(size="small", ctx=128, steps=1)),
     Piece(
         "memory",
-        "memory: small, ctx 128 256, train",
-        _gpu(size="small", ctx=(128, 256), warmup=1, steps=1),
+        "memory: small, ctx 128 256, forward/train",
+        _gpu(size="small", ctx=(128, 256), mode=("forward", "train"), warmup=1, steps=1),
     ),
     Piece(
         "attention",
@@ -132,7 +132,7 @@ CPU_PLAN: list[Piece] = [
 ]
 
 # The smallest plan that touches every piece that can run on a CPU, with pairs for the
-# dtype and warm-up comparisons (the tests use it; about 20 s on 2 cores).
+# dtype and warm-up comparisons (the tests use it; about 25 s on 2 cores).
 MINIMAL_PLAN: list[Piece] = [
     Piece(
         "bench",

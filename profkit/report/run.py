@@ -11,6 +11,7 @@ a note, and a piece that fails is noted; neither stops the rest.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ class Outcome:
     piece: Piece
     status: str
     note: str
+    wall_s: float = 0.0
 
 
 @dataclass
@@ -83,6 +85,7 @@ def run_plan(plan: Sequence[Piece], where: Where, hooks: Hooks | None = None) ->
     for piece in plan:
         hooks.piece(piece)
         counter = _Counter(hooks.advance)
+        started = time.perf_counter()
         try:
             status, note = RUNNERS[piece.kind](piece, where, hooks.item, counter.advance)
         except MissingTool as exc:
@@ -94,7 +97,7 @@ def run_plan(plan: Sequence[Piece], where: Where, hooks: Hooks | None = None) ->
         except Exception as exc:  # one broken piece must not cost the rest of the run
             status, note = "failed", f"{type(exc).__name__}: {exc}"
         hooks.advance(max(units(piece) - counter.done, 0))  # skipped units count as done
-        outcome = Outcome(piece, status, note)
+        outcome = Outcome(piece, status, note, time.perf_counter() - started)
         hooks.done(outcome)
         outcomes.append(outcome)
     return outcomes
