@@ -51,7 +51,7 @@ PlanOpt = Annotated[
     typer.Option(
         "--plan",
         help="With --run: auto (gpu with CUDA, else cpu) | gpu (the course report, ~7 min on "
-        "an H100) | cpu (tiny model, a few minutes) | minimal (seconds).",
+        "an H100) | cpu (tiny model, about a minute on 2 cores) | minimal (tiny, ~25 s).",
     ),
 ]
 STATUS_STYLE = {"ran": "green", "present": "dim", "skipped": "yellow", "failed": "red"}
