@@ -11,7 +11,7 @@
 #   results.db         the results DB the report was built from (bench, memory, attention)
 #   profiles.tar.xz    the traces and snapshots it read (the .nsys-rep left out)
 #   gpu_report.log     everything printed, with each piece's status and wall time
-# About 7 minutes on an H100 from an empty DB; each piece's line in the log says what it
+# Estimated 6-8 minutes on an H100 from an empty DB; each piece's line in the log says what it
 # took, so GPU_PLAN can be trimmed. On a CPU the same script runs the tiny CPU plan.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -50,8 +50,8 @@ PlanOpt = Annotated[
     str,
     typer.Option(
         "--plan",
-        help="With --run: auto (gpu with CUDA, else cpu) | gpu (the course report, ~7 min on "
-        "an H100) | cpu (tiny model, about a minute on 2 cores) | minimal (tiny, ~25 s).",
+        help="With --run: auto (gpu with CUDA, else cpu) | gpu (the course report, minutes "
+        "on an H100) | cpu (tiny model, about a minute on 2 cores) | minimal (tiny, ~25 s).",
     ),
 ]
 STATUS_STYLE = {"ran": "green", "present": "dim", "skipped": "yellow", "failed": "red"}

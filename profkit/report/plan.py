@@ -5,10 +5,10 @@ A :class:`Piece` is one run of an existing command's library function (``bench``
 run costs, edit :data:`GPU_PLAN`: drop a piece, or shrink its grid. Every piece runs only
 what ``profiles/`` and the results DB lack (see :mod:`profkit.report.run`).
 
-Rough cost on one H100 (each config is a fresh process: ~5-7 s of start-up, model build
-and steps; ``torch.compile`` adds ~30-60 s per config): the course-size bench ~2.5 min,
-compile pairs ~1.5 min, warm-up ~20 s, nsys ~40 s, torch ~20 s, memory ~20 s, attention
-~1 min — about 7 minutes in all from an empty DB.
+Cost on one H100, estimated (each config is a fresh process): the course-size bench took
+2 min 20 s for its 20 configs in the sweep behind tests/data/results-h100.db; the rest is
+guessed from config counts (``torch.compile`` adds its compilation to each compiled
+config) — 6-8 minutes in all from an empty DB. ``--run`` prints each piece's wall time.
 """
 
 from __future__ import annotations
