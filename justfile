@@ -45,3 +45,7 @@ gpu-memory:
 # On the GPU machine: profkit torch fixtures, the large report, the cross-check's torch side.
 gpu-torch:
     bash benchmarks/gpu_torch.sh
+
+# On the GPU machine: `profkit report --run` (the course report), reports/ packed into $OUT.
+gpu-report:
+    bash benchmarks/gpu_report.sh

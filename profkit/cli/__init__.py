@@ -46,6 +46,7 @@ from profkit.cli import (  # noqa: E402, F401
     memory,
     nsys,
     precision,
+    report,
     sizes,
 )
 from profkit.cli import torch as _torch  # noqa: E402, F401  (the module name shadows torch)

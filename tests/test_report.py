@@ -1,0 +1,332 @@
+"""``profkit report`` and ``--run``: the report from real DBs, traces and snapshots.
+
+Golden numbers come from the real H100 results DB (tests/data/results-h100.db: bench rows
+only), the committed nsys export (profiles/examples/), the torch.profiler Chrome traces and
+a memory snapshot from the H100 (tests/data/), and a real tiny CPU sweep made here.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from matplotlib.image import imread
+from typer.testing import CliRunner
+
+from profkit.cli import app
+from profkit.config import WorkloadConfig
+from profkit.report import build_report
+from profkit.report.plan import MINIMAL_PLAN, Piece
+from profkit.report.run import Where, run_plan
+
+DATA = Path(__file__).parent / "data"
+H100_DB = DATA / "results-h100.db"
+EXAMPLES = Path(__file__).parents[1] / "profiles" / "examples"
+GPU = "NVIDIA H100 80GB HBM3"
+
+runner = CliRunner()
+
+
+def invoke(*args: str | Path) -> Any:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def section(text: str, title: str) -> str:
+    """The markdown of one ``## title`` section."""
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else len(text)]
+
+
+def assert_png(path: Path, min_height: int = 300) -> None:
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+    pixels = imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] >= min_height and pixels.shape[1] >= 400
+
+
+def db_rows(db: Path, sql: str) -> list[sqlite3.Row]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        conn.row_factory = sqlite3.Row
+        return list(conn.execute(sql))
+
+
+# --- the real H100 DB ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def h100_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Any]:
+    root = tmp_path_factory.mktemp("h100")
+    db = root / "results.db"
+    shutil.copy(H100_DB, db)
+    out = root / "reports" / "REPORT.md"
+    result = invoke("report", "--profiles", root / "profiles", "--db", db, "--out", out)
+    assert result.exit_code == 0, result.output
+    return out, out.read_text(), result
+
+
+def test_h100_header_names_the_gpu_and_the_date(h100_report: tuple[Path, str, Any]) -> None:
+    _, text, result = h100_report
+    assert text.startswith("# profkit report\n")
+    assert f"Measured on **{GPU}** · 2026-11-21 · torch 2.11.0+cu130 (CUDA 13.0)" in text
+    assert result.stdout.startswith("wrote ") and "4 of 7 sections, 3 pictures" in result.stdout
+
+
+def test_h100_bench_tables_hold_every_row_of_the_db(h100_report: tuple[Path, str, Any]) -> None:
+    _, text, _ = h100_report
+    bench = section(text, "Benchmark")
+    rows = db_rows(H100_DB, "select * from bench")
+    assert len(rows) == 22
+    for row in rows:
+        if row["status"] == "ok":
+            # every phase, the rate, MFU and the peak, as the DB holds them
+            assert f"| {row['step_ms']:,.2f} | {row['step_ms_std']:,.2f} |" in bench
+            assert f"| {row['tokens_per_s']:,.0f} |" in bench
+            assert f"| {100 * row['mfu']:,.2f} | {row['peak_memory_gib']:,.2f} |" in bench
+    assert "| large | 256 | fp32 | 5 | 10 | ok | 61.36 | 0.09 | 118.33 | 0.13 | 31.08 |" in bench
+    oom = "| 2.7B | 1,024 | fp32 | 2 | 5 | oom | — | — |"
+    assert oom in bench and "| 65.93 | CUDA out of memory." in bench
+    assert f"### Training step (mode train) · {GPU}" in bench
+    assert "![Training step time, NVIDIA H100 80GB HBM3](report-step-time.png)" in bench
+
+
+def test_h100_comparisons_only_where_the_db_has_pairs(h100_report: tuple[Path, str, Any]) -> None:
+    _, text, _ = h100_report
+    comparisons = section(text, "Comparisons")
+    assert "| large | 256 | train | 210.77 | 127.65 | -83.12 | -39.44 |" in comparisons
+    assert "| bf16 autocast vs fp32 | large | train step | 210.77 | 127.65 | 1.65 |" in comparisons
+    assert "| bf16 autocast vs fp32 | 2.7B | forward | 168.67 | 34.84 | 4.84 |" in comparisons
+    assert "### torch.compile\n\n_Skipped: every bench row has the same compile (no)" in comparisons
+    assert "### Warm-up steps\n\n_Skipped: no two bench rows differ only in warmup" in comparisons
+
+
+def test_h100_sections_without_data_are_one_line(h100_report: tuple[Path, str, Any]) -> None:
+    _, text, result = h100_report
+    for title in ("Nsight Systems profiles", "torch.profiler traces", "Attention"):
+        body = section(text, title).strip().splitlines()
+        assert len(body) == 3 and body[2].startswith("_Skipped: "), body
+    memory = section(text, "Memory")  # no memory rows, but bench peaks at two contexts
+    assert "_No `profkit memory` rows in the results DB._" in memory
+    assert "](report-peak-memory.png)" in memory
+    assert "skipped Attention: no attention rows in the results DB" in result.stderr
+
+
+def test_h100_pictures_are_real_pngs(h100_report: tuple[Path, str, Any]) -> None:
+    out, _, _ = h100_report
+    names = sorted(p.name for p in out.parent.glob("*.png"))
+    assert names == ["report-peak-memory.png", "report-speedups.png", "report-step-time.png"]
+    for name in names:
+        assert_png(out.parent / name)
+
+
+# --- a real tiny CPU sweep, made by --run ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minimal_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
+    """``report --run --plan minimal`` on this CPU: a real tiny bench sweep (fp32/bf16 ×
+    warm-up 0/1), torch.profiler traces, one attention cell; memory skipped (no CUDA)."""
+    root = tmp_path_factory.mktemp("run")
+    profiles, out = root / "profiles", root / "reports" / "REPORT.md"
+    result = invoke("report", "--run", "--plan", "minimal", "--profiles", profiles, "--out", out)
+    assert result.exit_code == 0, result.output
+    return profiles, out, result
+
+
+def test_run_minimal_plan_on_cpu(minimal_run: tuple[Path, Path, Any]) -> None:
+    profiles, out, result = minimal_run
+    lines = [
+        "bench: tiny, ctx 16, train, fp32/bf16, warm-up 0 1: ran 4 of 4 configs",
+        "torch.profiler: tiny, ctx 16: wrote ",
+        "memory: needs CUDA: memory snapshots need a CUDA device",
+        "attention: naive, d_head 16 × seq 32: 1 ok cells",
+    ]
+    statuses = ["ran", "ran", "skipped", "ran"]
+    for status, line in zip(statuses, lines, strict=True):
+        assert re.search(rf"^{status} +[\d.]+ s  {re.escape(line)}", result.stderr, re.M), (
+            result.stderr
+        )
+    assert sorted(p.name for p in profiles.iterdir()) == [
+        "results.db", "torch-tiny-ctx16-forward.json.gz", "torch-tiny-ctx16-train.json.gz",
+    ]  # fmt: skip
+    text = out.read_text()
+    assert "### Attention: naive eager fp32, batch 8, 2 timed passes, cpu" in text
+    assert "### torch-tiny-ctx16-train" in section(text, "torch.profiler traces")
+    assert "No GPU kernels in this trace (a CPU run)" in section(text, "torch.profiler traces")
+    assert result.stdout.startswith(f"wrote {out} (5 of 7 sections, 2 pictures)")
+
+
+def test_cpu_sweep_report(minimal_run: tuple[Path, Path, Any]) -> None:
+    profiles, out, _ = minimal_run
+    text = out.read_text()
+    assert "Measured on **CPU**" in text and "torch 2.13.0" in text
+    bench = section(text, "Benchmark")
+    rows = db_rows(profiles / "results.db", "select * from bench")
+    assert [(r["dtype"], r["warmup"], r["status"]) for r in rows] == [
+        ("fp32", 0, "ok"), ("fp32", 1, "ok"), ("bf16", 0, "ok"), ("bf16", 1, "ok"),
+    ]  # fmt: skip
+    for row in rows:
+        assert f"| {row['step_ms']:,.2f} | {row['step_ms_std']:,.2f} |" in bench
+        assert f"| {row['warmup']} | ok | {row['forward_ms']:,.2f} |" in bench
+    comparisons = section(text, "Comparisons")
+    assert "### Mixed precision\n\n#### forward ms · fp32 vs bf16 · cpu" in comparisons
+    assert "### Warm-up steps\n\n#### forward ms by warm-up steps (0, 1) · cpu" in comparisons
+    assert "#### step ms by warm-up steps (0, 1) · cpu · first timed step vs median" in comparisons
+    assert "### torch.compile\n\n_Skipped:" in comparisons
+    fp32, bf16 = (r for r in rows if r["warmup"] == 1 and r["dtype"] in ("fp32", "bf16"))
+    speedup = fp32["step_ms"] / bf16["step_ms"]
+    assert (
+        f"| bf16 autocast vs fp32 | tiny · warmup 1 | train step | {fp32['step_ms']:,.2f} |"
+        in comparisons
+    )
+    assert f"| {speedup:,.2f} |" in comparisons
+    assert "_Skipped: no memory rows, snapshots or peak memory" in section(text, "Memory")
+    pictures = sorted(p.name for p in out.parent.glob("*.png"))
+    assert pictures == ["report-speedups.png", "report-step-time.png"]
+    for name in pictures:
+        assert_png(out.parent / name)
+
+
+def test_run_again_measures_nothing(minimal_run: tuple[Path, Path, Any], tmp_path: Path) -> None:
+    profiles, _, _ = minimal_run
+    out = tmp_path / "REPORT.md"
+    again = invoke("report", "--run", "--plan", "minimal", "--profiles", profiles, "--out", out)
+    assert again.exit_code == 0, again.output
+    assert again.stderr.count("present ") == 3, again.stderr  # bench, torch, attention
+    assert len(db_rows(profiles / "results.db", "select * from bench")) == 4
+
+
+def test_report_is_the_same_when_nothing_changed(
+    minimal_run: tuple[Path, Path, Any], tmp_path: Path
+) -> None:
+    profiles, _, _ = minimal_run
+    first, second = tmp_path / "a" / "REPORT.md", tmp_path / "b" / "REPORT.md"
+    for out in (first, second):
+        build_report(profiles, None, out)
+    assert first.read_text() == second.read_text()
+
+
+# --- traces and snapshots --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def traces_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("traces")
+    profiles = root / "profiles"
+    profiles.mkdir()
+    for path in EXAMPLES.glob("small-ctx128-train-fp32.*"):
+        shutil.copy(path, profiles)
+    for name in ("torch-small-ctx128-train.json.gz", "memory-tiny-ctx64-train-fp32.pickle.xz"):
+        shutil.copy(DATA / name, profiles)
+    shutil.copy(DATA / "memory-tiny-ctx64-train-fp32.profkit.json", profiles)
+    (profiles / "broken.sqlite").write_bytes(b"not a database at all")
+    out = root / "reports" / "REPORT.md"
+    result = build_report(profiles, None, out)
+    assert [s.title for s in result.sections if s.skipped] == [
+        "Benchmark", "Comparisons", "Attention",
+    ]  # fmt: skip
+    return out, out.read_text()
+
+
+def test_nsys_part_has_phases_kernels_and_attention(traces_report: tuple[Path, str]) -> None:
+    out, text = traces_report
+    nsys = section(text, "Nsight Systems profiles")
+    assert "small, ctx 128, train, fp32 · 2 captured steps · NVIDIA H100 80GB HBM3" in nsys
+    assert "| backward | 2 | 2,456 | 19.59 | 52.21 | 51.49 | 51.50 |" in nsys
+    assert "Top 10 kernels, all phases:" in nsys
+    assert "| computing softmax | 24 | 24 | 0.10 | 0.51 | 3.93 | 0.95 |" in nsys
+    assert "(51.4× the FLOPs), yet they take only 6.3× its GPU time" in nsys
+    assert "[small-ctx128-train-fp32.md](small-ctx128-train-fp32.md)" in nsys
+    assert (out.parent / "small-ctx128-train-fp32.md").read_text().startswith("# Kernels: ")
+    # One unreadable export costs its own part only.
+    assert "### broken\n\n_Could not read `broken.sqlite`:" in nsys
+
+
+def test_torch_part_reads_the_chrome_trace(traces_report: tuple[Path, str]) -> None:
+    _, text = traces_report
+    torch = section(text, "torch.profiler traces")
+    assert "### torch-small-ctx128-train" in torch
+    assert "small, ctx 128, train, fp32 · 1 captured step · 2,014 GPU activities" in torch
+    assert "| backward | 1 | 1,228 | 9.83 | 52.29 | 41.32 |" in torch
+
+
+def test_snapshot_part_has_peak_sites_and_timeline(traces_report: tuple[Path, str]) -> None:
+    out, text = traces_report
+    memory = section(text, "Memory")
+    assert "### Snapshot `memory-tiny-ctx64-train-fp32.pickle.xz`" in memory
+    assert "Peak allocated **113.9 MiB** during **backward**, 124 allocations" in memory
+    assert "| profkit/model.py:86 forward | 5 | 33.00 | 32.00 | 28.97 |" in memory
+    picture = "timeline-memory-tiny-ctx64-train-fp32.png"
+    assert f"]({picture})" in memory
+    assert_png(out.parent / picture)
+
+
+# --- bad input -------------------------------------------------------------------------
+
+
+def test_nothing_to_report_is_one_line(tmp_path: Path) -> None:
+    result = invoke("report", "--profiles", tmp_path, "--out", tmp_path / "r" / "REPORT.md")
+    assert result.exit_code == 2
+    assert "nothing to report: no bench, attention or memory rows" in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+    assert not (tmp_path / "r" / "REPORT.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--db", "NOTDB"], "is not a SQLite database"),
+        (["--profiles", "AFILE"], "is a file; give the directory of profiles"),
+        (["--plan", "minimal"], "--plan chooses what --run measures; add --run"),
+        (["--run", "--plan", "huge"], "unknown --plan 'huge'"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "NOTDB").write_text("hello")
+    (tmp_path / "AFILE").write_text("hello")
+    args = [str(tmp_path / a) if a in ("NOTDB", "AFILE") else a for a in args]
+    result = invoke("report", *args, "--out", tmp_path / "r" / "REPORT.md")
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_help() -> None:
+    result = runner.invoke(app, ["report", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "Usage" in result.output
+    for option in ("--profiles", "--db", "--out", "--run", "--plan"):
+        assert option in result.output
+
+
+# --- --run -----------------------------------------------------------------------------
+
+
+def test_one_failing_piece_does_not_stop_the_plan(tmp_path: Path) -> None:
+    plan = [
+        Piece("attention", "attention: a bad grid", attention={"d_heads": (0,), "device": "cpu"}),
+        Piece("nsys", "nsys: needs CUDA", (WorkloadConfig(size="tiny", device="cuda"),)),
+        Piece(
+            "attention",
+            "attention: one small cell",
+            attention={"d_heads": (4,), "seqs": (8,), "iters": 1, "warmup": 0, "device": "cpu"},
+        ),
+    ]
+    where = Where(tmp_path / "profiles", tmp_path / "profiles" / "results.db", tmp_path / "r")
+    outcomes = run_plan(plan, where)
+    assert [o.status for o in outcomes] == ["failed", "skipped", "ran"]
+    assert outcomes[0].note == "--d-head values must be positive, got 0"
+    assert "needs a CUDA device" in outcomes[1].note
+
+
+def test_plans_are_declarative_lists() -> None:
+    from profkit.report.plan import CPU_PLAN, GPU_PLAN
+
+    assert [p.kind for p in GPU_PLAN] == [
+        "bench", "bench", "bench", "nsys", "torch", "memory", "attention",
+    ]  # fmt: skip
+    course = GPU_PLAN[0].configs
+    assert len(course) == 5 * 2 * 2 and {c.device for c in course} == {"cuda"}
+    assert {c.size for c in CPU_PLAN[0].configs} == {"tiny"}
+    assert all(p.kind != "nsys" or p.configs[0].device == "cuda" for p in MINIMAL_PLAN + CPU_PLAN)
