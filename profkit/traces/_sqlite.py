@@ -26,6 +26,12 @@ from profkit.errors import BadInput
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_BYTES = 100
 CHUNK_ROWS = 500_000  # ~10 MB of text per column per chunk: bounded memory, few queries
+# Reader threads, whatever the core count: each holds a connection with its page cache and
+# a chunk's group_concat strings (SQLite's and Python's copies) in flight, and glibc keeps
+# an arena per thread. On the 3 M-kernel benchmark (docs/PERFORMANCE.md) peak RSS grew by
+# about 0.07 GiB per thread (0.78 GiB with 1 thread, 1.05 with 4, 1.33 with 8), while on
+# 16 cores the read went only from 3.9 s with 4 threads to 3.5 s with 8.
+MAX_READ_THREADS = 4
 T = TypeVar("T")
 
 
@@ -116,7 +122,7 @@ class ParallelReader:
 
     def __init__(self, path: Path, threads: int | None = None) -> None:
         self.path = path
-        self.pool = ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1))
+        self.pool = ThreadPoolExecutor(threads or min(MAX_READ_THREADS, os.cpu_count() or 1))
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.traces import _sqlite
-from profkit.traces.schema import KERNEL_COLUMNS, conform
+from profkit.traces.schema import KERNEL_COLUMNS, STRING, conform
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -335,7 +335,7 @@ def _fill(out: np.ndarray, chunks: list[np.ndarray]) -> None:
 
 def _strings(values: list[str], codes: np.ndarray) -> pd.arrays.StringArray:
     """``values[codes]`` as a string array whose rows share the few distinct str objects."""
-    categories = pd.Index(np.array(values, dtype=object), dtype="string")
+    categories = pd.Index(np.array(values, dtype=object), dtype=STRING)
     if categories.has_duplicates:  # from_codes needs distinct categories
-        return pd.array(np.array(values, dtype=object)[codes], dtype="string")
-    return pd.Categorical.from_codes(codes, categories=categories).astype("string")
+        return pd.array(np.array(values, dtype=object)[codes], dtype=STRING)
+    return pd.Categorical.from_codes(codes, categories=categories).astype(STRING)
