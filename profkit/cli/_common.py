@@ -102,7 +102,10 @@ WarmupOpt = Annotated[list[int], typer.Option("--warmup", help="Untimed warm-up 
 StepsOpt = Annotated[int, typer.Option("--steps", help="Timed steps.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | mps.")]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table | md | csv | json.")]
-DbOpt = Annotated[Path, typer.Option("--db", help="Results database (SQLite), created if needed.")]
+DbOpt = Annotated[
+    Path,
+    typer.Option("--db", envvar="PROFKIT_DB", help="Results database (SQLite), created if needed."),
+]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the output to this file.")]
 
 COMPILE_CHOICES = {"no": (False,), "yes": (True,), "both": (False, True)}

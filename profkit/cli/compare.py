@@ -31,7 +31,9 @@ from profkit.results import DEFAULT_DB, check_writable
 FieldArg = Annotated[
     str, typer.Argument(help="The field that varies: dtype | compile | warmup | attention | mode.")
 ]
-ReadDbOpt = Annotated[Path, typer.Option("--db", help="Results database to read.")]
+ReadDbOpt = Annotated[
+    Path, typer.Option("--db", envvar="PROFKIT_DB", help="Results database to read.")
+]
 CompileFilterOpt = Annotated[
     str | None, typer.Option("--compile", help="no | yes | both (default: any).")
 ]

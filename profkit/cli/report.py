@@ -34,7 +34,10 @@ ProfilesOpt = Annotated[
 ReportDbOpt = Annotated[
     Path | None,
     typer.Option(
-        "--db", help="Results database (default: PROFILES/results.db).", show_default=False
+        "--db",
+        envvar="PROFKIT_DB",
+        help="Results database (default: PROFILES/results.db).",
+        show_default=False,
     ),
 ]
 ReportOutOpt = Annotated[
