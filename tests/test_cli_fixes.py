@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nsys_data import PROBE, SMALL_FP32, unpack
 from typer.testing import CliRunner
 
 from profkit.cli import app
@@ -16,7 +17,6 @@ from profkit.cli import app
 runner = CliRunner()
 DATA = Path(__file__).parent / "data"
 SNAPSHOT = DATA / "memory-tiny-ctx64-train-fp32.pickle.xz"
-NSYS_SQLITE = DATA / "nsys-2025.3-probe.sqlite"
 
 
 def invoke(*args: str | Path) -> Any:
@@ -37,3 +37,32 @@ def test_memory_summarize_unknown_device() -> None:
     one_error(invoke("memory", "summarize", SNAPSHOT, "--device", "5"), "no device 5; devices: 0")
     one_error(invoke("memory", "summarize", SNAPSHOT, "--device", "-1"), "no device -1")
     assert invoke("memory", "summarize", SNAPSHOT, "--device", "0").exit_code == 0
+
+
+def test_kernels_negative_tolerance_is_rejected_before_reading() -> None:
+    for value in ("-3", "nan"):
+        one_error(
+            invoke("kernels", "missing-a", "missing-b", "--compare", "--tolerance", value),
+            "--tolerance must be >= 0",
+        )
+
+
+def test_kernels_help_says_two_paths_compare() -> None:
+    result = invoke("kernels", "--help")
+    assert result.exit_code == 0
+    assert "Two or more paths compare" in " ".join(result.stdout.split())
+
+
+def test_kernels_unknown_phase_lists_only_phases_present(tmp_path: Path) -> None:
+    small = unpack(SMALL_FP32, tmp_path)
+    message = one_error(invoke("kernels", small, "--phase", "bogus"))
+    assert message.endswith("phases: forward, backward, optimizer\n"), message
+    # The probe capture has kernels outside every phase: there `unattributed` is a phase.
+    message = one_error(invoke("kernels", PROBE, "--phase", "bogus"))
+    assert message.endswith("phases: forward, backward, unattributed\n"), message
+    assert invoke("kernels", PROBE, "--phase", "unattributed").exit_code == 0
+
+
+def test_kernels_compressed_trace_says_decompress_first() -> None:
+    xz = DATA / f"{SMALL_FP32}.sqlite.xz"
+    one_error(invoke("kernels", xz), "is compressed; decompress it first (xz -d ")
