@@ -6,9 +6,12 @@ traceback, no half-done work), checked through the real CLI on real files.
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from nsys_data import PROBE, SMALL_FP32, unpack
 from typer.testing import CliRunner
 
@@ -66,3 +69,22 @@ def test_kernels_unknown_phase_lists_only_phases_present(tmp_path: Path) -> None
 def test_kernels_compressed_trace_says_decompress_first() -> None:
     xz = DATA / f"{SMALL_FP32}.sqlite.xz"
     one_error(invoke("kernels", xz), "is compressed; decompress it first (xz -d ")
+
+
+def test_nsys_dry_run_json_without_nsys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nsys anywhere
+    monkeypatch.delenv("PROFKIT_NSYS", raising=False)
+    python = sys.executable
+    result = invoke("nsys", "--dry-run", "--format", "json", "--", python, "t.py", "-x")
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["argv"][:2] == ["nsys", "profile"] and plan["argv"][-3:] == [python, "t.py", "-x"]
+    assert plan["nsys_found"] is False
+    assert plan["files"]["sqlite"] == "profiles/t.sqlite"
+    assert plan["files"]["markdown"] == "reports/t.md"
+    assert result.stderr == "note: nsys is not on PATH; the command shows it as `nsys`\n"
+    text = invoke("nsys", "--dry-run", "--", python, "t.py")
+    assert text.exit_code == 0 and text.stdout.startswith(
+        "nsys profile --output=profiles/t.nsys-rep"
+    )
+    assert not (tmp_path / "profiles").exists() and not Path("profiles/t.sqlite").exists()
