@@ -56,7 +56,9 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
         raise BadInput(f"{path} is a directory; give a trace file ({SUPPORTED})")
     name = path.name.lower()
     for suffix, tool in ((".xz", "xz -d"), (".bz2", "bzip2 -d"), (".zst", "zstd -d")):
-        if name.endswith(suffix):
+        inner = name.removesuffix(suffix)
+        known = (*READERS, *PLUGINS, *NSYS_REPORT_SUFFIXES)
+        if inner != name and inner.endswith(known):  # a trace, compressed: say what to do
             raise BadInput(f"{path} is compressed; decompress it first ({tool} {path})")
     if name.endswith(NSYS_REPORT_SUFFIXES):
         return read_nsys_sqlite(_export(path, nsys))
