@@ -14,6 +14,7 @@ import typer.core
 
 from profkit.config import WorkloadConfig
 from profkit.errors import ProfkitError
+from profkit.files import check_writable
 from profkit.render import err_console
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -71,6 +72,9 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
+                # Every command's --out is checked before its work, not when it is written.
+                if isinstance(kw.get("out"), Path):
+                    check_writable(kw["out"])
                 return fn(*args, **kw)
             except ProfkitError as exc:
                 err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
