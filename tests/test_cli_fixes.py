@@ -88,3 +88,98 @@ def test_nsys_dry_run_json_without_nsys(tmp_path: Path, monkeypatch: pytest.Monk
         "nsys profile --output=profiles/t.nsys-rep"
     )
     assert not (tmp_path / "profiles").exists() and not Path("profiles/t.sqlite").exists()
+
+
+# --- bad output paths are caught before the work ----------------------------------------------
+
+PROC = Path("/proc")
+needs_proc = pytest.mark.skipif(not PROC.is_dir(), reason="needs Linux /proc (unwritable as root)")
+
+
+@needs_proc
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "--size", "tiny", "--out", "/proc/x.md"],
+        ["attention", "--d-head", "16", "--seq", "16", "--db", "/proc/x.db"],
+        ["demo", "--report", "/proc/x.md"],
+        ["sizes", "--out", "/proc/x.csv"],
+        ["doctor", "--out", "/proc/x.md"],
+    ],
+)
+def test_unwritable_paths_fail_before_any_work(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = [*args, "--db", str(tmp_path / "r.db")] if args[0] == "bench" else args
+    args = [*args, "--profiles", str(tmp_path / "p")] if args[0] == "demo" else args
+    one_error(invoke(*args), "cannot write /proc/x.")
+    assert list(tmp_path.iterdir()) == []  # no DB, no profiles, no report
+
+
+def test_a_parent_that_is_a_file_is_named(tmp_path: Path) -> None:
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file\n")
+    one_error(
+        invoke("sizes", "--out", blocker / "sub" / "x.md"),
+        f"its parent {blocker} is a file, not a directory",
+    )
+    one_error(
+        invoke("compare", "dtype", "--db", tmp_path),
+        f"{tmp_path} is a directory, not a results database",
+    )
+
+
+def test_demo_unknown_device_before_any_step(tmp_path: Path) -> None:
+    result = invoke("demo", "--device", "tpu", "--profiles", tmp_path / "p", "--report", "r.md")
+    one_error(result, "unknown --device 'tpu'; choose one of: auto, cpu, cuda, mps")
+    assert not (tmp_path / "p").exists()
+
+
+def test_interrupted_sweep_leaves_no_empty_db(tmp_path: Path) -> None:
+    from profkit.bench import bench
+    from profkit.config import WorkloadConfig
+    from profkit.results import record, rows
+
+    def stop(_index: int, _config: WorkloadConfig) -> None:
+        raise KeyboardInterrupt
+
+    db = tmp_path / "profiles" / "results.db"
+    with pytest.raises(KeyboardInterrupt):
+        bench([WorkloadConfig(size="tiny", device="cpu")], db, on_start=stop)
+    assert not db.exists()
+    record(db, "notes", {"x": 1})  # a DB with rows is kept by the same interruption
+    with pytest.raises(KeyboardInterrupt):
+        bench([WorkloadConfig(size="tiny", device="cpu")], db, on_start=stop)
+    assert rows(db, "notes") == [{"x": 1}]
+
+
+# --- errors are one line: no blank line left by a progress bar ----------------------------------
+
+no_cuda = pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks the no-CUDA message"
+)
+
+
+@no_cuda
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["torch", "--size", "tiny", "--device", "cuda"], "--device cuda: no CUDA device"),
+        (["memory", "capture", "--size", "tiny"], "memory snapshots need a CUDA device"),
+        (["attention", "--d-head", "16", "--seq", "16", "--device", "cuda"], "no CUDA device"),
+    ],
+)
+def test_no_cuda_errors_are_one_line(
+    args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    one_error(invoke(*args), message)
+
+
+@needs_proc
+def test_torch_unwritable_out_dir_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    one_error(invoke("torch", "--size", "tiny", "--out-dir", "/proc/x"), "/proc/x")

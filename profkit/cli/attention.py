@@ -90,6 +90,8 @@ def attention(
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
+        # Off a terminal the bar is off: a transient bar there leaves a blank line on stderr.
+        disable=not err_console.is_terminal,
     ) as progress:
         task = progress.add_task("attention", total=len(settings.cells()))
 
