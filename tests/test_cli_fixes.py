@@ -183,3 +183,10 @@ def test_torch_unwritable_out_dir_is_one_line(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     one_error(invoke("torch", "--size", "tiny", "--out-dir", "/proc/x"), "/proc/x")
+
+
+def test_flags_render_as_flags_in_help() -> None:
+    result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "<bool>" not in result.stdout
+    assert "<list[str]>" in result.stdout  # options that take values keep their type

@@ -29,6 +29,20 @@ class ListOptionsCommand(typer.core.TyperCommand):
     Values run until the next option or ``--``.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            # Typer's help gives every option a type column; a flag takes no value, so
+            # `--bf16 <bool>` would read as if it wanted one.
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""  # --help is a flag too
+        return option
+
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         multi = {
             name
