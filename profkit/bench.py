@@ -180,8 +180,8 @@ def bench(
     if not configs:
         raise BadInput("no configs to run")
     devices = resolve_devices(configs)
-    db = results.open_db(db_path)
-    try:
+    # Closed on the way out; a DB file that got no row (Ctrl-C first) is removed again.
+    with results.opened(db_path) as db:
         env = environment()
         tf32 = flops.tf32_enabled()
         run_id = f"{env['timestamp_utc']}-{uuid.uuid4().hex[:8]}"
@@ -207,8 +207,6 @@ def bench(
             if on_row:
                 on_row(index, row, False)
         return rows
-    finally:
-        db.conn.close()
 
 
 # The table a user reads: label column -> (row field, scale). Config columns are added only

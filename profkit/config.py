@@ -126,6 +126,8 @@ def resolve_device(name: str) -> str:
     """Turn ``auto`` into a concrete device and check that an explicit one exists here."""
     import torch
 
+    if name not in DEVICES:
+        raise BadInput(f"unknown --device {name!r}; choose one of: {', '.join(DEVICES)}")
     if name == "auto":
         if torch.cuda.is_available():
             return "cuda"

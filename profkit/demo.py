@@ -22,8 +22,9 @@ from profkit import bench as bench_lib
 from profkit import specs
 from profkit.config import WorkloadConfig, resolve_device
 from profkit.environment import environment
+from profkit.files import check_writable
 from profkit.render import markdown_table, write_text
-from profkit.results import check_writable
+from profkit.results import check_db
 
 SweepHooks = tuple[bench_lib.StartHook | None, bench_lib.RowHook | None]
 SweepProgress = Callable[[Sequence[WorkloadConfig]], AbstractContextManager[SweepHooks]]
@@ -209,11 +210,11 @@ def demo(
 ) -> DemoResult:
     """Run every demo step and write the markdown report; returns where everything went."""
     check_writable(report_path)
-    check_writable(profiles_dir / "results.db")
+    check_db(profiles_dir / "results.db")
     ctx = DemoContext(
         profiles_dir=profiles_dir,
         report_path=report_path,
-        device=resolve_device(device),
+        device=resolve_device(device),  # an unknown or absent device stops us here
         sweep_progress=sweep_progress,
         env=environment(),
     )

@@ -11,6 +11,7 @@ Failures keep every file already written and say which.
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -67,6 +68,23 @@ class Plan:
     nsys_argv: list[str]
     files: RunFiles
     builtin: bool
+    nsys_found: bool = True
+    """False when a dry run found no nsys and shows the bare name ``nsys`` instead."""
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``--dry-run --format json`` prints: the argv and the files a run writes."""
+        files = self.files
+        return {
+            "argv": self.argv,
+            "nsys_found": self.nsys_found,
+            "files": {
+                "report": str(files.report),
+                "sqlite": str(files.sqlite),
+                "sidecar": str(files.sidecar),
+                "log": str(files.log),
+                "markdown": str(files.markdown),
+            },
+        }
 
 
 def plan(
@@ -77,13 +95,24 @@ def plan(
     options: NsysOptions | None = None,
     nsys: str | Path | None = None,
     result_path: Path | None = None,
+    require_nsys: bool = True,
 ) -> Plan:
-    """Resolve nsys and build the whole argv (what ``--dry-run`` prints)."""
+    """Resolve nsys and build the whole argv (what ``--dry-run`` prints).
+
+    With ``require_nsys=False`` (a dry run) an nsys missing from PATH shows as ``nsys``
+    (``Plan.nsys_found`` is False); one named by ``nsys`` or $PROFKIT_NSYS must still exist.
+    """
     options = options or NsysOptions()
     builtin = isinstance(target, WorkloadConfig)
     program = None if isinstance(target, WorkloadConfig) else check_program(target)
     files = RunFiles(check_name(name or default_name(target)), out_dir, reports_dir)
-    exe = find_nsys(nsys)
+    found = True
+    try:
+        exe = find_nsys(nsys)
+    except MissingTool:
+        if require_nsys or nsys or os.environ.get("PROFKIT_NSYS"):
+            raise
+        exe, found = Path("nsys"), False
     nsys_argv = profile_argv(exe, files.report, options, builtin)
     if isinstance(target, WorkloadConfig):
         result = result_path or placeholder_result_path()
@@ -91,7 +120,7 @@ def plan(
     else:
         assert program is not None
         argv = [*nsys_argv, *program]
-    return Plan(argv, nsys_argv, files, builtin)
+    return Plan(argv, nsys_argv, files, builtin, found)
 
 
 def profile(

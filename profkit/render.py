@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from profkit.errors import BadInput
+from profkit.files import check_writable
 
 FORMATS = ("table", "md", "csv", "json")
 
@@ -111,6 +112,7 @@ def write_text(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     except OSError as exc:
+        check_writable(path)  # says why when it can (a parent that is a file, ...)
         raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
 
 

@@ -8,7 +8,6 @@ writes the ``bench`` table. The default database is ``profiles/results.db``.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ import sqlite_utils
 
 from profkit.config import WorkloadConfig
 from profkit.errors import BadInput
+from profkit.files import check_writable
 
 DEFAULT_DB = Path("profiles/results.db")
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -31,20 +31,6 @@ KEY_FIELDS = (
 )  # fmt: skip
 
 
-def check_writable(path: Path) -> None:
-    """Fail early (before any work) if ``path`` cannot be created or written."""
-    if path.is_dir():
-        raise BadInput(f"cannot write {path}: it is a directory")
-    parent = path.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
-    target = path if path.exists() else parent
-    if not os.access(target, os.W_OK):
-        raise BadInput(f"cannot write {path}: permission denied")
-
-
 def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:
     """Open a results database (created if ``write``), or raise one clear :class:`BadInput`.
 
@@ -52,8 +38,11 @@ def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:
     corrupt database.
     """
     path = Path(path)
+    if path.is_dir():
+        raise BadInput(f"{path} is a directory, not a results database (give the .db file)")
     if write:
         check_writable(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.is_file():
         raise BadInput(f"no results database at {path}")
     if path.exists() and path.stat().st_size:
@@ -77,11 +66,31 @@ def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:
 @contextmanager
 def opened(path: Path | str, write: bool = True) -> Iterator[sqlite_utils.Database]:
     """:func:`open_db` as a context manager that closes the connection."""
+    path = Path(path)
+    new = write and not path.exists()
     db = open_db(path, write)
     try:
         yield db
     finally:
         db.conn.close()
+        # Opening creates the file; one that never got a row (Ctrl-C before the first run
+        # finished) would only be a 0-byte file that later reads as "no results".
+        if new and path.is_file() and path.stat().st_size == 0:
+            path.unlink(missing_ok=True)
+
+
+def check_db(path: Path | str) -> None:
+    """Fail early (before any work) if ``path`` cannot serve as a results database.
+
+    An existing file must be a sound SQLite database; a new one must be creatable (it is
+    not created: the first finished row creates it).
+    """
+    path = Path(path)
+    if path.exists():
+        with opened(path):
+            pass
+    else:
+        check_writable(path)
 
 
 def config_key(config: WorkloadConfig, device: str, gpu_name: str | None = None) -> str:

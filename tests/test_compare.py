@@ -251,9 +251,8 @@ def test_nothing_to_compare_is_one_line_and_exit_2(args: list[str], message: str
 
 
 def test_missing_empty_and_wrong_kind_dbs(tmp_path: Path) -> None:
-    empty = tmp_path / "empty.db"
-    with results.opened(empty):
-        pass
+    empty = tmp_path / "empty.db"  # a results DB without a bench table
+    results.record(empty, "notes", {"x": 1})
     text = tmp_path / "notes.db"
     text.write_text("not a database")
     for db, message in [

@@ -137,9 +137,17 @@ def analyze(
 
 
 def _phase_index(att: Attribution, phase: str) -> int:
-    lowered = [p.lower() for p in att.phase_names]
+    # The last name is the catch-all ``unattributed``: offered only when some kernel has it.
+    last = len(att.phase_names) - 1
+    present = [
+        name
+        for index, name in enumerate(att.phase_names)
+        if index < last or bool((att.kernel_phase == last).any())
+    ]
+    lowered = [p.lower() for p in present]
     if phase.lower() not in lowered:
-        raise BadInput(f"no phase {phase!r} in this trace; phases: {', '.join(att.phase_names)}")
+        listed = ", ".join(present) or "none"
+        raise BadInput(f"no phase {phase!r} in this trace; phases: {listed}")
     return lowered.index(phase.lower())
 
 

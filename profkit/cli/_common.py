@@ -14,6 +14,7 @@ import typer.core
 
 from profkit.config import WorkloadConfig
 from profkit.errors import ProfkitError
+from profkit.files import check_writable
 from profkit.render import err_console
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -27,6 +28,20 @@ class ListOptionsCommand(typer.core.TyperCommand):
     as in every course report, so the argv is rewritten into the latter before parsing.
     Values run until the next option or ``--``.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            # Typer's help gives every option a type column; a flag takes no value, so
+            # `--bf16 <bool>` would read as if it wanted one.
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""  # --help is a flag too
+        return option
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         multi = {
@@ -71,6 +86,9 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
+                # Every command's --out is checked before its work, not when it is written.
+                if isinstance(kw.get("out"), Path):
+                    check_writable(kw["out"])
                 return fn(*args, **kw)
             except ProfkitError as exc:
                 err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)

@@ -20,7 +20,7 @@ from profkit.cli._common import (
     compile_values,
 )
 from profkit.render import check_format, emit_tables, err_console
-from profkit.results import DEFAULT_DB, check_writable
+from profkit.results import DEFAULT_DB, check_db
 from profkit.studies import attention_tables
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def attention(
     from profkit.studies.attention_runner import run_attention
 
     check_format(fmt)
-    check_writable(db)
+    check_db(db)
     settings = AttentionSettings(
         d_heads=tuple(dict.fromkeys(d_head)) or DEFAULT_D_HEADS,
         seqs=tuple(dict.fromkeys(seq)) or DEFAULT_SEQS,
@@ -90,6 +90,8 @@ def attention(
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
+        # Off a terminal the bar is off: a transient bar there leaves a blank line on stderr.
+        disable=not err_console.is_terminal,
     ) as progress:
         task = progress.add_task("attention", total=len(settings.cells()))
 

@@ -43,7 +43,7 @@ from profkit.cli.compare import render_comparison
 from profkit.config import WorkloadConfig
 from profkit.errors import BadInput
 from profkit.render import check_format, emit_tables, err_console
-from profkit.results import DEFAULT_DB, check_writable, opened
+from profkit.results import DEFAULT_DB, check_db
 
 ResumeOpt = Annotated[
     bool, typer.Option("--resume", help="Skip configs the DB already holds (ok or oom).")
@@ -143,8 +143,6 @@ def bench(
     Example: profkit bench --size small medium --ctx 128 256 --mode forward train --bf16
     """
     check_format(fmt)
-    if out is not None:
-        check_writable(out)
     if timeout is not None and timeout <= 0:
         raise BadInput(f"--timeout must be positive, got {timeout:g}")
     configs = workload_configs(
@@ -154,8 +152,7 @@ def bench(
         compare_lib.check_sweep(compare, (getattr(c, compare, None) for c in configs))
     # `--device cuda` without CUDA, a corrupt DB: one line, before the bar or any child.
     bench_lib.resolve_devices(configs)
-    with opened(db):
-        pass
+    check_db(db)
     with sweep_progress(configs) as (on_start, on_row):
         rows = bench_lib.bench(configs, db, resume, timeout, on_start, on_row)
     err_console.print(f"results database: {db}", highlight=False)

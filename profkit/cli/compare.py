@@ -26,7 +26,7 @@ from profkit.cli._common import (
 )
 from profkit.errors import BadInput
 from profkit.render import check_format, emit_tables, err_console
-from profkit.results import DEFAULT_DB, check_writable
+from profkit.results import DEFAULT_DB
 
 FieldArg = Annotated[
     str, typer.Argument(help="The field that varies: dtype | compile | warmup | attention | mode.")
@@ -86,8 +86,6 @@ def compare(
     """
     compare_lib.check_field(field)
     check_format(fmt)
-    if out is not None:
-        check_writable(out)
     filters: dict[str, Sequence[Any]] = {
         "size": size, "ctx": ctx, "batch": batch, "mode": mode, "dtype": dtype,
         "compile": compile_values(compile) if compile is not None else (),

@@ -10,13 +10,15 @@ import typer
 from profkit import analysis
 from profkit.cli import app
 from profkit.cli._common import FormatOpt, OutOpt, command
+from profkit.errors import BadInput
 from profkit.render import check_format, console, emit_tables, err_console, write_text
 
 PathArg = Annotated[
     list[Path],
     typer.Argument(
         help="Trace file(s): Nsight Systems .sqlite or .nsys-rep (exported with nsys and cached "
-        "beside it), or a torch.profiler Chrome trace .json[.gz].",
+        "beside it), or a torch.profiler Chrome trace .json[.gz]. Two or more paths compare "
+        "them (as with --compare).",
         show_default=False,
     ),
 ]
@@ -42,11 +44,12 @@ CompareOpt = Annotated[
     typer.Option(
         "--compare",
         help="Several traces of one config (e.g. nsys .sqlite and torch .json.gz): phase "
-        "times per step side by side, each against the first.",
+        "times per step side by side, each against the first. Implied by two or more paths.",
     ),
 ]
 ToleranceOpt = Annotated[
-    float, typer.Option("--tolerance", help="With --compare: agreement threshold in %.")
+    float,
+    typer.Option("--tolerance", help="With --compare: agreement threshold in % (>= 0)."),
 ]
 
 
@@ -64,9 +67,11 @@ def kernels(
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
-    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md).
+    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). Two or more traces are compared side by side (`--compare`).
     """
     check_format(fmt)
+    if not tolerance >= 0:  # also catches nan
+        raise BadInput(f"--tolerance must be >= 0 (a percentage); got {tolerance:g}")
     paths = list(path)
     if compare or len(paths) > 1:
         _compare(paths, top, phase, range_, nsys, tolerance, fmt, out)
@@ -99,7 +104,6 @@ def _compare(
     out: Path | None,
 ) -> None:
     from profkit.crosscheck import compare_phases, per_step
-    from profkit.errors import BadInput
 
     if len(paths) < 2:
         raise BadInput("--compare needs two or more traces (e.g. run.sqlite run.json.gz)")

@@ -119,7 +119,10 @@ class _progress:
         from rich.progress import Progress
 
         self.total = total
-        self.bar = Progress(console=err_console, transient=True)
+        # Off a terminal the bar is off: a transient bar there leaves a blank line on stderr.
+        self.bar = Progress(
+            console=err_console, transient=True, disable=not err_console.is_terminal
+        )
         self.task = self.bar.add_task("memory", total=total)
 
     def __enter__(self) -> Any:

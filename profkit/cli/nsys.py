@@ -106,7 +106,12 @@ FormatOpt = Annotated[
     ),
 ]
 DryRunOpt = Annotated[
-    bool, typer.Option("--dry-run", help="Print the exact nsys command line and exit.")
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print the exact nsys command line and exit (with --format json: its argv and "
+        "the files a run writes). Needs no nsys installed.",
+    ),
 ]
 
 
@@ -166,7 +171,14 @@ def nsys(
         )
         target = single_config(configs, "nsys")
     if dry_run:
-        print(shlex.join(nsys_lib.plan(target, name, out_dir, options=options, nsys=nsys).argv))
+        plan = nsys_lib.plan(target, name, out_dir, options=options, nsys=nsys, require_nsys=False)
+        if not plan.nsys_found:
+            err_console.print(
+                "note: nsys is not on PATH; the command shows it as `nsys`",
+                highlight=False,
+                soft_wrap=True,
+            )
+        print(dumps(plan.to_json()) if fmt == "json" else shlex.join(plan.argv))
         return
     try:
         if program:  # the program's own output streams through (to stderr: stdout is ours)

@@ -125,7 +125,11 @@ def torch_(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=err_console, transient=True) as progress:
+    # Off a terminal the bar is off: a transient bar there leaves a blank line on stderr.
+    bar = Progress(
+        *columns, console=err_console, transient=True, disable=not err_console.is_terminal
+    )
+    with bar as progress:
         tasks: dict[str, TaskID] = {}
 
         def on_step(run_mode: str, done: int, total: int) -> None:
@@ -140,4 +144,4 @@ def torch_(
     for warning in result.warnings:
         err_console.print(f"[yellow]note:[/] {warning}", highlight=False)
     written = [str(run.trace_path) for run in result.runs] + [str(result.report_path)]
-    err_console.print(f"wrote {', '.join(written)}", highlight=False)
+    err_console.print(f"wrote {', '.join(written)}", highlight=False, soft_wrap=True)

@@ -24,7 +24,7 @@ from profkit.errors import BadInput, MissingTool
 from profkit.memory.recorder import DEFAULT_MAX_ENTRIES, STACKS
 from profkit.memory.snapshot import sidecar_path
 from profkit.memory.summary import GIB, residual_stream_bytes
-from profkit.results import DEFAULT_DB, check_writable, record
+from profkit.results import DEFAULT_DB, check_db, record
 
 PHASE_COLUMNS = {
     "model_bytes": "after model creation",
@@ -81,7 +81,7 @@ def capture(
     finishes, so an interrupted sweep keeps every finished config.
     """
     check_capture(configs, max_entries, stacks)
-    check_writable(db_path)
+    check_db(db_path)
     if name is not None and (not name or "/" in name or name.startswith(".")):
         raise BadInput(f"--name {name!r}: give a plain file name (no '/')")
     try:

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from profkit.errors import BadInput
+
 # The CUDA caching allocator rounds every request up to a multiple of this (kMinBlockSize).
 BLOCK_ROUND_BYTES = 512
 # Requests up to this come from the small pool; a large block is split only when more
@@ -119,10 +121,26 @@ def pick_device(snapshot: dict[str, Any]) -> int:
     return int(devices[0]) if devices else 0
 
 
+def snapshot_devices(snapshot: dict[str, Any]) -> list[int]:
+    """The devices a snapshot has anything for: trace events or segments."""
+    traces = snapshot.get("device_traces") or []
+    found = {d for d, t in enumerate(traces) if t}
+    found |= {int(s.get("device", 0)) for s in snapshot["segments"]}
+    return sorted(found)
+
+
 def reconstruct(snapshot: dict[str, Any], device: int | None = None) -> Timeline:
-    """Rebuild the allocations and the allocated/reserved memory of every traced state."""
+    """Rebuild the allocations and the allocated/reserved memory of every traced state.
+
+    Raises :class:`BadInput` for a ``device`` the snapshot has nothing for.
+    """
     if device is None:
         device = pick_device(snapshot)
+    else:
+        devices = snapshot_devices(snapshot)
+        if device not in devices:
+            listed = ", ".join(map(str, devices)) or "none"
+            raise BadInput(f"snapshot has no device {device}; devices: {listed}")
     traces = snapshot.get("device_traces") or []
     events: list[dict[str, Any]] = traces[device] if device < len(traces) else []
     segments = [s for s in snapshot["segments"] if s.get("device", device) == device]

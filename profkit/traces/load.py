@@ -55,6 +55,11 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
     if path.is_dir():
         raise BadInput(f"{path} is a directory; give a trace file ({SUPPORTED})")
     name = path.name.lower()
+    for suffix, tool in ((".xz", "xz -d"), (".bz2", "bzip2 -d"), (".zst", "zstd -d")):
+        inner = name.removesuffix(suffix)
+        known = (*READERS, *PLUGINS, *NSYS_REPORT_SUFFIXES)
+        if inner != name and inner.endswith(known):  # a trace, compressed: say what to do
+            raise BadInput(f"{path} is compressed; decompress it first ({tool} {path})")
     if name.endswith(NSYS_REPORT_SUFFIXES):
         return read_nsys_sqlite(_export(path, nsys))
     if _starts_with(path, SQLITE_MAGIC):
