@@ -122,6 +122,15 @@ def test_h100_pictures_are_real_pngs(h100_report: tuple[Path, str, Any]) -> None
         assert_png(out.parent / name)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _default_db_under_profiles() -> Any:
+    """These tests use the default DB, PROFILES/results.db, of their own temp profiles
+    dirs; the session's PROFKIT_DB (conftest) would send them all to one shared DB."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("PROFKIT_DB", raising=False)
+        yield
+
+
 # --- a real tiny CPU sweep, made by --run ---------------------------------------------
 
 
