@@ -143,11 +143,22 @@ def _capabilities(found: dict[str, bool]) -> list[Capability]:
             "precision",
             ready if cuda else partial,
             "CUDA for fp16/bf16 autocast",
-            "" if cuda else "accumulate, and bf16 autocast on CPU only",
+            "" if cuda else "accumulate, and fp16/bf16 autocast on the CPU only",
         ),
-        Capability("diff", ready, "-", ""),
+        Capability("compare", ready, "a results DB", "reads rows that bench wrote"),
+        Capability("diff", ready, "-", "nsys exports and Chrome traces, any mix"),
         Capability(
-            "report", ready if mpl else partial, "matplotlib", "" if mpl else "tables, no plots"
+            "report",
+            ready if mpl else partial,
+            "matplotlib; CUDA (and nsys) for all of --run",
+            "; ".join(
+                note
+                for note, applies in (
+                    ("tables, no plots", not mpl),
+                    ("--run measures a CPU subset (no nsys, no memory)", not cuda),
+                )
+                if applies
+            ),
         ),
         Capability("demo", ready, "-", f"runs on {device}"),
     ]

@@ -29,7 +29,7 @@ def one_thread_children() -> Iterator[None]:
 
 COMMANDS = [
     "sizes", "bench", "nsys", "torch", "kernels", "memory",
-    "attention", "precision", "diff", "report", "demo",
+    "attention", "precision", "compare", "diff", "report", "demo",
 ]  # fmt: skip
 
 

@@ -505,3 +505,18 @@ def test_recorder_dumps_the_snapshot_after_an_oom(
     assert path.exists()  # the snapshot users need most
     assert fake.calls[-1][0] is None  # and recording was switched off
     assert result["memory"]["phase_marks"][-1]["phase"] == "backward"  # died in the optimizer
+
+
+def test_plotted_stack_at_the_peak_is_the_whole_peak() -> None:
+    """The stacked bands of `memory plot` at the peak add up to the requested peak
+    (the label shows the allocated peak, rounded up to allocator blocks)."""
+    from profkit.memory.plot import _drawn_total
+    from profkit.memory.snapshot import load_snapshot
+    from profkit.memory.timeline import reconstruct
+
+    timeline = reconstruct(load_snapshot(DATA / "memory-tiny-ctx64-train-fp32.pickle.xz"))
+    peak = timeline.peak_state
+    drawn = sorted(timeline.allocations, key=lambda a: -a.size)[:2000]
+    assert _drawn_total(drawn, timeline.events)[peak] == timeline.requested_bytes[peak]
+    assert timeline.requested_bytes[peak] == 118_936_328
+    assert timeline.allocated_bytes[peak] == 119_432_704  # = max_memory_allocated at capture
