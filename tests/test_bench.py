@@ -7,6 +7,7 @@ on the CPU with the tiny model.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -132,9 +133,12 @@ def test_a_killed_config_becomes_an_error_row_and_the_sweep_goes_on(tmp_path: Pa
 
 def test_interrupted_sweep_keeps_finished_rows(tmp_path: Path) -> None:
     db = tmp_path / "results.db"
+    # A warm-up count unique to this run: the orphan check below must not see another
+    # session's test children on a shared machine.
+    endless = str(int(ENDLESS_WARMUP) + os.getpid() % 100_000)
     argv = [
         sys.executable, "-m", "profkit", "bench", *FAST, "--mode", "forward",
-        "--warmup", "0", ENDLESS_WARMUP, "--db", str(db),
+        "--warmup", "0", endless, "--db", str(db),
     ]  # fmt: skip
     proc = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -161,7 +165,7 @@ def test_interrupted_sweep_keeps_finished_rows(tmp_path: Path) -> None:
             text = cmdline.read_bytes().decode(errors="replace")
         except OSError:
             continue
-        assert f'"warmup": {ENDLESS_WARMUP}' not in text, f"orphaned child {cmdline.parent.name}"
+        assert f'"warmup": {endless}' not in text, f"orphaned child {cmdline.parent.name}"
 
 
 @pytest.mark.parametrize(
