@@ -116,6 +116,20 @@ def write_text(path: Path, text: str) -> None:
         raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+_SUFFIX_FORMATS = {".csv": "csv", ".json": "json", ".md": "md", ".markdown": "md"}
+
+
+def file_format(fmt: str, out: Path | None) -> str:
+    """The format to write: ``--out x.csv`` (or .json, .md) without ``--format`` means that.
+
+    ``table`` is for terminals; written to a file it becomes the suffix's format, or
+    markdown. An explicit ``--format`` always wins.
+    """
+    if fmt != "table" or out is None:
+        return fmt
+    return _SUFFIX_FORMATS.get(out.suffix.lower(), "md")
+
+
 def emit_tables(
     tables: Sequence[tuple[str, pd.DataFrame]],
     fmt: str,
@@ -128,7 +142,7 @@ def emit_tables(
     ``json_value`` is what ``--format json`` prints (the command's contract); when it is
     None the tables themselves are printed as a JSON object keyed by title.
     """
-    check_format(fmt)
+    fmt = file_format(check_format(fmt), out)
     if fmt == "json":
         value = json_value if json_value is not None else {t: df for t, df in tables}
         text = dumps(value) + "\n"

@@ -21,3 +21,25 @@ def test_per_step_counts_keep_their_fractions() -> None:
     table = compare_phases([("a", a), ("b", b)])
     assert table["a kernels"].tolist() == [18.8, 18.8]
     assert table["b kernels"].dtype == "int64"
+
+
+def test_out_suffix_picks_the_format_unless_format_is_given(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from profkit.cli import app
+    from profkit.render import file_format
+
+    runner = CliRunner()
+    for name, check in (
+        ("s.csv", lambda t: t.startswith("size,d_model,")),
+        ("s.json", lambda t: json.loads(t)[1]["params"] == 128_625_408),
+        ("s.md", lambda t: t.startswith("### Model sizes")),
+        ("s.txt", lambda t: t.startswith("### Model sizes")),  # unknown suffix: markdown
+    ):
+        out = tmp_path / name
+        assert runner.invoke(app, ["sizes", "--out", str(out)]).exit_code == 0
+        assert check(out.read_text()), name
+    assert file_format("md", tmp_path / "x.csv") == "md"  # an explicit --format wins
+    assert file_format("table", None) == "table"

@@ -16,6 +16,7 @@ from profkit.render import (
     console,
     emit_tables,
     err_console,
+    file_format,
     markdown_table,
     write_text,
 )
@@ -65,7 +66,8 @@ def diff(
     with err_console.status(f"reading {paths[0].name} and {paths[1].name}"):
         result = diff_lib.diff(paths[0], paths[1], per_step=per_step, top=top, nsys=nsys)
     tables = result.display_tables()
-    if fmt == "md" or (fmt == "table" and out is not None):
+    fmt = file_format(fmt, out)
+    if fmt == "md":
         text = "\n\n".join(
             ["# profkit diff", "\n".join(f"- {line}" for line in result.lines())]
             + [f"## {title}\n\n{markdown_table(df, DIGITS)}" for title, df in tables]

@@ -11,7 +11,7 @@ from profkit import analysis
 from profkit.cli import app
 from profkit.cli._common import FormatOpt, OutOpt, command
 from profkit.errors import BadInput
-from profkit.render import check_format, console, emit_tables, err_console, write_text
+from profkit.render import check_format, console, emit_tables, err_console, file_format, write_text
 
 PathArg = Annotated[
     list[Path],
@@ -79,7 +79,8 @@ def kernels(
     single = paths[0]
     with err_console.status(f"reading {single.name}"):
         report = analysis.kernels(single, top=top, phase=phase, range=range_, nsys=nsys)
-    if fmt == "md" or (fmt == "table" and out is not None):
+    fmt = file_format(fmt, out)
+    if fmt == "md":
         text = analysis.kernel_report_markdown(report, title=f"Kernels of {single.name}")
         if out is None:
             print(text, end="")
