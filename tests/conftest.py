@@ -15,6 +15,10 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Child processes (sweeps, nsys, report --run) use one intra-op thread: on a busy
+    # 2-core CI box, OpenMP threads that outnumber the free cores make each step 10x
+    # slower. torch in this process is already imported, so only children see it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Commands default to profiles/results.db in the working directory; keep test runs
     # (and the child processes they start) from writing into the checkout.
     if "PROFKIT_DB" not in os.environ:

@@ -44,6 +44,23 @@ def unpack(name: str, into: Path) -> Path:
     return target
 
 
+def sql_activity_totals(path: Path) -> tuple[int, int]:
+    """(count, summed ns) of every kernel, copy and memset in an export, by plain SQL:
+    an answer independent of profkit's reader to check its totals against."""
+    with sqlite3.connect(path) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        rows = [
+            db.execute(f"SELECT count(*), sum(end - start) FROM {table}").fetchone()
+            for table in (
+                "CUPTI_ACTIVITY_KIND_KERNEL",
+                "CUPTI_ACTIVITY_KIND_MEMCPY",
+                "CUPTI_ACTIVITY_KIND_MEMSET",
+            )
+            if table in tables  # nsys writes no table for a kind that never happened
+        ]
+    return sum(r[0] for r in rows), sum(r[1] or 0 for r in rows)
+
+
 class Export:
     """A minimal nsys-like SQLite export built row by row (times in ns)."""
 

@@ -13,7 +13,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +31,6 @@ FAST = ["--size", "tiny", "--ctx", "16", "--steps", "2", "--device", "cpu"]
 ENDLESS_WARMUP = "987654321"
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread_children() -> Iterator[None]:
-    """Children use one intra-op thread: on a busy 2-core CI box, OpenMP threads that
-    outnumber the free cores make each step 10x slower (oversubscription)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        yield
 
 
 def invoke(*args: str) -> Any:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nsys_data import DATA, SMALL_BF16, SMALL_FP32, unpack
+from nsys_data import DATA, SMALL_BF16, SMALL_FP32, sql_activity_totals, unpack
 from typer.testing import CliRunner
 
 from profkit.analysis.diff import match_key
@@ -46,22 +46,6 @@ def sql(path: Path, query: str) -> Any:
         return conn.execute(query).fetchone()
 
 
-def activity(path: Path) -> tuple[int, int]:
-    """(count, summed ns) of every kernel, copy and memset in the export."""
-    with sqlite3.connect(path) as conn:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        rows = [
-            conn.execute(f"SELECT COUNT(*), SUM(end - start) FROM {t}").fetchone()
-            for t in (
-                "CUPTI_ACTIVITY_KIND_KERNEL",
-                "CUPTI_ACTIVITY_KIND_MEMCPY",
-                "CUPTI_ACTIVITY_KIND_MEMSET",
-            )
-            if t in tables
-        ]
-    return sum(r[0] for r in rows), sum(r[1] for r in rows)
-
-
 def names(path: Path) -> set[str]:
     with sqlite3.connect(path) as conn:
         return {r[0] for r in conn.execute(f"SELECT DISTINCT name FROM ({KERNELS})")}
@@ -87,7 +71,7 @@ def test_fp32_vs_bf16_phases_categories_and_kernels(exports: dict[str, Path]) ->
     assert out["a"]["path"] == str(fp32) and out["a"]["format"] == "nsys-sqlite"
     assert out["a"]["steps"] == out["b"]["steps"] == STEPS and out["per_step"] is True
     total = rows(out["phases"], "phase")["total"]
-    (a_count, a_ns), (b_count, b_ns) = activity(fp32), activity(bf16)
+    (a_count, a_ns), (b_count, b_ns) = sql_activity_totals(fp32), sql_activity_totals(bf16)
     assert (a_count, a_ns, b_count, b_ns) == (4028, 37_580_731, 4424, 20_899_933)
     assert total["a_kernels"] == a_count / STEPS and total["b_kernels"] == b_count / STEPS
     assert total["a_ms"] == pytest.approx(ms(a_ns)) and total["b_ms"] == pytest.approx(ms(b_ns))
@@ -177,7 +161,7 @@ def test_nsys_against_torch_profiler_changes_nothing_much(exports: dict[str, Pat
     assert all(abs(r["delta_pct"]) < 1.5 for r in out["categories"])
     totals = diff(exports["fp32"], TORCH_TRAIN, "--total")  # two steps against one
     assert rows(totals["phases"], "phase")["total"]["a_ms"] == pytest.approx(
-        activity(exports["fp32"])[1] / 1e6
+        sql_activity_totals(exports["fp32"])[1] / 1e6
     )
     assert totals["per_step"] is False
     result = runner.invoke(app, ["diff", str(exports["fp32"]), str(TORCH_TRAIN), "--total"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,6 @@ from profkit import demo as demo_lib
 from profkit.cli import app
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread_children() -> Iterator[None]:
-    """Children use one intra-op thread: on a busy 2-core CI box, OpenMP threads that
-    outnumber the free cores make each step 10x slower (oversubscription)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        yield
 
 
 COMMANDS = [

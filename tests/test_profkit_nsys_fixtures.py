@@ -11,11 +11,10 @@ Totals are checked against plain SQL over the export, independent of profkit's r
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
-from nsys_data import unpack
+from nsys_data import sql_activity_totals, unpack
 
 from profkit.analysis import analyze
 from profkit.traces.load import load_trace
@@ -29,22 +28,6 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("profkit-nsys")
 
 
-def sql_totals(path: Path) -> tuple[int, int]:
-    """(activities, summed duration in ns) of kernels, memcpys and memsets, by plain SQL."""
-    with sqlite3.connect(path) as db:
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        rows = [
-            db.execute(f"SELECT count(*), sum(end - start) FROM {table}").fetchone()
-            for table in (
-                "CUPTI_ACTIVITY_KIND_KERNEL",
-                "CUPTI_ACTIVITY_KIND_MEMCPY",
-                "CUPTI_ACTIVITY_KIND_MEMSET",
-            )
-            if table in tables  # nsys writes no table for a kind that never happened
-        ]
-    return sum(r[0] for r in rows), sum(r[1] or 0 for r in rows)
-
-
 def phases(report_json: dict) -> dict[str, tuple[int, float]]:
     return {p["phase"]: (p["kernels"], round(p["gpu_time_ms"], 6)) for p in report_json["phases"]}
 
@@ -53,7 +36,7 @@ def test_user_program_phases_and_backward_from_autograd(exports: Path) -> None:
     path = unpack(USER, exports)
     report = analyze(load_trace(path))
     data = report.to_json()
-    activities, ns = sql_totals(path)
+    activities, ns = sql_activity_totals(path)
     assert data["totals"]["kernels"] == activities == 952
     assert data["totals"]["gpu_time_ms"] == pytest.approx(ns / 1e6) == 5.891927
     assert phases(data) == {
@@ -74,7 +57,7 @@ def test_user_program_phases_and_backward_from_autograd(exports: Path) -> None:
 def test_compiled_run_has_triton_kernels_in_every_phase_it_compiles(exports: Path) -> None:
     path = unpack(COMPILED, exports)
     data = analyze(load_trace(path)).to_json()
-    activities, ns = sql_totals(path)
+    activities, ns = sql_activity_totals(path)
     assert data["totals"]["kernels"] == activities == 1728
     assert data["totals"]["gpu_time_ms"] == pytest.approx(ns / 1e6)
     assert phases(data) == {
@@ -91,7 +74,7 @@ def test_compiled_run_has_triton_kernels_in_every_phase_it_compiles(exports: Pat
 def test_shipped_example_profile_reads(tmp_path: Path) -> None:
     example = Path(__file__).parents[1] / "profiles" / "examples" / "small-ctx128-train-fp32.sqlite"
     data = analyze(load_trace(example)).to_json()
-    assert data["totals"]["kernels"] == sql_totals(example)[0] == 3858 + 98 + 72
+    assert data["totals"]["kernels"] == sql_activity_totals(example)[0] == 3858 + 98 + 72
     assert {p["phase"] for p in data["phases"]} == {"forward", "backward", "optimizer"}
     ranges = {r["range"]: r["kernels"] for r in data["ranges"]}
     assert ranges["computing softmax"] > 0 and ranges["computing attention scores"] > 0
