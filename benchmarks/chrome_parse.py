@@ -42,8 +42,8 @@ def cpu_source_trace(workdir: Path) -> Path:
     from torch.profiler import ProfilerActivity, profile
 
     sys.path.insert(0, str(ROOT))
-    from profkit.config import WorkloadConfig
-    from profkit.workload import Workload
+    from profkit.workload.config import WorkloadConfig
+    from profkit.workload.step import Workload
 
     workload = Workload(WorkloadConfig(size="tiny", ctx=64, warmup=1, steps=1, device="cpu"))
     workload.step()

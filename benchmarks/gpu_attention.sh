@@ -36,7 +36,7 @@ attention oom 50 --d-head 64 --seq 32768 65536 256 --iters 5 --warmup 1
 python3 - "$W" "$OUT/attention.md" > "$W/summary.txt" <<'PY'
 import json, sys
 from pathlib import Path
-from profkit.render import markdown_table
+from profkit.formats import markdown_table
 from profkit.studies import attention_tables as t
 
 work, out = Path(sys.argv[1]), Path(sys.argv[2])

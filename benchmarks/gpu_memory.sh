@@ -44,7 +44,7 @@ python3 - "$OUT/memory-2.7B.json" "$OUT/memory-2.7B.md" <<'EOF'
 import json, sys
 from pathlib import Path
 from profkit.memory.capture import capture_tables
-from profkit.render import markdown_table
+from profkit.formats import markdown_table
 rows = json.loads(Path(sys.argv[1]).read_text())
 text = "\n\n".join(f"### {title}\n\n{markdown_table(df)}" for title, df in capture_tables(rows))
 Path(sys.argv[2]).write_text(text + "\n")

@@ -8,7 +8,7 @@
 #     small ctx128 train fp32 / bf16 / fp32 --compile (2 warm-up + 2 timed steps), and
 #     `profkit nsys -- python examples/user_train.py` (a program that is not the built-in model)
 # (b) `profkit nsys --size large --ctx 256` fp32 and bf16 train; their reports/*.md go to $OUT
-# (c) a bare `nsys profile ... python -m profkit.child ...` + `nsys export` of (b)'s fp32 run,
+# (c) a bare `nsys profile ... python -m profkit.run.child ...` + `nsys export` of (b)'s fp32 run,
 #     timed, to compare with (b)'s wall time (target: profkit at most 1.3x the bare pair)
 # $OUT gets 8 files: 4 fixture-*.sqlite.xz, 2 large-*.md, runs.tar.xz (sidecars, logs,
 # every report, timings) and summary.txt. About 5-8 minutes on an H100.
@@ -49,13 +49,13 @@ pk user_train -- "$PY" "$ROOT/examples/user_train.py" --steps 3 --warmup 2
 pk large-ctx256-train-fp32 --size large --ctx 256
 
 # (c) the same run by hand: what a user types without profkit
-CONFIG=$("$PY" -c 'from profkit.config import WorkloadConfig as C; print(C(size="large", ctx=256).to_json())')
+CONFIG=$("$PY" -c 'from profkit.workload.config import WorkloadConfig as C; print(C(size="large", ctx=256).to_json())')
 echo "== bare nsys profile + nsys export of large-ctx256-train-fp32"
 t0=$(now)
 timeout -s INT -k 30 420 nsys profile --output="$W/bare/large.nsys-rep" --force-overwrite=true \
   --trace=cuda,nvtx --sample=none --cpuctxsw=none \
   --capture-range=cudaProfilerApi --capture-range-end=stop \
-  "$PY" -m profkit.child --config "$CONFIG" --result "$W/bare/result.json" \
+  "$PY" -m profkit.run.child --config "$CONFIG" --result "$W/bare/result.json" \
   --capture cuda-profiler-api >"$W/bare/profile.log" 2>&1
 bare_profile_rc=$?
 t1=$(now)

@@ -10,13 +10,13 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 nsys --version
 python3 -m profkit sizes -f md | head -4
 
-cfg() { python3 -c "from profkit.config import WorkloadConfig as W; print(W(size='small', ctx=128, warmup=2, steps=2, device='cuda', $1).to_json())"; }
+cfg() { python3 -c "from profkit.workload.config import WorkloadConfig as W; print(W(size='small', ctx=128, warmup=2, steps=2, device='cuda', $1).to_json())"; }
 for variant in "dtype='fp32'" "dtype='bf16'"; do
   name=small-ctx128-$(echo "$variant" | tr -dc 'a-z0-9' | sed 's/dtype//')
   start=$(date +%s.%N)
   nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none --capture-range=cudaProfilerApi \
     --capture-range-end=stop --force-overwrite true -o "$W/$name" \
-    python3 -m profkit.child --config "$(cfg "$variant")" --result "$W/$name.result.json" \
+    python3 -m profkit.run.child --config "$(cfg "$variant")" --result "$W/$name.result.json" \
     --capture cuda-profiler-api > "$W/$name.log" 2>&1 || tail -5 "$W/$name.log"
   nsys export --type sqlite --force-overwrite true -o "$W/$name.sqlite" "$W/$name.nsys-rep" > /dev/null 2>&1
   echo "$name: $(python3 -c "print(round($(date +%s.%N)-$start,1))") s, $(du -h "$W/$name.sqlite" | cut -f1)"
@@ -29,8 +29,8 @@ tar -C "$W" -cJf "$OUT/nsys-small.tar.xz" small-ctx128-fp32.sqlite small-ctx128-
 python3 - "$W" <<'PY'
 import gzip, json, pickle, shutil, sys, torch
 from torch.profiler import ProfilerActivity, profile, schedule
-from profkit.config import WorkloadConfig
-from profkit.workload import Workload
+from profkit.workload.config import WorkloadConfig
+from profkit.workload.step import Workload
 w = sys.argv[1]
 wl = Workload(WorkloadConfig(size="small", ctx=128, warmup=0, steps=1, device="cuda"))
 for _ in range(2):

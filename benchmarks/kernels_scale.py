@@ -139,7 +139,7 @@ def breakdown(path: Path) -> dict[str, dict[str, float]]:
         clock = now
 
     from profkit.analysis import analyze
-    from profkit.render import dumps
+    from profkit.formats import dumps
     from profkit.traces import load_trace
 
     lap("import")

@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from profkit.annotate import annotate
-from profkit.config import WorkloadConfig
-from profkit.workload import Workload, synchronize
+from profkit.workload.annotate import annotate
+from profkit.workload.config import WorkloadConfig
+from profkit.workload.step import Workload, synchronize
 
 Timer = Callable[[], float]
 

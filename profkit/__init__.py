@@ -15,12 +15,12 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "phase"]
 
 if TYPE_CHECKING:
-    from profkit.annotate import phase
+    from profkit.workload.annotate import phase
 
 
 def __getattr__(name: str) -> Any:
     if name == "phase":
-        from profkit.annotate import phase
+        from profkit.workload.annotate import phase
 
         return phase
     raise AttributeError(f"module 'profkit' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """``profkit bench``: the JSON contract, the DB, --resume, failing and interrupted sweeps.
 
-Every sweep here is real: each config runs in its own ``python -m profkit.child`` process
+Every sweep here is real: each config runs in its own ``python -m profkit.run.child`` process
 on the CPU with the tiny model.
 """
 
@@ -20,10 +20,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from profkit import bench as bench_lib
-from profkit import flops
 from profkit.cli import app
-from profkit.config import WorkloadConfig
+from profkit.run import bench as bench_lib
+from profkit.workload import flops
+from profkit.workload.config import WorkloadConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--size", "tiny", "--ctx", "16", "--steps", "2", "--device", "cpu"]

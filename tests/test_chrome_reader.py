@@ -23,11 +23,11 @@ import pandas as pd
 import pytest
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from profkit.config import WorkloadConfig
 from profkit.errors import BadInput
 from profkit.traces.chrome import is_chrome_trace, read_chrome_trace, short_kernel_name, to_ns
 from profkit.traces.schema import KERNEL_COLUMNS, RANGE_COLUMNS
-from profkit.workload import Workload
+from profkit.workload.config import WorkloadConfig
+from profkit.workload.step import Workload
 
 DATA = Path(__file__).parent / "data"
 GPU_FIXTURE = DATA / "torch-small-ctx128-train.json.gz"

@@ -137,9 +137,9 @@ def test_demo_unknown_device_before_any_step(tmp_path: Path) -> None:
 
 
 def test_interrupted_sweep_leaves_no_empty_db(tmp_path: Path) -> None:
-    from profkit.bench import bench
-    from profkit.config import WorkloadConfig
-    from profkit.results import record, rows
+    from profkit.run.bench import bench
+    from profkit.run.results import record, rows
+    from profkit.workload.config import WorkloadConfig
 
     def stop(_index: int, _config: WorkloadConfig) -> None:
         raise KeyboardInterrupt

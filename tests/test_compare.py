@@ -19,10 +19,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from profkit import bench as bench_lib
-from profkit import compare as compare_lib
-from profkit import results
+from profkit.analysis import compare as compare_lib
 from profkit.cli import app
+from profkit.run import bench as bench_lib
+from profkit.run import results
 
 H100_DB = Path(__file__).parent / "data" / "results-h100.db"
 SIZES = ["small", "medium", "large", "xl", "2.7B"]

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from profkit.crosscheck import compare_phases
+from profkit.analysis.crosscheck import compare_phases
 from profkit.errors import BadInput
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from profkit import bench as bench_lib
-from profkit import demo as demo_lib
 from profkit.cli import app
+from profkit.report import demo as demo_lib
+from profkit.run import bench as bench_lib
 
 runner = CliRunner()
 

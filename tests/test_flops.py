@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from profkit import flops
-from profkit.config import WorkloadConfig
-from profkit.model import Linear, build_model
+from profkit.workload import flops
+from profkit.workload.config import WorkloadConfig
+from profkit.workload.model import Linear, build_model
 
 
 @pytest.mark.parametrize("size", ["tiny", "small", "2.7B"])

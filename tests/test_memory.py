@@ -21,12 +21,13 @@ import pytest
 from matplotlib import image as mpimg
 from memory_synth import MIB, SnapshotBuilder, frames, transformer_step
 
-from profkit.child import child_argv, run_child
-from profkit.config import WorkloadConfig
 from profkit.errors import BadInput
-from profkit.memory.snapshot import dump_snapshot, load_snapshot, loads_plain, sidecar_path
+from profkit.memory.snapshot import load_snapshot, loads_plain, sidecar_path
 from profkit.memory.summary import call_site, read_sidecar, summarize, summarize_file
 from profkit.memory.timeline import reconstruct
+from profkit.run.child import child_argv, run_child
+from profkit.run.recorder import dump_snapshot
+from profkit.workload.config import WorkloadConfig
 
 DATA = Path(__file__).parent / "data"
 
@@ -454,7 +455,7 @@ class _FakeAllocator:
 
 
 def test_recorder_sequence_in_run_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from profkit.child import run_config
+    from profkit.run.child import run_config
 
     fake = _FakeAllocator(monkeypatch, transformer_step().snapshot())
     config = WorkloadConfig(size="tiny", ctx=16, warmup=2, steps=1, device="cpu")
@@ -489,8 +490,8 @@ def test_recorder_dumps_the_snapshot_after_an_oom(
 ) -> None:
     import torch
 
-    from profkit.child import run_config
-    from profkit.workload import Workload
+    from profkit.run.child import run_config
+    from profkit.workload.step import Workload
 
     fake = _FakeAllocator(monkeypatch, transformer_step().snapshot())
 

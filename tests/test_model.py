@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from profkit.config import WorkloadConfig
 from profkit.errors import BadInput
-from profkit.model import SIZES, build_model, naive_attention
+from profkit.workload.config import WorkloadConfig
+from profkit.workload.model import SIZES, build_model, naive_attention
 
 # DESIGN.md's table: (total params, params without the LM head).
 EXPECTED = {

@@ -26,15 +26,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import profkit.nsys
+import profkit.nsys.profile
 from profkit.cli import app
-from profkit.config import WorkloadConfig
 from profkit.errors import BadInput, MissingTool, ProfkitError
-from profkit.nsys import _check_capture
-from profkit.nsys_argv import NsysOptions, RunFiles, check_name, default_name, profile_argv
-from profkit.nsys_record import python_phase_times, read_sidecar, run_section, sidecar_path
-from profkit.nsys_tool import find_nsys
-from profkit.proc import Outcome, kill_tree, run_logged
+from profkit.nsys.argv import NsysOptions, RunFiles, check_name, default_name, profile_argv
+from profkit.nsys.profile import _check_capture
+from profkit.nsys.record import python_phase_times, read_sidecar, run_section, sidecar_path
+from profkit.run.proc import Outcome, kill_tree, run_logged
+from profkit.run.tools import find_nsys
+from profkit.workload.config import WorkloadConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "user_train.py"
@@ -115,7 +115,7 @@ def analysis(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, str]]:
         calls.append((sqlite_path, name))
         return f"# Kernels: {name}\n\n(kernel tables of {sqlite_path.name})\n"
 
-    monkeypatch.setattr(profkit.nsys, "_post_process", post_process)
+    monkeypatch.setattr(profkit.nsys.profile, "_post_process", post_process)
     return calls
 
 
@@ -325,7 +325,7 @@ def test_dry_run_prints_the_exact_command(stand_in: Path) -> None:
         f"{stand_in} profile --output=profiles/large-ctx256-train-bf16.nsys-rep "
         "--force-overwrite=true --trace=cuda,nvtx --sample=none --cpuctxsw=none "
         "--capture-range=cudaProfilerApi --capture-range-end=stop --cuda-memory-usage=true "
-        f"{sys.executable} -m profkit.child --config '{config}' --result "
+        f"{sys.executable} -m profkit.run.child --config '{config}' --result "
     )
     assert result.stdout.startswith(prefix)
     assert result.stdout.rstrip().endswith("/result.json --capture cuda-profiler-api")
@@ -378,7 +378,7 @@ def test_builtin_workload_end_to_end_records_python_phase_times(
     stand_in: Path, analysis: list[tuple[Path, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The one fake beyond nsys: pretend CUDA is here so the real child runs (on the CPU).
-    monkeypatch.setattr(profkit.nsys, "require_cuda", lambda config: None)
+    monkeypatch.setattr(profkit.nsys.profile, "require_cuda", lambda config: None)
     args = ["nsys", "--size", "tiny", "--ctx", "16", "--warmup", "1", "--steps", "3",
             "--name", "tiny-run", "--format", "md"]  # fmt: skip
     result = runner.invoke(app, args)
@@ -465,7 +465,7 @@ def test_analysis_failure_keeps_the_capture(
     def no_kernels(sqlite_path: Path, name: str) -> str:
         raise BadInput(f"{sqlite_path}: no CUDA kernels were traced")
 
-    monkeypatch.setattr(profkit.nsys, "_post_process", no_kernels)
+    monkeypatch.setattr(profkit.nsys.profile, "_post_process", no_kernels)
     result = runner.invoke(app, ["nsys", "--name", "k", "--", sys.executable, "-c", "pass"])
     assert result.exit_code == 2
     assert result.stderr.splitlines()[-1] == (

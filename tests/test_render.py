@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from profkit.crosscheck import compare_phases
-from profkit.render import markdown_table
+from profkit.analysis.crosscheck import compare_phases
+from profkit.formats import markdown_table
 
 
 def test_markdown_escapes_angle_brackets_and_pipes_in_kernel_names() -> None:
@@ -29,7 +29,7 @@ def test_out_suffix_picks_the_format_unless_format_is_given(tmp_path) -> None:
     from typer.testing import CliRunner
 
     from profkit.cli import app
-    from profkit.render import file_format
+    from profkit.formats import file_format
 
     runner = CliRunner()
     for name, check in (

@@ -18,10 +18,10 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from profkit.cli import app
-from profkit.config import WorkloadConfig
 from profkit.report import build_report
 from profkit.report.plan import MINIMAL_PLAN, Piece
 from profkit.report.run import Where, run_plan
+from profkit.workload.config import WorkloadConfig
 
 DATA = Path(__file__).parent / "data"
 H100_DB = DATA / "results-h100.db"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from profkit import results
-from profkit.config import WorkloadConfig
-from profkit.environment import environment
 from profkit.errors import BadInput
+from profkit.run import results
+from profkit.run.environment import environment
+from profkit.workload.config import WorkloadConfig
 
 
 def test_record_commits_at_once_and_keeps_numbers_numeric(tmp_path: Path) -> None:

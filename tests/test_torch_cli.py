@@ -12,12 +12,13 @@ from torch.profiler import ProfilerActivity, profile
 from typer.testing import CliRunner
 
 from profkit.cli import app
-from profkit.config import WorkloadConfig
 from profkit.errors import BadInput
-from profkit.torchprof import TorchOptions, default_name
-from profkit.torchprof_tables import averages_table
+from profkit.torchprof.profile import default_name
+from profkit.torchprof.result import TorchOptions
+from profkit.torchprof.tables import averages_table
 from profkit.traces.chrome import read_chrome_trace
-from profkit.workload import Workload
+from profkit.workload.config import WorkloadConfig
+from profkit.workload.step import Workload
 
 TINY = [
     "torch",
@@ -124,7 +125,7 @@ def test_options_shapes_memory_stack_and_sort(in_tmp: Path) -> None:
     assert "Self CPU Mem (MiB)" in header and "CUDA Mem (MiB)" not in header
     rows = result.stdout.strip().splitlines()[1:]
     assert len(rows) == 3
-    assert "profkit/model.py(" in result.stdout  # call sites, not torch internals
+    assert "profkit/workload/model.py(" in result.stdout  # call sites, not torch internals
     assert (in_tmp / "profiles" / "opts-forward.json.gz").exists()
     assert not (in_tmp / "profiles" / "opts-train.json.gz").exists()  # --mode forward: one run
 

@@ -7,8 +7,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import profkit
-from profkit.config import WorkloadConfig
-from profkit.workload import Workload
+from profkit.workload.config import WorkloadConfig
+from profkit.workload.step import Workload
 
 
 @pytest.mark.parametrize(

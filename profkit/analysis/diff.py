@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit import crosscheck
+from profkit.analysis import crosscheck
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.report import KernelReport
 from profkit.errors import BadInput

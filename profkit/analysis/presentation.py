@@ -10,10 +10,10 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.analysis.flops import FINAL, SCORES, SOFTMAX
 from profkit.analysis.report import KernelReport
 from profkit.analysis.tables import ALL_PHASES
-from profkit.render import markdown_table
+from profkit.formats import markdown_table
+from profkit.workload.names import FINAL, SCORES, SOFTMAX
 
 KERNEL_VIEW = [
     "short_name", "category", "time_%", "total_ms", "instances",

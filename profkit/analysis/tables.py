@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis.attribution import UNATTRIBUTED, Attribution
-from profkit.analysis.flops import attention_flops
 from profkit.analysis.names import short_kernel_name
+from profkit.workload.flops import attention_flops
 
 NS_PER_MS = 1e6
 NS_PER_US = 1e3

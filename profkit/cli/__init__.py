@@ -1,41 +1,14 @@
 """The ``profkit`` command line: thin Typer commands that call one library function each.
 
-Each command lives in its own module beside this one and registers itself on ``app``.
+``app`` (the Typer application) lives in :mod:`profkit.cli.app`; each command lives in its
+own module and registers itself on it; importing them here builds the whole CLI. Only this
+package renders (``render``: consoles, rich tables, progress bars) and turns library
+errors into one line and exit status 2 (``_common.command``).
 """
 
 from __future__ import annotations
 
-import typer
-
-app = typer.Typer(
-    name="profkit",
-    help="Profile PyTorch Transformer LMs: benchmarks, Nsight Systems, torch.profiler, memory.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-
-def _version(value: bool) -> None:
-    if value:
-        from profkit import __version__
-
-        typer.echo(f"profkit {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
-    ),
-) -> None:
-    """Profile PyTorch Transformer LMs: benchmarks, Nsight Systems, torch.profiler, memory."""
-
-
-# Importing a command module registers its commands on ``app``.
-from profkit.cli import (  # noqa: E402, F401
+from profkit.cli import (  # noqa: F401  (importing a command module registers it)
     attention,
     bench,
     compare,
@@ -49,7 +22,10 @@ from profkit.cli import (  # noqa: E402, F401
     report,
     sizes,
 )
-from profkit.cli import torch as _torch  # noqa: E402, F401  (the module name shadows torch)
+from profkit.cli import torch as _torch  # noqa: F401  (the module name shadows torch)
+from profkit.cli.app import app
+
+__all__ = ["app", "main"]
 
 
 def main() -> None:

@@ -12,10 +12,10 @@ from typing import Annotated, Any, TypeVar
 import typer
 import typer.core
 
-from profkit.config import WorkloadConfig
+from profkit.cli.render import err_console
 from profkit.errors import ProfkitError
 from profkit.files import check_writable
-from profkit.render import err_console
+from profkit.workload.config import WorkloadConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 _NEGATIVE_NUMBER = re.compile(r"^-\d")

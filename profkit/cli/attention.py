@@ -9,7 +9,6 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from profkit.cli import app
 from profkit.cli._common import (
     CompileOpt,
     DbOpt,
@@ -19,8 +18,10 @@ from profkit.cli._common import (
     command,
     compile_values,
 )
-from profkit.render import check_format, emit_tables, err_console
-from profkit.results import DEFAULT_DB, check_db
+from profkit.cli.app import app
+from profkit.cli.render import emit_tables, err_console
+from profkit.formats import check_format
+from profkit.run.results import DEFAULT_DB, check_db
 from profkit.studies import attention_tables
 
 if TYPE_CHECKING:

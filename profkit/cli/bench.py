@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Annotated
 
-import pandas as pd
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
-from profkit import bench as bench_lib
-from profkit import compare as compare_lib
-from profkit.cli import app
+from profkit.analysis import compare as compare_lib
 from profkit.cli._common import (
     AttentionOpt,
     BatchOpt,
@@ -39,11 +25,13 @@ from profkit.cli._common import (
     command,
     workload_configs,
 )
-from profkit.cli.compare import render_comparison
-from profkit.config import WorkloadConfig
+from profkit.cli.app import app
+from profkit.cli.render import err_console
+from profkit.cli.views import render_comparison, render_rows, sweep_progress
 from profkit.errors import BadInput
-from profkit.render import check_format, emit_tables, err_console
-from profkit.results import DEFAULT_DB, check_db
+from profkit.formats import check_format
+from profkit.run import bench as bench_lib
+from profkit.run.results import DEFAULT_DB, check_db
 
 ResumeOpt = Annotated[
     bool, typer.Option("--resume", help="Skip configs the DB already holds (ok or oom).")
@@ -60,57 +48,6 @@ CompareOpt = Annotated[
         "dtype | compile | warmup | attention | mode (see `profkit compare`).",
     ),
 ]
-
-
-@contextmanager
-def sweep_progress(
-    configs: Sequence[WorkloadConfig], description: str = "bench"
-) -> Iterator[tuple[bench_lib.StartHook, bench_lib.RowHook]]:
-    """A progress bar on stderr plus one line per finished config; yields bench's two hooks."""
-    total = len(configs)
-    columns = (
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[current]}"),
-    )
-    # Off a terminal (CI logs, pipes) the bar is off; the one line per config stays.
-    bar = Progress(
-        *columns, console=err_console, transient=True, disable=not err_console.is_terminal
-    )
-    with bar as progress:
-        task = progress.add_task(description, total=total, current="")
-
-        def on_start(index: int, config: WorkloadConfig) -> None:
-            progress.update(task, current=config.label())
-
-        def on_row(index: int, row: bench_lib.Row, resumed: bool) -> None:
-            line = _row_line(index, total, row, resumed)
-            progress.console.print(line, highlight=False, soft_wrap=True)
-            progress.update(task, advance=1, current="")
-
-        yield on_start, on_row
-
-
-def _row_line(index: int, total: int, row: bench_lib.Row, resumed: bool) -> str:
-    head = f"[{index + 1}/{total}] {row.get('label') or row['size']:<36}"
-    if resumed:
-        return f"{head} [dim]in the DB already ({row['status']}), skipped[/]"
-    if row["status"] == "ok":
-        return f"{head} [green]ok[/]   step {row['step_ms']:,.2f} ± {row['step_ms_std']:,.2f} ms"
-    return f"{head} [red]{row['status']}[/]  {row['error']}"
-
-
-def render_rows(rows: Sequence[bench_lib.Row], fmt: str, out: Path | None) -> None:
-    """The results: a readable table, every column as CSV, or the contract rows as JSON."""
-    if fmt == "csv":
-        flat = pd.DataFrame(rows).drop(columns=list(bench_lib.LIST_FIELDS), errors="ignore")
-        tables = [("", flat)]
-    else:
-        tables = [(bench_lib.title(rows), bench_lib.table(rows))]
-    emit_tables(tables, fmt, out, json_value=list(rows))
 
 
 @command(app)

@@ -8,9 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from profkit import bench as bench_lib
-from profkit import compare as compare_lib
-from profkit.cli import app
+from profkit.analysis import compare as compare_lib
 from profkit.cli._common import (
     AttentionOpt,
     BatchOpt,
@@ -24,9 +22,12 @@ from profkit.cli._common import (
     command,
     compile_values,
 )
+from profkit.cli.app import app
+from profkit.cli.views import render_comparison
 from profkit.errors import BadInput
-from profkit.render import check_format, emit_tables, err_console
-from profkit.results import DEFAULT_DB
+from profkit.formats import check_format
+from profkit.run import bench as bench_lib
+from profkit.run.results import DEFAULT_DB
 
 FieldArg = Annotated[
     str, typer.Argument(help="The field that varies: dtype | compile | warmup | attention | mode.")
@@ -39,22 +40,6 @@ CompileFilterOpt = Annotated[
 ]
 StepsFilterOpt = Annotated[list[int], typer.Option("--steps", help="Timed steps.")]
 DeviceFilterOpt = Annotated[str | None, typer.Option("--device", help="cpu | cuda | mps.")]
-
-
-def render_comparison(comparison: compare_lib.Comparison, fmt: str, out: Path | None) -> None:
-    """Tables per phase (table, md), one table with a phase column (csv), or the records (json)."""
-    if fmt == "csv":
-        tables = [("", compare_lib.table(comparison))]
-    else:
-        tables = compare_lib.tables(comparison)
-    emit_tables(tables, fmt, out, json_value=compare_lib.records(comparison))
-    if comparison.unpaired:
-        err_console.print(
-            f"left out, no other {comparison.field} to compare with: "
-            + ", ".join(comparison.unpaired),
-            highlight=False,
-            soft_wrap=True,
-        )
 
 
 @command(app)

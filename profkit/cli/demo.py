@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from profkit import bench as bench_lib
-from profkit import demo as demo_lib
-from profkit.cli import app
 from profkit.cli._common import DeviceOpt, command
-from profkit.cli.bench import sweep_progress
-from profkit.render import emit_tables, err_console
+from profkit.cli.app import app
+from profkit.cli.render import emit_tables, err_console
+from profkit.cli.views import sweep_progress
+from profkit.report import demo as demo_lib
+from profkit.run import bench as bench_lib
 
 ProfilesOpt = Annotated[
     Path, typer.Option("--profiles", help="Where the demo's results DB and profiles go.")

@@ -8,18 +8,11 @@ from typing import Annotated
 import typer
 
 from profkit.analysis import diff as diff_lib
-from profkit.cli import app
 from profkit.cli._common import FormatOpt, OutOpt, command
+from profkit.cli.app import app
+from profkit.cli.render import console, emit_tables, err_console
 from profkit.errors import BadInput
-from profkit.render import (
-    check_format,
-    console,
-    emit_tables,
-    err_console,
-    file_format,
-    markdown_table,
-    write_text,
-)
+from profkit.formats import check_format, file_format, markdown_table, write_text
 
 ProfilesArg = Annotated[
     list[Path] | None,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from profkit import doctor as doctor_lib
-from profkit.cli import app
 from profkit.cli._common import FormatOpt, OutOpt, command
-from profkit.render import check_format, emit_tables
+from profkit.cli.app import app
+from profkit.cli.render import emit_tables
+from profkit.formats import check_format
+from profkit.run import doctor as doctor_lib
 
 
 @command(app)

@@ -8,10 +8,11 @@ from typing import Annotated
 import typer
 
 from profkit import analysis
-from profkit.cli import app
 from profkit.cli._common import FormatOpt, OutOpt, command
+from profkit.cli.app import app
+from profkit.cli.render import console, emit_tables, err_console
 from profkit.errors import BadInput
-from profkit.render import check_format, console, emit_tables, err_console, file_format, write_text
+from profkit.formats import check_format, file_format, write_text
 
 PathArg = Annotated[
     list[Path],
@@ -104,7 +105,7 @@ def _compare(
     fmt: str,
     out: Path | None,
 ) -> None:
-    from profkit.crosscheck import compare_phases, per_step
+    from profkit.analysis.crosscheck import compare_phases, per_step
 
     if len(paths) < 2:
         raise BadInput("--compare needs two or more traces (e.g. run.sqlite run.json.gz)")

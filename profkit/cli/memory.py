@@ -12,7 +12,6 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
-from profkit.cli import app
 from profkit.cli._common import (
     AttentionOpt,
     BatchOpt,
@@ -30,8 +29,10 @@ from profkit.cli._common import (
     command,
     workload_configs,
 )
-from profkit.render import check_format, dumps, emit_tables, err_console
-from profkit.results import DEFAULT_DB
+from profkit.cli.app import app
+from profkit.cli.render import emit_tables, err_console
+from profkit.formats import check_format, dumps
+from profkit.run.results import DEFAULT_DB
 
 
 class DefaultToCapture(typer.core.TyperGroup):

@@ -9,8 +9,6 @@ from typing import Annotated
 
 import typer
 
-from profkit import nsys as nsys_lib
-from profkit.cli import app
 from profkit.cli._common import (
     AttentionOpt,
     BatchOpt,
@@ -27,9 +25,12 @@ from profkit.cli._common import (
     single_config,
     workload_configs,
 )
+from profkit.cli.app import app
+from profkit.cli.render import console, err_console
 from profkit.errors import BadInput
-from profkit.nsys_argv import DEFAULT_TRACE, NsysOptions
-from profkit.render import console, dumps, err_console
+from profkit.formats import dumps
+from profkit.nsys import profile as nsys_lib
+from profkit.nsys.argv import DEFAULT_TRACE, NsysOptions
 
 WORKLOAD_PARAMS = (
     "size", "ctx", "batch", "mode", "dtype", "bf16", "compile", "attention", "warmup", "steps",

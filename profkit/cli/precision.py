@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from profkit.cli import app
 from profkit.cli._common import FormatOpt, OutOpt, command
-from profkit.render import emit_tables, err_console
+from profkit.cli.app import app
+from profkit.cli.render import emit_tables, err_console
 
 precision_app = typer.Typer(
     help="Mixed precision: accumulation error, and the dtypes autocast produces.",

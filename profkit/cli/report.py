@@ -18,11 +18,11 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from profkit.cli import app
 from profkit.cli._common import command
+from profkit.cli.app import app
+from profkit.cli.render import err_console
 from profkit.errors import BadInput
-from profkit.render import err_console
-from profkit.results import check_writable
+from profkit.run.results import check_writable
 
 if TYPE_CHECKING:
     from profkit.report.plan import Piece

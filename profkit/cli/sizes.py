@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from profkit import specs
-from profkit.cli import app
 from profkit.cli._common import FormatOpt, OutOpt, command
-from profkit.render import emit_tables
+from profkit.cli.app import app
+from profkit.cli.render import emit_tables
+from profkit.workload import specs
 
 
 @command(app)

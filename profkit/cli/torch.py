@@ -15,8 +15,6 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from profkit import torchprof
-from profkit.cli import app
 from profkit.cli._common import (
     AttentionOpt,
     BatchOpt,
@@ -35,9 +33,13 @@ from profkit.cli._common import (
     single_config,
     workload_configs,
 )
-from profkit.render import check_format, emit_tables, err_console
-from profkit.torchprof_report import TABLE_DIGITS
-from profkit.torchprof_tables import SORT_CHOICES
+from profkit.cli.app import app
+from profkit.cli.render import emit_tables, err_console
+from profkit.formats import check_format
+from profkit.torchprof import profile as torchprof
+from profkit.torchprof.report import TABLE_DIGITS
+from profkit.torchprof.result import TorchOptions
+from profkit.torchprof.tables import SORT_CHOICES
 
 RecordShapesOpt = Annotated[
     bool, typer.Option("--record-shapes", help="Record input shapes (torch.profiler).")
@@ -111,7 +113,7 @@ def torch_(
         size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
     )
     config = single_config(configs, "torch")
-    options = torchprof.TorchOptions(
+    options = TorchOptions(
         record_shapes=record_shapes,
         with_stack=with_stack,
         profile_memory=profile_memory,

@@ -1,6 +1,6 @@
 """``profkit memory``: one snapshot per config, each in its own process, and the peak tables.
 
-Each config runs in a child (:func:`profkit.child.run_child` with the ``memory`` capture):
+Each config runs in a child (:func:`profkit.run.child.run_child` with the ``memory`` capture):
 warm-up steps, then the allocator's history over the timed steps, dumped to
 ``OUT_DIR/NAME.pickle`` (protocol 4, for pytorch.org/memory_viz) with a sidecar
 ``NAME.profkit.json`` (the config, the allocator's own peak counters, the phase marks)
@@ -17,14 +17,14 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.child import run_child
-from profkit.config import WorkloadConfig
-from profkit.environment import environment
 from profkit.errors import BadInput, MissingTool
-from profkit.memory.recorder import DEFAULT_MAX_ENTRIES, STACKS
 from profkit.memory.snapshot import sidecar_path
 from profkit.memory.summary import GIB, residual_stream_bytes
-from profkit.results import DEFAULT_DB, check_db, record
+from profkit.run.child import run_child
+from profkit.run.environment import environment
+from profkit.run.recorder import DEFAULT_MAX_ENTRIES, STACKS
+from profkit.run.results import DEFAULT_DB, check_db, record
+from profkit.workload.config import WorkloadConfig
 
 PHASE_COLUMNS = {
     "model_bytes": "after model creation",

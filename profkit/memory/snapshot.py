@@ -16,14 +16,12 @@ from __future__ import annotations
 import gzip
 import io
 import lzma
-import os
 import pickle
 from pathlib import Path
 from typing import IO, Any
 
 from profkit.errors import BadInput
 
-PROTOCOL = 4
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 _GZIP_MAGIC = b"\x1f\x8b"
 _PICKLE_PROTO = 0x80  # protocol 2+ pickles open with PROTO; every snapshot is protocol 2+
@@ -127,15 +125,6 @@ def normalize(data: Any, path: Path | str = "snapshot") -> dict[str, Any]:
     except (KeyError, TypeError, ValueError) as exc:
         raise BadInput(f"{path}: not a CUDA memory snapshot (malformed entry: {exc})") from None
     return data
-
-
-def dump_snapshot(snapshot: dict[str, Any], path: Path) -> None:
-    """Write ``snapshot`` with pickle protocol 4 (what memory_viz reads), atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        pickle.dump(snapshot, f, protocol=PROTOCOL)
-    os.replace(tmp, path)
 
 
 def sidecar_path(snapshot_path: Path) -> Path:

@@ -33,7 +33,7 @@ BEFORE_TRACE = "(no stack; allocated before the trace)"
 
 
 def short_path(filename: str) -> str:
-    """The last two components of a path: ``profkit/model.py``."""
+    """The last two components of a path: ``profkit/workload/model.py``."""
     parts = re.split(r"[/\\]", filename)
     return "/".join(parts[-2:])
 
@@ -127,7 +127,7 @@ def residual_stream_bytes(config: dict[str, Any]) -> int | None:
     The residual stream stays fp32 under bf16/fp16 autocast too: the blocks add their
     autocast outputs to the fp32 embedding output, which promotes the sum to fp32.
     """
-    from profkit.specs import SIZES
+    from profkit.workload.specs import SIZES
 
     spec = SIZES.get(str(config.get("size")))
     if spec is None or "ctx" not in config:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profkit.errors import BadInput, ProfkitError
-from profkit.render import write_text
+from profkit.formats import write_text
 from profkit.report import figures, plots
 from profkit.report.collect import Inventory, collect
 from profkit.report.sections import (
@@ -22,7 +22,7 @@ from profkit.report.sections import (
     sizes_section,
 )
 from profkit.report.traces import nsys_section, torch_section
-from profkit.results import check_writable
+from profkit.run.results import check_writable
 
 DEFAULT_PROFILES = Path("profiles")
 DEFAULT_OUT = Path("reports/REPORT.md")

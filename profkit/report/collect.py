@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profkit import bench as bench_lib
-from profkit import results
 from profkit.errors import BadInput
+from profkit.run import bench as bench_lib
+from profkit.run import results
 
 Row = dict[str, Any]
 

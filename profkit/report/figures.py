@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profkit import compare as compare_lib
-from profkit.config import DTYPES
+from profkit.analysis import compare as compare_lib
 from profkit.errors import BadInput
 from profkit.report.collect import Row, group_by, where
-from profkit.specs import SIZES
+from profkit.workload.config import DTYPES
+from profkit.workload.specs import SIZES
 
 GIB = 1024**3
 MEASURES = {"forward": "forward", "forward-backward": "forward+backward", "train": "train step"}

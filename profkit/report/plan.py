@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from profkit.config import WorkloadConfig
 from profkit.errors import BadInput
-from profkit.specs import COURSE_SIZES
+from profkit.workload.config import WorkloadConfig
+from profkit.workload.specs import COURSE_SIZES
 
 KINDS = ("bench", "nsys", "torch", "memory", "attention")
 

@@ -120,7 +120,7 @@ Advance = Callable[[int], None]
 
 
 def _bench(piece: Piece, where: Where, item: Item, advance: Advance) -> tuple[str, str]:
-    from profkit import bench as bench_lib
+    from profkit.run import bench as bench_lib
 
     configs = list(piece.configs)
     bench_lib.resolve_devices(configs)  # no CUDA: MissingTool, before any process starts
@@ -147,7 +147,7 @@ def _bench(piece: Piece, where: Where, item: Item, advance: Advance) -> tuple[st
 
 
 def _nsys(piece: Piece, where: Where, item: Item, advance: Advance) -> tuple[str, str]:
-    from profkit import nsys as nsys_lib
+    from profkit.nsys import profile as nsys_lib
 
     config = piece.configs[0]
     name = config.label()
@@ -167,7 +167,7 @@ def _nsys(piece: Piece, where: Where, item: Item, advance: Advance) -> tuple[str
 
 
 def _torch(piece: Piece, where: Where, item: Item, advance: Advance) -> tuple[str, str]:
-    from profkit import torchprof
+    from profkit.torchprof import profile as torchprof
 
     config = piece.configs[0]
     name = torchprof.default_name(config)
@@ -212,9 +212,9 @@ def _memory(piece: Piece, where: Where, item: Item, advance: Advance) -> tuple[s
 
 
 def _attention(piece: Piece, where: Where, item: Item, advance: Advance) -> tuple[str, str]:
-    from profkit.config import resolve_device
     from profkit.studies.attention import AttentionSettings
     from profkit.studies.attention_runner import run_attention
+    from profkit.workload.config import resolve_device
 
     settings = AttentionSettings(**piece.attention)  # no CUDA for device cuda: MissingTool
     settings = settings.replace(device=resolve_device(settings.device))
@@ -236,7 +236,7 @@ def _attention(piece: Piece, where: Where, item: Item, advance: Advance) -> tupl
 
 def _attention_done(settings: Any, db_path: Path) -> bool:
     """Whether the DB holds a finished row (ok or oom) for every cell of ``settings``."""
-    from profkit import results
+    from profkit.run import results
 
     if not db_path.exists():
         return False

@@ -16,14 +16,15 @@ from typing import Any
 
 import pandas as pd
 
-from profkit import __version__, specs
-from profkit import bench as bench_lib
-from profkit import compare as compare_lib
-from profkit.config import DTYPES, MODES
+from profkit import __version__
+from profkit.analysis import compare as compare_lib
 from profkit.errors import BadInput
-from profkit.render import markdown_table
+from profkit.formats import markdown_table
 from profkit.report.collect import Inventory, Row, group_by, where
 from profkit.report.figures import SpeedupPanel
+from profkit.run import bench as bench_lib
+from profkit.workload import specs
+from profkit.workload.config import DTYPES, MODES
 
 COMPARISONS = (
     ("dtype", "Mixed precision"),

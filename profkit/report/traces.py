@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import ProfkitError
-from profkit.render import markdown_table, write_text
+from profkit.formats import markdown_table, write_text
 from profkit.report.collect import Inventory
 from profkit.report.sections import Section, skipped
 

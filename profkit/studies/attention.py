@@ -7,7 +7,7 @@ passes, the device synchronised after each pass. Right before each timed backwar
 reads the memory this cell holds, and sets beside it what the analytic count says
 autograd saved (:mod:`profkit.studies.attention_memory`, derived in docs/STUDIES.md).
 
-``naive`` is :func:`profkit.model.naive_attention` — matmul, softmax, matmul, as the
+``naive`` is :func:`profkit.workload.model.naive_attention` — matmul, softmax, matmul, as the
 handout's benchmark uses it: no mask unless ``causal``. ``sdpa`` is
 ``F.scaled_dot_product_attention`` on a singleton head dimension, because its fused
 kernels (flash, memory-efficient, cuDNN) only take 4-D inputs and a 3-D call would fall
@@ -30,9 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from profkit.config import DEVICES, DTYPES, resolve_device
 from profkit.errors import BadInput
-from profkit.model import naive_attention
 from profkit.studies.attention_memory import (
     TORCH_DTYPES,
     Attention,
@@ -42,7 +40,9 @@ from profkit.studies.attention_memory import (
     peak_estimate_bytes,
     sdpa_backend,
 )
-from profkit.workload import synchronize
+from profkit.workload.config import DEVICES, DTYPES, resolve_device
+from profkit.workload.model import naive_attention
+from profkit.workload.step import synchronize
 
 GIB = 1024**3
 IMPLS = ("naive", "sdpa")

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from profkit.config import resolve_device
 from profkit.studies.attention import (
     AttentionSettings,
     Cell,
@@ -37,6 +36,7 @@ from profkit.studies.attention import (
     new_row,
     prime_device,
 )
+from profkit.workload.config import resolve_device
 
 OnStart = Callable[[Cell], None]
 OnDone = Callable[[dict[str, Any]], None]
@@ -102,8 +102,8 @@ def record_results(rows: list[dict[str, Any]], db_path: Path) -> None:
 
     Each row carries the environment (GPU, versions, commit) and a run id, as bench rows do.
     """
-    from profkit.environment import environment
-    from profkit.results import insert, opened
+    from profkit.run.environment import environment
+    from profkit.run.results import insert, opened
 
     env = environment()
     run_id = uuid.uuid4().hex[:12]

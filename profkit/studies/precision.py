@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from profkit.config import resolve_device
 from profkit.errors import BadInput
+from profkit.workload.config import resolve_device
 
 ACCUMULATE_STEPS = 1000
 ACCUMULATE_ADDEND = 0.01

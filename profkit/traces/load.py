@@ -82,7 +82,7 @@ def _import_plugin(name: str) -> None:
 
 
 def _export(report: Path, nsys: str | os.PathLike[str] | None) -> Path:
-    from profkit.nsys_tool import export_sqlite
+    from profkit.run.tools import export_sqlite
 
     try:
         return export_sqlite(report, nsys)

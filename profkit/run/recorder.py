@@ -12,14 +12,17 @@ outside the phase's timing.
 from __future__ import annotations
 
 import inspect
+import os
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from profkit.errors import MissingTool
-from profkit.memory.snapshot import dump_snapshot
 
+# Protocol 5 breaks pytorch.org/memory_viz; 4 is what it reads.
+PROTOCOL = 4
 STACKS = ("python", "all")
 DEFAULT_MAX_ENTRIES = 1_000_000
 
@@ -135,3 +138,12 @@ class MemoryRecorder:
             except Exception as exc:  # a failed dump must not hide the run's own result
                 self.info["snapshot_error"] = f"{type(exc).__name__}: {exc}"
         return self.info
+
+
+def dump_snapshot(snapshot: dict[str, Any], path: Path) -> None:
+    """Write ``snapshot`` with pickle protocol 4 (what memory_viz reads), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        pickle.dump(snapshot, f, protocol=PROTOCOL)
+    os.replace(tmp, path)

@@ -1,6 +1,6 @@
 """The model sizes: shapes and analytic parameter counts, without torch.
 
-Kept apart from ``profkit.model`` so that commands which only need a size's shape (FLOP
+Kept apart from ``profkit.workload.model`` so that commands which only need a size's shape (FLOP
 counts, reports, config validation) don't import torch.
 """
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.config import ATTENTIONS, DTYPES, MODES
 from profkit.errors import BadInput
-from profkit.specs import SIZES
+from profkit.workload.config import ATTENTIONS, DTYPES, MODES
+from profkit.workload.specs import SIZES
 
 FIELDS = ("dtype", "compile", "warmup", "attention", "mode")
 # What makes two rows the same config, the compared field aside. Device and GPU first, so

@@ -16,9 +16,9 @@ from typing import Any
 
 import sqlite_utils
 
-from profkit.config import WorkloadConfig
 from profkit.errors import BadInput
 from profkit.files import check_writable
+from profkit.workload.config import WorkloadConfig
 
 DEFAULT_DB = Path("profiles/results.db")
 SQLITE_HEADER = b"SQLite format 3\x00"

@@ -29,7 +29,7 @@ class WorkloadConfig:
     """One run of the built-in Transformer: what to build and how to step it."""
 
     size: str = "small"
-    """Model size name, one of ``profkit.model.SIZES``."""
+    """Model size name, one of ``profkit.workload.model.SIZES``."""
     ctx: int = 256
     """Context length (tokens per sequence)."""
     batch: int = 4
@@ -56,7 +56,7 @@ class WorkloadConfig:
     """Free-form labels carried along into results (not part of a config's identity)."""
 
     def __post_init__(self) -> None:
-        from profkit.specs import SIZES
+        from profkit.workload.specs import SIZES
 
         if self.size not in SIZES:
             raise BadInput(f"unknown size {self.size!r}; choose one of: {', '.join(SIZES)}")

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 from profkit import __version__
-from profkit.render import markdown_table
-
-if TYPE_CHECKING:
-    from profkit.torchprof import TorchProfile
+from profkit.formats import markdown_table
+from profkit.torchprof.result import MODE_TITLES, TorchProfile
 
 TABLE_DIGITS = 3
-MODE_TITLES = {
-    "forward": "Forward only",
-    "forward-backward": "Full step: forward + backward",
-    "train": "Full step: forward + backward + optimizer",
-}
 
 
 def report_markdown(result: TorchProfile) -> str:

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from profkit.annotate import phase
-from profkit.config import WorkloadConfig, resolve_device
-from profkit.model import BasicsTransformerLM, build_model
+from profkit.workload.annotate import phase
+from profkit.workload.config import WorkloadConfig, resolve_device
+from profkit.workload.model import BasicsTransformerLM, build_model
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PHASE_NAMES = ("forward", "backward", "optimizer")

@@ -1,6 +1,6 @@
 """One config in its own process: the isolation behind sweeps and profiler runs.
 
-The parent (:func:`run_child`) starts ``python -m profkit.child`` with a config as JSON;
+The parent (:func:`run_child`) starts ``python -m profkit.run.child`` with a config as JSON;
 the child runs warm-up and timed steps and writes one JSON result file. A CUDA OOM or any
 exception in the child becomes ``status: oom|error`` in that file; a child that dies
 without writing one (killed, segfault) becomes an ``error`` result in the parent. Either
@@ -9,7 +9,7 @@ way the sweep goes on.
 Captures decide what the child does around the timed steps (``on_timed_start`` /
 ``on_timed_end``): ``none``; ``cuda-profiler-api`` (cudaProfilerStart/Stop, so that
 ``nsys --capture-range=cudaProfilerApi`` records only the timed steps); ``memory``
-(CUDA allocator history and a snapshot, see ``profkit.memory.recorder``; its options
+(CUDA allocator history and a snapshot, see ``profkit.run.recorder``; its options
 come as JSON in ``--capture-options``).
 """
 
@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from profkit.config import WorkloadConfig
-from profkit.proc import kill_tree
+from profkit.run.proc import kill_tree
+from profkit.workload.config import WorkloadConfig
 
 Hooks = tuple[Callable[[], None] | None, Callable[[], None] | None]
 CAPTURES = ("none", "cuda-profiler-api", "memory")
@@ -60,14 +60,14 @@ def run_config(
     """Run one config in this process and return its result; never raises for the run itself."""
     import torch
 
-    from profkit.workload import Workload
+    from profkit.workload.step import Workload
 
     result: dict[str, Any] = {"config": config.to_dict(), "status": "ok", "error": None}
     started = time.perf_counter()
     recorder = None
     try:
         if capture == "memory":
-            from profkit.memory.recorder import MemoryRecorder
+            from profkit.run.recorder import MemoryRecorder
 
             recorder = MemoryRecorder(**(capture_options or {}))
             recorder.begin()
@@ -113,7 +113,7 @@ def child_argv(
     return [
         sys.executable,
         "-m",
-        "profkit.child",
+        "profkit.run.child",
         "--config",
         config.to_json(),
         "--result",
@@ -202,7 +202,7 @@ def _died(config: WorkloadConfig, reason: str, stderr: str | None) -> dict[str, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m profkit.child")
+    parser = argparse.ArgumentParser(prog="python -m profkit.run.child")
     parser.add_argument("--config", required=True, help="WorkloadConfig as JSON")
     parser.add_argument("--result", required=True, type=Path, help="where to write the result")
     parser.add_argument("--capture", default="none", choices=CAPTURES)

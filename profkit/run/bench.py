@@ -1,6 +1,6 @@
 """The benchmarking sweep: every config in its own process, every row into the results DB.
 
-``bench`` runs each config through :func:`profkit.child.run_child`, so a CUDA OOM, a crash
+``bench`` runs each config through :func:`profkit.run.child.run_child`, so a CUDA OOM, a crash
 or a killed child becomes a row with ``status: oom|error`` and the sweep goes on. Each row
 is committed as soon as its config finishes; ``resume`` skips configs the DB already holds.
 Rows follow the ``profkit bench`` JSON contract in DESIGN.md, plus min/median/max per
@@ -18,11 +18,12 @@ from typing import Any
 
 import pandas as pd
 
-from profkit import flops, results
-from profkit.child import run_child
-from profkit.config import WorkloadConfig, resolve_device
-from profkit.environment import environment, utc_now
 from profkit.errors import BadInput
+from profkit.run import results
+from profkit.run.child import run_child
+from profkit.run.environment import environment, utc_now
+from profkit.workload import flops
+from profkit.workload.config import WorkloadConfig, resolve_device
 
 TABLE = "bench"
 PHASES = ("forward", "backward", "optimizer", "step")

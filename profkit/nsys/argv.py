@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from profkit.config import WorkloadConfig
 from profkit.errors import BadInput
+from profkit.workload.config import WorkloadConfig
 
 DEFAULT_TRACE = "cuda,nvtx"
 # nsys's own --capture-range values, plus ``auto``: cudaProfilerApi for the built-in

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import profkit
-from profkit.environment import git_state
+from profkit.run.environment import git_state
 
 
 @dataclass
@@ -81,7 +81,7 @@ def _torch_components() -> tuple[list[Component], dict[str, bool]]:
 
 def _nsys_component() -> Component:
     from profkit.errors import MissingTool
-    from profkit.nsys_tool import find_nsys, nsys_version
+    from profkit.run.tools import find_nsys, nsys_version
 
     try:
         path = find_nsys()

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from profkit.annotate import annotate
-from profkit.specs import COURSE_SIZES, SIZES, ModelSpec, get_spec, sizes
+from profkit.workload.annotate import annotate
+from profkit.workload.specs import COURSE_SIZES, SIZES, ModelSpec, get_spec, sizes
 
 __all__ = [
     "COURSE_SIZES",

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.render import markdown_table
+from profkit.formats import markdown_table
 
 PHASES = ("forward", "backward", "optimizer")
 SIDECAR_SUFFIX = ".profkit.json"

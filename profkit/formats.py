@@ -1,8 +1,7 @@
-"""Rendering at the edge: tables to the terminal (rich), markdown, CSV or JSON.
+"""Text formats of profkit's tables — markdown, CSV, JSON — and writing them to files.
 
-Library functions return plain data (DataFrames, dicts); only the CLI calls these.
-With ``--format json`` stdout carries the JSON and nothing else; every message, warning
-and progress bar goes to stderr (``err_console``).
+Pure functions of data: the library uses them for the markdown reports it writes, the CLI
+(:mod:`profkit.cli.render`) for what it prints. Nothing here touches a terminal.
 """
 
 from __future__ import annotations
@@ -10,23 +9,15 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from rich.console import Console
-from rich.table import Table
 
 from profkit.errors import BadInput
 from profkit.files import check_writable
 
 FORMATS = ("table", "md", "csv", "json")
-
-# Piped output has no terminal width; don't squeeze tables into 80 columns then.
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True)
 
 
 def check_format(fmt: str) -> str:
@@ -35,7 +26,7 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
-def _cell(value: Any, digits: int = 2) -> str:
+def cell_text(value: Any, digits: int = 2) -> str:
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return "—"
     if isinstance(value, bool):
@@ -45,25 +36,6 @@ def _cell(value: Any, digits: int = 2) -> str:
     if isinstance(value, numbers.Integral):  # numpy ints too (nullable Int64 columns)
         return f"{value:,}"
     return str(value)
-
-
-def rich_table(df: pd.DataFrame, title: str | None = None, digits: int = 2) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
-    cells = [[_cell(v, digits) for v in row] for row in df.itertuples(index=False)]
-    for index, column in enumerate(df.columns):
-        numeric = pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(
-            df[column]
-        )
-        # Numbers are never cut short: a narrow terminal wraps the header instead. Text
-        # keeps a readable minimum so wide numeric tables cannot squeeze it to nothing.
-        longest = max((len(row[index]) for row in cells), default=1)
-        width = longest if numeric else min(longest, 16)
-        table.add_column(
-            str(column), justify="right" if numeric else "left", min_width=width, no_wrap=numeric
-        )
-    for row in cells:
-        table.add_row(*row)
-    return table
 
 
 def markdown_table(df: pd.DataFrame, digits: int = 2) -> str:
@@ -78,7 +50,7 @@ def markdown_table(df: pd.DataFrame, digits: int = 2) -> str:
         "|" + "|".join("---:" if n else ":---" for n in numeric) + "|",
     ]
     for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_md_escape(_cell(v, digits)) for v in row) + " |")
+        lines.append("| " + " | ".join(_md_escape(cell_text(v, digits)) for v in row) + " |")
     return "\n".join(lines)
 
 
@@ -128,48 +100,3 @@ def file_format(fmt: str, out: Path | None) -> str:
     if fmt != "table" or out is None:
         return fmt
     return _SUFFIX_FORMATS.get(out.suffix.lower(), "md")
-
-
-def emit_tables(
-    tables: Sequence[tuple[str, pd.DataFrame]],
-    fmt: str,
-    out: Path | None = None,
-    json_value: Any = None,
-    digits: int = 2,
-) -> None:
-    """Render titled tables in ``fmt`` to stdout, or to ``out`` when given.
-
-    ``json_value`` is what ``--format json`` prints (the command's contract); when it is
-    None the tables themselves are printed as a JSON object keyed by title.
-    """
-    fmt = file_format(check_format(fmt), out)
-    if fmt == "json":
-        value = json_value if json_value is not None else {t: df for t, df in tables}
-        text = dumps(value) + "\n"
-    elif fmt == "csv":
-        text = "\n".join(df.to_csv(index=False) for _, df in tables)
-    elif fmt == "md":
-        text = (
-            "\n\n".join(
-                (f"### {title}\n\n" if title else "") + markdown_table(df, digits)
-                for title, df in tables
-            )
-            + "\n"
-        )
-    else:
-        if out is None:
-            for title, df in tables:
-                console.print(rich_table(df, title, digits))
-            return
-        text = (
-            "\n\n".join(
-                (f"### {title}\n\n" if title else "") + markdown_table(df, digits)
-                for title, df in tables
-            )
-            + "\n"
-        )
-    if out is not None:
-        write_text(out, text)
-        err_console.print(f"wrote {out}")
-    else:
-        print(text, end="")

@@ -18,13 +18,13 @@ from typing import Any
 
 import pandas as pd
 
-from profkit import bench as bench_lib
-from profkit import specs
-from profkit.config import WorkloadConfig, resolve_device
-from profkit.environment import environment
 from profkit.files import check_writable
-from profkit.render import markdown_table, write_text
-from profkit.results import check_db
+from profkit.formats import markdown_table, write_text
+from profkit.run import bench as bench_lib
+from profkit.run.environment import environment
+from profkit.run.results import check_db
+from profkit.workload import specs
+from profkit.workload.config import WorkloadConfig, resolve_device
 
 SweepHooks = tuple[bench_lib.StartHook | None, bench_lib.RowHook | None]
 SweepProgress = Callable[[Sequence[WorkloadConfig]], AbstractContextManager[SweepHooks]]
@@ -112,7 +112,7 @@ def _bench_step(ctx: DemoContext) -> str:
 # training steps, captured by `profkit nsys` on an H100 (so the demo shows GPU kernel
 # tables on any machine, nsys or not).
 EXAMPLE_EXPORT = (
-    Path(__file__).resolve().parents[1] / "profiles" / "examples" / "small-ctx128-train-fp32.sqlite"
+    Path(__file__).resolve().parents[2] / "profiles" / "examples" / "small-ctx128-train-fp32.sqlite"
 )
 
 
@@ -152,7 +152,8 @@ _ATTENTION_RANGES = (
 
 
 def _torch_step(ctx: DemoContext) -> str:
-    from profkit.torchprof import TorchOptions, profile_torch
+    from profkit.torchprof.profile import profile_torch
+    from profkit.torchprof.result import TorchOptions
 
     size = "small" if ctx.on_gpu else "tiny"
     config = WorkloadConfig(size=size, ctx=128, warmup=1, steps=1, device=ctx.device)

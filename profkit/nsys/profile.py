@@ -1,10 +1,10 @@
 """``profkit nsys``: run the built-in workload or a user's program under Nsight Systems.
 
-One run: ``nsys profile`` (argv from :mod:`profkit.nsys_argv`) writes
+One run: ``nsys profile`` (argv from :mod:`profkit.nsys.argv`) writes
 ``profiles/NAME.nsys-rep`` and its full output to ``profiles/NAME.nsys.log``; the export
 goes to ``profiles/NAME.sqlite``; the sidecar ``profiles/NAME.profkit.json`` records the
 config, the child's per-step Python phase times and where the time went
-(:mod:`profkit.nsys_record`); the kernel report goes to ``reports/NAME.md``.
+(:mod:`profkit.nsys.record`); the kernel report goes to ``reports/NAME.md``.
 Failures keep every file already written and say which.
 """
 
@@ -19,10 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from profkit.child import child_argv, collect_result
-from profkit.config import WorkloadConfig
 from profkit.errors import BadInput, MissingTool, ProfkitError
-from profkit.nsys_argv import (
+from profkit.nsys.argv import (
     NsysOptions,
     RunFiles,
     check_name,
@@ -31,9 +29,11 @@ from profkit.nsys_argv import (
     placeholder_result_path,
     profile_argv,
 )
-from profkit.nsys_record import new_record, run_section, write_sidecar
-from profkit.nsys_tool import export_sqlite, find_nsys, nsys_version
-from profkit.proc import Outcome, describe_exit, run_logged
+from profkit.nsys.record import new_record, run_section, write_sidecar
+from profkit.run.child import child_argv, collect_result
+from profkit.run.proc import Outcome, describe_exit, run_logged
+from profkit.run.tools import export_sqlite, find_nsys, nsys_version
+from profkit.workload.config import WorkloadConfig
 
 Target = WorkloadConfig | Sequence[str]
 # After Ctrl-C nsys stops the program and writes the report of what it captured; a big
@@ -330,6 +330,6 @@ def _file_kinds(files: RunFiles) -> dict[str, Path]:
 
 
 def _write(path: Path, text: str) -> None:
-    from profkit.render import write_text
+    from profkit.formats import write_text
 
     write_text(path, text if text.endswith("\n") else text + "\n")
