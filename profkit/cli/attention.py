@@ -10,6 +10,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profkit.cli._common import (
+    DEFAULT_COMPILE,
+    DEFAULT_DEVICE,
     CompileOpt,
     DbOpt,
     DeviceOpt,
@@ -44,13 +46,13 @@ def attention(
     d_head: DHeadOpt = [],  # noqa: B006 - typer reads the default; it is never mutated
     seq: SeqOpt = [],  # noqa: B006
     impl: ImplOpt = [],  # noqa: B006
-    compile: CompileOpt = "no",
+    compile: CompileOpt = DEFAULT_COMPILE,
     dtype: DtypeOpt = [],  # noqa: B006
     batch: Annotated[int, typer.Option("--batch", help="Batch size.")] = 8,
     causal: Annotated[bool, typer.Option("--causal", help="Apply a causal mask.")] = False,
     iters: Annotated[int, typer.Option("--iters", help="Timed forward and backward passes.")] = 100,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed passes before each.")] = 5,
-    device: DeviceOpt = "auto",
+    device: DeviceOpt = DEFAULT_DEVICE,
     isolate: Annotated[
         str, typer.Option("--isolate", help="auto (shared process, OOM caught) | process.")
     ] = "auto",

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from profkit.cli._common import DeviceOpt, command
+from profkit.cli._common import DEFAULT_DEVICE, DeviceOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console
 from profkit.cli.views import sweep_progress
@@ -28,7 +28,7 @@ def _announce(index: int, total: int, step: demo_lib.DemoStep) -> None:
 def demo(
     profiles: ProfilesOpt = Path("profiles/demo"),
     report: ReportOpt = Path("reports/demo.md"),
-    device: DeviceOpt = "auto",
+    device: DeviceOpt = DEFAULT_DEVICE,
 ) -> None:
     """Benchmark, profile and report in one go: tiny model on a CPU, small on a GPU."""
     result = demo_lib.demo(

@@ -13,21 +13,12 @@ import typer
 import typer.core
 
 from profkit.cli._common import (
-    AttentionOpt,
-    BatchOpt,
-    Bf16Opt,
-    CompileOpt,
-    CtxOpt,
     DbOpt,
-    DeviceOpt,
-    DtypeOpt,
     FormatOpt,
-    ModeOpt,
     OutOpt,
-    SizeOpt,
-    WarmupOpt,
+    WorkloadOptions,
     command,
-    workload_configs,
+    workload_options,
 )
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console
@@ -65,18 +56,9 @@ SnapshotArg = Annotated[
 
 
 @command(memory_app, "capture")
+@workload_options(steps=1, warmup=1)
 def capture(
-    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults; they are never mutated
-    ctx: CtxOpt = [],  # noqa: B006
-    batch: BatchOpt = [],  # noqa: B006
-    mode: ModeOpt = [],  # noqa: B006
-    dtype: DtypeOpt = [],  # noqa: B006
-    bf16: Bf16Opt = False,
-    compile: CompileOpt = "no",
-    attention: AttentionOpt = [],  # noqa: B006
-    warmup: WarmupOpt = [],  # noqa: B006
-    steps: Annotated[int, typer.Option("--steps", help="Timed (recorded) steps.")] = 1,
-    device: DeviceOpt = "auto",
+    workload: WorkloadOptions,
     max_entries: MaxEntriesOpt = 1_000_000,
     stacks: StacksOpt = "python",
     name: Annotated[
@@ -100,9 +82,7 @@ def capture(
     from profkit.memory.capture import capture_tables
 
     check_format(fmt)
-    configs = workload_configs(
-        size, ctx, batch, mode, dtype, bf16, compile, attention, warmup or [1], steps, device
-    )
+    configs = workload.configs()
     with _progress(len(configs)) as on_config:
         rows = run_capture(
             configs, out_dir, name, max_entries, stacks, timeout, on_config, db_path=db

@@ -9,22 +9,7 @@ from typing import Annotated
 
 import typer
 
-from profkit.cli._common import (
-    AttentionOpt,
-    BatchOpt,
-    Bf16Opt,
-    CompileOpt,
-    CtxOpt,
-    DeviceOpt,
-    DtypeOpt,
-    ModeOpt,
-    SizeOpt,
-    StepsOpt,
-    WarmupOpt,
-    command,
-    single_config,
-    workload_configs,
-)
+from profkit.cli._common import WorkloadOptions, command, workload_options
 from profkit.cli.app import app
 from profkit.cli.render import console, err_console
 from profkit.errors import BadInput
@@ -32,10 +17,6 @@ from profkit.formats import dumps
 from profkit.nsys import profile as nsys_lib
 from profkit.nsys.argv import DEFAULT_TRACE, NsysOptions
 
-WORKLOAD_PARAMS = (
-    "size", "ctx", "batch", "mode", "dtype", "bf16", "compile", "attention", "warmup", "steps",
-    "device",
-)  # fmt: skip
 FORMATS = ("table", "md", "json")
 
 ProgramArg = Annotated[
@@ -117,20 +98,11 @@ DryRunOpt = Annotated[
 
 
 @command(app)
+@workload_options()
 def nsys(
-    context: typer.Context,
     program: ProgramArg = None,
-    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults, never mutates them
-    ctx: CtxOpt = [],  # noqa: B006
-    batch: BatchOpt = [],  # noqa: B006
-    mode: ModeOpt = [],  # noqa: B006
-    dtype: DtypeOpt = [],  # noqa: B006
-    bf16: Bf16Opt = False,
-    compile: CompileOpt = "no",
-    attention: AttentionOpt = [],  # noqa: B006
-    warmup: WarmupOpt = [],  # noqa: B006
-    steps: StepsOpt = 10,
-    device: DeviceOpt = "auto",
+    *,
+    workload: WorkloadOptions,
     name: NameOpt = None,
     nsys: NsysOpt = None,
     trace: TraceOpt = DEFAULT_TRACE,
@@ -161,16 +133,12 @@ def nsys(
         extra_args=tuple(nsys_arg or ()),
     )
     if program:
-        given = [p for p in WORKLOAD_PARAMS if _given(context, p)]
-        if given:
-            flags = ", ".join(f"--{p}" for p in given)
+        if workload.given:
+            flags = ", ".join(f"--{p}" for p in workload.given)
             raise BadInput(f"{flags}: workload options apply to the built-in model, not a program")
         target: nsys_lib.Target = program
     else:
-        configs = workload_configs(
-            size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
-        )
-        target = single_config(configs, "nsys")
+        target = workload.config("nsys")
     if dry_run:
         plan = nsys_lib.plan(target, name, out_dir, options=options, nsys=nsys, require_nsys=False)
         if not plan.nsys_found:
@@ -197,11 +165,6 @@ def nsys(
         err_console.print(f"stopped; kept {kept}", highlight=False, soft_wrap=True)
         raise KeyboardInterrupt from None
     _render(run, fmt)
-
-
-def _given(context: typer.Context, param: str) -> bool:
-    source = context.get_parameter_source(param)
-    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 def _render(run: nsys_lib.NsysRun, fmt: str) -> None:

@@ -16,22 +16,11 @@ from rich.progress import (
 )
 
 from profkit.cli._common import (
-    AttentionOpt,
-    BatchOpt,
-    Bf16Opt,
-    CompileOpt,
-    CtxOpt,
-    DeviceOpt,
-    DtypeOpt,
     FormatOpt,
-    ModeOpt,
     OutOpt,
-    SizeOpt,
-    StepsOpt,
-    WarmupOpt,
+    WorkloadOptions,
     command,
-    single_config,
-    workload_configs,
+    workload_options,
 )
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console
@@ -81,18 +70,9 @@ OutDirOpt = Annotated[
 
 
 @command(app, name="torch")
+@workload_options(steps=1)
 def torch_(
-    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults, never mutates them
-    ctx: CtxOpt = [],  # noqa: B006
-    batch: BatchOpt = [],  # noqa: B006
-    mode: ModeOpt = [],  # noqa: B006
-    dtype: DtypeOpt = [],  # noqa: B006
-    bf16: Bf16Opt = False,
-    compile: CompileOpt = "no",
-    attention: AttentionOpt = [],  # noqa: B006
-    warmup: WarmupOpt = [],  # noqa: B006
-    steps: StepsOpt = 1,
-    device: DeviceOpt = "auto",
+    workload: WorkloadOptions,
     record_shapes: RecordShapesOpt = False,
     with_stack: WithStackOpt = False,
     profile_memory: ProfileMemoryOpt = False,
@@ -109,10 +89,7 @@ def torch_(
     Records only the timed steps (--steps, default 1 as in the course's tables) after the warm-up, prints both tables, and writes the Chrome traces OUT_DIR/NAME-forward.json.gz and OUT_DIR/NAME-MODE.json.gz (open them in ui.perfetto.dev or chrome://tracing, or read them with `profkit kernels`) and the report reports/NAME.md.
     """
     check_format(fmt)
-    configs = workload_configs(
-        size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
-    )
-    config = single_config(configs, "torch")
+    config = workload.config("torch")
     options = TorchOptions(
         record_shapes=record_shapes,
         with_stack=with_stack,
