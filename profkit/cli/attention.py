@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Annotated
 import pandas as pd
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profkit.cli._common import (
     DEFAULT_COMPILE,
@@ -21,7 +20,7 @@ from profkit.cli._common import (
     compile_values,
 )
 from profkit.cli.app import app
-from profkit.cli.render import emit_tables, err_console
+from profkit.cli.render import emit_tables, err_console, progress_bar
 from profkit.formats import check_format
 from profkit.run.results import DEFAULT_DB, check_db
 from profkit.studies import attention_tables
@@ -86,20 +85,11 @@ def attention(
         device=device,
         isolate=isolate,
     )
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        # Off a terminal the bar is off: a transient bar there leaves a blank line on stderr.
-        disable=not err_console.is_terminal,
-    ) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("attention", total=len(settings.cells()))
 
         def started(cell: Cell) -> None:
-            progress.update(task, description=cell.label())
+            progress.update(task, current=cell.label())
 
         rows = run_attention(settings, started, lambda _row: progress.advance(task), db)
     tables: list[tuple[str, pd.DataFrame]] = [

@@ -6,6 +6,8 @@ argument, when it is not a subcommand, goes to ``capture``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,9 +23,10 @@ from profkit.cli._common import (
     workload_options,
 )
 from profkit.cli.app import app
-from profkit.cli.render import emit_tables, err_console
+from profkit.cli.render import emit_tables, err_console, progress_bar
 from profkit.formats import check_format, dumps
 from profkit.run.results import DEFAULT_DB
+from profkit.workload.config import WorkloadConfig
 
 
 class DefaultToCapture(typer.core.TyperGroup):
@@ -83,7 +86,7 @@ def capture(
 
     check_format(fmt)
     configs = workload.configs()
-    with _progress(len(configs)) as on_config:
+    with _progress(configs) as on_config:
         rows = run_capture(
             configs, out_dir, name, max_entries, stacks, timeout, on_config, db_path=db
         )
@@ -93,33 +96,16 @@ def capture(
             err_console.print(f"snapshot: {row['snapshot']}  (pytorch.org/memory_viz reads it)")
 
 
-class _progress:
-    """A progress bar on stderr, one tick per config."""
+@contextmanager
+def _progress(configs: list[WorkloadConfig]) -> Iterator[Callable[[int, WorkloadConfig], None]]:
+    """The progress bar, one tick per config; yields capture's hook."""
+    with progress_bar() as progress:
+        task = progress.add_task("memory", total=len(configs))
 
-    def __init__(self, total: int) -> None:
-        from rich.progress import Progress
+        def on_config(index: int, config: WorkloadConfig) -> None:
+            progress.update(task, completed=index, current=config.label())
 
-        self.total = total
-        # Off a terminal the bar is off: a transient bar there leaves a blank line on stderr.
-        self.bar = Progress(
-            console=err_console, transient=True, disable=not err_console.is_terminal
-        )
-        self.task = self.bar.add_task("memory", total=total)
-
-    def __enter__(self) -> Any:
-        self.bar.start()
-
-        def on_config(index: int, config: Any) -> None:
-            self.bar.update(
-                self.task,
-                completed=index,
-                description=f"capturing {index + 1}/{self.total}: {config.label()}",
-            )
-
-        return on_config
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.stop()
+        yield on_config
 
 
 @command(memory_app, "summarize")

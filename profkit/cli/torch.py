@@ -6,14 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import TaskID
 
 from profkit.cli._common import (
     FormatOpt,
@@ -23,7 +16,7 @@ from profkit.cli._common import (
     workload_options,
 )
 from profkit.cli.app import app
-from profkit.cli.render import emit_tables, err_console
+from profkit.cli.render import emit_tables, err_console, progress_bar
 from profkit.formats import check_format
 from profkit.torchprof import profile as torchprof
 from profkit.torchprof.report import TABLE_DIGITS
@@ -98,22 +91,12 @@ def torch_(
         row_limit=row_limit,
         group_by_shape=group_by_shape,
     )
-    columns = (
-        TextColumn("[bold]torch.profiler[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    # Off a terminal the bar is off: a transient bar there leaves a blank line on stderr.
-    bar = Progress(
-        *columns, console=err_console, transient=True, disable=not err_console.is_terminal
-    )
-    with bar as progress:
+    with progress_bar() as progress:
         tasks: dict[str, TaskID] = {}
 
         def on_step(run_mode: str, done: int, total: int) -> None:
             if run_mode not in tasks:
-                tasks[run_mode] = progress.add_task(run_mode, total=total)
+                tasks[run_mode] = progress.add_task(f"torch.profiler {run_mode}", total=total)
             progress.update(tasks[run_mode], completed=done)
 
         result = torchprof.profile_torch(
