@@ -179,3 +179,25 @@ def test_workload_options_with_a_program_are_refused() -> None:
     assert result.stderr == (
         "error: --size, --bf16: workload options apply to the built-in model, not a program\n"
     )
+
+
+def _leaf_commands(command: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    if hasattr(command, "commands"):
+        return [
+            leaf
+            for name, sub in command.commands.items()
+            for leaf in _leaf_commands(sub, (*path, name))
+        ]
+    return [(path, command)]
+
+
+def test_every_written_file_is_out_and_every_format_is_f() -> None:
+    commands = _leaf_commands(typer.main.get_command(app))
+    assert len(commands) == 16
+    for path, cmd in commands:
+        opts = {p.name: p.opts for p in cmd.params}
+        assert not any("--output" in o for o in opts.values()), path
+        if "out" in opts:
+            assert opts["out"][:2] == ["--out", "-o"], path
+        if "fmt" in opts:
+            assert opts["fmt"] == ["--format", "-f"], path

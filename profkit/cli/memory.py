@@ -24,6 +24,7 @@ from profkit.cli._common import (
 )
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console, progress_bar
+from profkit.errors import BadInput
 from profkit.formats import check_format, dumps
 from profkit.run.results import DEFAULT_DB
 from profkit.workload.config import WorkloadConfig
@@ -126,12 +127,21 @@ def summarize(
     emit_tables(summary_tables(summary), fmt, out, json_value=summary)
 
 
+PLOT_FORMATS = ("table", "json")
+
+
 @command(memory_app, "plot")
 def plot(
     snapshot: SnapshotArg,
-    output: Annotated[
+    out: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="Picture: .png, .svg or .pdf (default: beside it)."),
+        typer.Option(
+            "--out",
+            "-o",
+            help="The picture; its suffix picks the format: .png, .svg or .pdf "
+            "(default: NAME.png beside the snapshot).",
+            show_default=False,
+        ),
     ] = None,
     html: Annotated[
         bool,
@@ -142,17 +152,29 @@ def plot(
     ] = 2_000,
     sites: Annotated[int, typer.Option("--sites", help="Call sites given their own colour.")] = 10,
     title: Annotated[str | None, typer.Option("--title", help="Title of the picture.")] = None,
-    fmt: FormatOpt = "table",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="What is printed: table (a line per file written, on stderr) | json (the "
+            "files, the peak and the event count, on stdout).",
+        ),
+    ] = "table",
 ) -> None:
-    """The active-memory timeline as a picture, drawn locally (matplotlib, no browser)."""
+    """The active-memory timeline as a picture, drawn locally (matplotlib, no browser).
+
+    The picture's format is --out's suffix (.png, .svg or .pdf).
+    """
     from profkit.memory.plot import plot_file
 
-    result = plot_file(snapshot, output, html, detail, sites, title)
+    if fmt not in PLOT_FORMATS:
+        raise BadInput(f"unknown --format {fmt!r}; choose one of: {', '.join(PLOT_FORMATS)}")
+    result = plot_file(snapshot, out, html, detail, sites, title)
     if fmt == "json":
         print(dumps(result))
         return
-    check_format(fmt)
-    err_console.print(f"wrote {result['image']}")
+    err_console.print(f"wrote {result['image']}", highlight=False, soft_wrap=True)
     if result.get("html"):
         err_console.print(
             f"wrote {result['html']} (opening it loads MemoryViz.js and d3 from public CDNs)"
