@@ -95,9 +95,7 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
-                # Every command's --out is checked before its work, not when it is written.
-                if isinstance(kw.get("out"), Path):
-                    check_writable(kw["out"])
+                _check_shared_options(kw)
                 return fn(*args, **kw)
             except ProfkitError as exc:
                 err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
@@ -111,6 +109,15 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
     return decorate
 
 
+def _check_shared_options(kw: dict[str, Any]) -> None:
+    """Options several commands share are checked here, before any work starts."""
+    if isinstance(kw.get("out"), Path):  # not when it is written, after the work
+        check_writable(kw["out"])
+    timeout = kw.get("timeout")
+    if timeout is not None and not timeout > 0:  # also catches nan
+        raise BadInput(f"--timeout must be positive, got {timeout:g}")
+
+
 # --- options of many commands ---------------------------------------------------------------
 
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table | md | csv | json.")]
@@ -119,6 +126,18 @@ DbOpt = Annotated[
     typer.Option("--db", envvar="PROFKIT_DB", help="Results database (SQLite), created if needed."),
 ]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the output to this file.")]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help="Seconds per config before its process is killed."),
+]
+NsysOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--nsys",
+        help="The nsys executable (default: $PROFKIT_NSYS, else nsys on PATH).",
+        show_default=False,
+    ),
+]
 
 
 # --- the workload options -------------------------------------------------------------------

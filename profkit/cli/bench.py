@@ -11,6 +11,7 @@ from profkit.cli._common import (
     DbOpt,
     FormatOpt,
     OutOpt,
+    TimeoutOpt,
     WorkloadOptions,
     command,
     workload_options,
@@ -18,17 +19,12 @@ from profkit.cli._common import (
 from profkit.cli.app import app
 from profkit.cli.render import err_console
 from profkit.cli.views import render_comparison, render_rows, sweep_progress
-from profkit.errors import BadInput
 from profkit.formats import check_format
 from profkit.run import bench as bench_lib
 from profkit.run.results import DEFAULT_DB, check_db
 
 ResumeOpt = Annotated[
     bool, typer.Option("--resume", help="Skip configs the DB already holds (ok or oom).")
-]
-TimeoutOpt = Annotated[
-    float | None,
-    typer.Option("--timeout", help="Seconds per config before its process is killed."),
 ]
 CompareOpt = Annotated[
     str | None,
@@ -61,8 +57,6 @@ def bench(
     Example: profkit bench --size small medium --ctx 128 256 --mode forward train --bf16
     """
     check_format(fmt)
-    if timeout is not None and timeout <= 0:
-        raise BadInput(f"--timeout must be positive, got {timeout:g}")
     configs = workload.configs()
     if compare is not None:  # a sweep with one dtype has nothing to compare: say so now
         compare_lib.check_sweep(compare, (getattr(c, compare, None) for c in configs))

@@ -18,6 +18,7 @@ from profkit.cli._common import (
     DbOpt,
     FormatOpt,
     OutOpt,
+    TimeoutOpt,
     WorkloadOptions,
     command,
     workload_options,
@@ -71,9 +72,7 @@ def capture(
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where snapshots go.")] = Path(
         "profiles"
     ),
-    timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Seconds per config before it is killed.")
-    ] = None,
+    timeout: TimeoutOpt = None,
     db: DbOpt = DEFAULT_DB,
     fmt: FormatOpt = "table",
     out: OutOpt = None,

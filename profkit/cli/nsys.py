@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from profkit.cli._common import WorkloadOptions, command, workload_options
+from profkit.cli._common import NsysOpt, WorkloadOptions, command, workload_options
 from profkit.cli.app import app
 from profkit.cli.render import console, err_console
 from profkit.errors import BadInput
@@ -36,13 +36,6 @@ NameOpt = Annotated[
         show_default=False,
     ),
 ]
-NsysOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--nsys", help="The nsys executable (default: $PROFKIT_NSYS, else nsys on PATH).",
-        show_default=False,
-    ),
-]  # fmt: skip
 TraceOpt = Annotated[str, typer.Option("--trace", help="APIs nsys traces, comma-separated.")]
 CudaMemoryOpt = Annotated[
     bool, typer.Option("--cuda-memory", help="Track GPU memory use (--cuda-memory-usage=true).")
