@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 from rich.markup import escape
 
@@ -26,7 +26,7 @@ from profkit.run.results import DEFAULT_DB, check_db
 from profkit.studies import attention_tables
 
 if TYPE_CHECKING:
-    from profkit.studies.attention import Cell
+    from profkit.studies.attention import AttentionSettings, Cell
 
 DHeadOpt = Annotated[
     list[int], typer.Option("--d-head", help="Head dimension(s); default 16 32 64 128.")
@@ -68,7 +68,6 @@ def attention(
     """
     # torch loads here, not at `profkit` start-up: trace-reading commands never need it.
     from profkit.studies.attention import DEFAULT_D_HEADS, DEFAULT_SEQS, AttentionSettings
-    from profkit.studies.attention_runner import run_attention
 
     check_format(fmt)
     check_db(db)
@@ -85,22 +84,23 @@ def attention(
         device=device,
         isolate=isolate,
     )
+    rows = _run(settings, db)
+    emit_tables(attention_tables.tables(rows), fmt, out, json_value=rows)
+    for line in attention_tables.failures(rows):
+        err_console.print(f"[yellow]{escape(line)}[/]", highlight=False, soft_wrap=True)
+    if any(r["status"] == "interrupted" for r in rows):
+        err_console.print("interrupted; the cells that finished are above")
+        raise typer.Exit(130)
+
+
+def _run(settings: AttentionSettings, db: Path) -> list[dict[str, Any]]:
+    """Every cell of the grid, with a progress bar on the cell being timed."""
+    from profkit.studies.attention_runner import run_attention
+
     with progress_bar() as progress:
         task = progress.add_task("attention", total=len(settings.cells()))
 
         def started(cell: Cell) -> None:
             progress.update(task, current=cell.label())
 
-        rows = run_attention(settings, started, lambda _row: progress.advance(task), db)
-    tables: list[tuple[str, pd.DataFrame]] = [
-        (attention_tables.title(rows), attention_tables.cells_table(rows))
-    ]
-    pairs = attention_tables.side_by_side(rows)
-    if pairs is not None:
-        tables.append(("Side by side", pairs))
-    emit_tables(tables, fmt, out, json_value=rows)
-    for line in attention_tables.failures(rows):
-        err_console.print(f"[yellow]{escape(line)}[/]", highlight=False, soft_wrap=True)
-    if any(r["status"] == "interrupted" for r in rows):
-        err_console.print("interrupted; the cells that finished are above")
-        raise typer.Exit(130)
+        return run_attention(settings, started, lambda _row: progress.advance(task), db)

@@ -16,6 +16,7 @@ from profkit.errors import BadInput
 from profkit.formats import dumps
 from profkit.nsys import profile as nsys_lib
 from profkit.nsys.argv import DEFAULT_TRACE, NsysOptions
+from profkit.workload.config import WorkloadConfig
 
 FORMATS = ("table", "md", "json")
 
@@ -125,39 +126,57 @@ def nsys(
         sample=sample,
         extra_args=tuple(nsys_arg or ()),
     )
-    if program:
-        if workload.given:
-            flags = ", ".join(f"--{p}" for p in workload.given)
-            raise BadInput(f"{flags}: workload options apply to the built-in model, not a program")
-        target: nsys_lib.Target = program
-    else:
-        target = workload.config("nsys")
+    target = _target(program, workload)
     if dry_run:
         plan = nsys_lib.plan(target, name, out_dir, options=options, nsys=nsys, require_nsys=False)
-        if not plan.nsys_found:
-            err_console.print(
-                "note: nsys is not on PATH; the command shows it as `nsys`",
-                highlight=False,
-                soft_wrap=True,
-            )
-        print(dumps(plan.to_json()) if fmt == "json" else shlex.join(plan.argv))
+        _print_plan(plan, fmt)
         return
+    _render(_profile(target, name, out_dir, options, nsys), fmt)
+
+
+def _target(program: list[str] | None, workload: WorkloadOptions) -> nsys_lib.Target:
+    """The user's program, or the built-in model's one config."""
+    if not program:
+        return workload.config("nsys")
+    if workload.given:
+        flags = ", ".join(f"--{p}" for p in workload.given)
+        raise BadInput(f"{flags}: workload options apply to the built-in model, not a program")
+    return program
+
+
+def _print_plan(plan: nsys_lib.Plan, fmt: str) -> None:
+    if not plan.nsys_found:
+        err_console.print(
+            "note: nsys is not on PATH; the command shows it as `nsys`",
+            highlight=False,
+            soft_wrap=True,
+        )
+    print(dumps(plan.to_json()) if fmt == "json" else shlex.join(plan.argv))
+
+
+def _profile(
+    target: nsys_lib.Target,
+    name: str | None,
+    out_dir: Path,
+    options: NsysOptions,
+    nsys: str | None,
+) -> nsys_lib.NsysRun:
+    """Run nsys with progress on stderr; Ctrl-C says which files were kept."""
     try:
-        if program:  # the program's own output streams through (to stderr: stdout is ours)
-            run = nsys_lib.profile(
-                target, name, out_dir, options=options, nsys=nsys, echo=sys.stderr,
-                progress=lambda message: err_console.print(f"[dim]profkit:[/] {message}"),
-            )  # fmt: skip
-        else:
+        if isinstance(target, WorkloadConfig):
             with err_console.status("starting") as status:
-                run = nsys_lib.profile(
+                return nsys_lib.profile(
                     target, name, out_dir, options=options, nsys=nsys, progress=status.update
                 )
+        # A program's own output streams through, to stderr: stdout is ours.
+        return nsys_lib.profile(
+            target, name, out_dir, options=options, nsys=nsys, echo=sys.stderr,
+            progress=lambda message: err_console.print(f"[dim]profkit:[/] {message}"),
+        )  # fmt: skip
     except nsys_lib.Interrupted as stop:
         kept = ", ".join(str(path) for path in stop.kept) or "nothing"
         err_console.print(f"stopped; kept {kept}", highlight=False, soft_wrap=True)
         raise KeyboardInterrupt from None
-    _render(run, fmt)
 
 
 def _render(run: nsys_lib.NsysRun, fmt: str) -> None:
