@@ -229,3 +229,16 @@ def test_results_go_to_a_real_sqlite_table(tmp_path: Path) -> None:
     assert [(r["ctx"], r["status"]) for r in rows] == [(256, "oom"), (128, "ok")]
     peak_columns = [c for c in rows[1] if c.startswith("peak") and rows[1][c] is not None]
     assert peak_columns and all(isinstance(rows[1][c], int | float) for c in peak_columns)
+
+
+def test_plot_takes_out_like_every_command_and_refuses_a_meaningless_format(
+    snapshot: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "timeline.pdf"
+    result = invoke("memory", "plot", str(snapshot), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:5] == b"%PDF-"
+    assert result.output == f"wrote {out}\n"
+    result = invoke("memory", "plot", str(snapshot), "--out", str(out), "--format", "csv")
+    assert result.exit_code == 2
+    assert result.output == "error: unknown --format 'csv'; choose one of: table, json\n"

@@ -43,3 +43,24 @@ def test_out_suffix_picks_the_format_unless_format_is_given(tmp_path) -> None:
         assert check(out.read_text()), name
     assert file_format("md", tmp_path / "x.csv") == "md"  # an explicit --format wins
     assert file_format("table", None) == "table"
+
+
+def test_one_progress_bar_shows_the_current_item_and_is_off_off_a_terminal() -> None:
+    import io
+
+    from rich.console import Console
+
+    from profkit.cli.render import progress_bar
+
+    screen = Console(file=io.StringIO(), force_terminal=True, width=120, color_system=None)
+    bar = progress_bar(on=screen)
+    assert not bar.disable
+    first = bar.add_task("bench", total=8)
+    bar.update(first, completed=3, current="small-ctx64-train-fp32")
+    bar.add_task("torch.profiler forward", total=2)  # a task with no current item
+    screen.print(bar.make_tasks_table(bar.tasks))
+    lines = screen.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert "bench" in lines[0] and "3/8" in lines[0] and "small-ctx64-train-fp32" in lines[0]
+    assert "torch.profiler forward" in lines[1] and "0/2" in lines[1]
+    piped = Console(file=io.StringIO())
+    assert progress_bar(on=piped).disable

@@ -2,8 +2,10 @@
 
 ``app`` (the Typer application) lives in :mod:`profkit.cli.app`; each command lives in its
 own module and registers itself on it; importing them here builds the whole CLI. Only this
-package renders (``render``: consoles, rich tables, progress bars) and turns library
-errors into one line and exit status 2 (``_common.command``).
+package renders (``render``: consoles, rich tables, the one ``progress_bar``) and turns
+library errors into one line and exit status 2 (``_common.command``). Options that several
+commands share are declared once in ``_common``: the workload options by
+``@workload_options()``, which hands a command one ``WorkloadOptions``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,19 @@
-"""What every command shares: list-valued options, the error boundary, workload options."""
+"""What every command shares: list-valued options, the error boundary, the option sets.
+
+The workload options (``--size --ctx --batch --mode --dtype --bf16 --compile --attention
+--warmup --steps --device``) are declared here once, by :func:`workload_options`; their
+defaults and choices are :class:`~profkit.workload.config.WorkloadConfig`'s.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import itertools
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -13,9 +21,10 @@ import typer
 import typer.core
 
 from profkit.cli.render import err_console
-from profkit.errors import ProfkitError
+from profkit.errors import BadInput, ProfkitError
 from profkit.files import check_writable
-from profkit.workload.config import WorkloadConfig
+from profkit.workload.config import ATTENTIONS, DEVICES, DTYPES, MODES, WorkloadConfig
+from profkit.workload.specs import SIZES
 
 F = TypeVar("F", bound=Callable[..., Any])
 _NEGATIVE_NUMBER = re.compile(r"^-\d")
@@ -86,9 +95,7 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
-                # Every command's --out is checked before its work, not when it is written.
-                if isinstance(kw.get("out"), Path):
-                    check_writable(kw["out"])
+                _check_shared_options(kw)
                 return fn(*args, **kw)
             except ProfkitError as exc:
                 err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
@@ -102,36 +109,97 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
     return decorate
 
 
-# Workload options, declared once. Lists sweep; single-run commands take the first value.
-SizeOpt = Annotated[
-    list[str],
-    typer.Option("--size", "-s", help="Model size(s): tiny small medium large xl 2.7B 10B."),
-]
-CtxOpt = Annotated[list[int], typer.Option("--ctx", help="Context length(s).")]
-BatchOpt = Annotated[list[int], typer.Option("--batch", help="Batch size(s).")]
-ModeOpt = Annotated[list[str], typer.Option("--mode", help="forward | forward-backward | train.")]
-DtypeOpt = Annotated[list[str], typer.Option("--dtype", help="fp32 | bf16 | fp16 (autocast).")]
-Bf16Opt = Annotated[bool, typer.Option("--bf16", help="Shorthand for --dtype bf16.")]
-CompileOpt = Annotated[
-    str, typer.Option("--compile", help="no | yes | both (eager and compiled side by side).")
-]
-AttentionOpt = Annotated[list[str], typer.Option("--attention", help="naive | sdpa.")]
-WarmupOpt = Annotated[list[int], typer.Option("--warmup", help="Untimed warm-up steps.")]
-StepsOpt = Annotated[int, typer.Option("--steps", help="Timed steps.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | mps.")]
+def _check_shared_options(kw: dict[str, Any]) -> None:
+    """Options several commands share are checked here, before any work starts."""
+    if isinstance(kw.get("out"), Path):  # not when it is written, after the work
+        check_writable(kw["out"])
+    timeout = kw.get("timeout")
+    if timeout is not None and not timeout > 0:  # also catches nan
+        raise BadInput(f"--timeout must be positive, got {timeout:g}")
+
+
+# --- options of many commands ---------------------------------------------------------------
+
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table | md | csv | json.")]
 DbOpt = Annotated[
     Path,
     typer.Option("--db", envvar="PROFKIT_DB", help="Results database (SQLite), created if needed."),
 ]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the output to this file.")]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help="Seconds per config before its process is killed."),
+]
+NsysOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--nsys",
+        help="The nsys executable (default: $PROFKIT_NSYS, else nsys on PATH).",
+        show_default=False,
+    ),
+]
+
+
+# --- the workload options -------------------------------------------------------------------
 
 COMPILE_CHOICES = {"no": (False,), "yes": (True,), "both": (False, True)}
+_CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(WorkloadConfig)}
+
+
+@dataclass(frozen=True)
+class _WorkloadOption:
+    """How one workload option reads on the command line; its default is WorkloadConfig's."""
+
+    name: str
+    flags: tuple[str, ...]
+    help: str
+    kind: type
+    sweeps: bool = True
+    """Several values in one run make a sweep (``--size small medium``)."""
+    filter_help: str | None = None
+    """The help where the option filters stored rows, if it reads differently there."""
+
+
+_OPTIONS = (
+    _WorkloadOption("size", ("--size", "-s"), f"Model size(s): {' '.join(SIZES)}.", str),
+    _WorkloadOption("ctx", ("--ctx",), "Context length(s).", int),
+    _WorkloadOption("batch", ("--batch",), "Batch size(s).", int),
+    _WorkloadOption("mode", ("--mode",), f"{' | '.join(MODES)}.", str),
+    _WorkloadOption("dtype", ("--dtype",), f"{' | '.join(DTYPES)} (autocast).", str),
+    _WorkloadOption("bf16", ("--bf16",), "Shorthand for --dtype bf16.", bool, sweeps=False),
+    _WorkloadOption(
+        "compile",
+        ("--compile",),
+        f"{' | '.join(COMPILE_CHOICES)} (eager and compiled side by side).",
+        str,
+        sweeps=False,
+        filter_help=f"{' | '.join(COMPILE_CHOICES)}.",
+    ),
+    _WorkloadOption("attention", ("--attention",), f"{' | '.join(ATTENTIONS)}.", str),
+    _WorkloadOption("warmup", ("--warmup",), "Untimed warm-up steps.", int),
+    _WorkloadOption("steps", ("--steps",), "Timed steps.", int, sweeps=False),
+    _WorkloadOption(
+        "device",
+        ("--device",),
+        f"{' | '.join(DEVICES)}.",
+        str,
+        sweeps=False,
+        filter_help=f"{' | '.join(d for d in DEVICES if d != 'auto')} (where the rows ran).",
+    ),
+)
+WORKLOAD_OPTIONS = tuple(option.name for option in _OPTIONS)
+"""The workload options' parameter names, in the order ``--help`` lists them."""
+_BY_NAME = {option.name: option for option in _OPTIONS}
+
+DEFAULT_DEVICE = str(_CONFIG_DEFAULTS["device"])
+DEFAULT_COMPILE = "yes" if _CONFIG_DEFAULTS["compile"] else "no"
+# For commands that run something other than the built-in model on a device (attention, demo).
+DeviceOpt = Annotated[str, typer.Option("--device", help=_BY_NAME["device"].help)]
+CompileOpt = Annotated[str, typer.Option("--compile", help=_BY_NAME["compile"].help)]
 
 
 def compile_values(value: str) -> tuple[bool, ...]:
-    from profkit.errors import BadInput
-
+    """``--compile no|yes|both`` as the compile settings to run (``both``: eager, compiled)."""
     aliases = {"false": "no", "off": "no", "true": "yes", "on": "yes"}
     key = aliases.get(value.lower(), value.lower())
     if key not in COMPILE_CHOICES:
@@ -139,57 +207,142 @@ def compile_values(value: str) -> tuple[bool, ...]:
     return COMPILE_CHOICES[key]
 
 
-def workload_configs(
-    size: list[str],
-    ctx: list[int],
-    batch: list[int],
-    mode: list[str],
-    dtype: list[str],
-    bf16: bool,
-    compile: str,
-    attention: list[str],
-    warmup: list[int],
-    steps: int,
-    device: str,
-) -> list[WorkloadConfig]:
-    """The cross product of the option lists, each validated by ``WorkloadConfig``."""
-    dtypes = ["bf16"] if bf16 and not dtype else (dtype or ["fp32"])
-    if bf16 and "bf16" not in dtypes:
-        dtypes.append("bf16")
-    grid = itertools.product(
-        size or ["small"],
-        ctx or [256],
-        batch or [4],
-        mode or ["train"],
-        dtypes,
-        compile_values(compile),
-        attention or ["naive"],
-        warmup or [5],
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """The workload options as typed, each a tuple of values: several values sweep.
+
+    As filters (``profkit compare``), an empty tuple matches any value.
+    """
+
+    size: tuple[str, ...]
+    ctx: tuple[int, ...]
+    batch: tuple[int, ...]
+    mode: tuple[str, ...]
+    dtype: tuple[str, ...]
+    """``--bf16`` included: it adds bf16, or stands alone when no ``--dtype`` was typed."""
+    compile: tuple[bool, ...]
+    attention: tuple[str, ...]
+    warmup: tuple[int, ...]
+    steps: tuple[int, ...]
+    device: tuple[str, ...]
+    given: tuple[str, ...] = ()
+    """The options typed on the command line, in ``--help`` order (``bf16`` included)."""
+
+    def values(self) -> dict[str, tuple[Any, ...]]:
+        """Each :class:`WorkloadConfig` field the options set, with its values."""
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "given"
+        }
+
+    def configs(self) -> list[WorkloadConfig]:
+        """The cross product of the values, each validated by ``WorkloadConfig``."""
+        values = self.values()
+        grid = itertools.product(*values.values())
+        configs = [WorkloadConfig(**dict(zip(values, point, strict=True))) for point in grid]
+        return list(dict.fromkeys(configs))  # drop duplicates, keep order
+
+    def config(self, command_name: str) -> WorkloadConfig:
+        """The one config a single-run command runs; several values are a user error."""
+        configs = self.configs()
+        if len(configs) != 1:
+            raise BadInput(
+                f"`profkit {command_name}` runs one config; got {len(configs)} "
+                "(give one value per option)"
+            )
+        return configs[0]
+
+
+def workload_options(*, filters: bool = False, **defaults: Any) -> Callable[[F], F]:
+    """Give a command the workload options; it receives them as one ``workload`` argument.
+
+    Stack it under ``@command(...)``. The command declares ``workload: WorkloadOptions`` where
+    the options should stand in its ``--help``; this puts them into the signature Typer reads,
+    so every command shows the same options, help and choices. ``defaults`` change a default
+    for this command alone (``steps=1``); all others are ``WorkloadConfig``'s. With
+    ``filters=True`` no option has a default and every one takes several values: an option
+    left out matches any value.
+    """
+    unknown = set(defaults) - set(WORKLOAD_OPTIONS)
+    if unknown:
+        raise TypeError(f"not workload options: {sorted(unknown)}")
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn, eval_str=True)
+        params = list(signature.parameters.values())
+        at = [p.name for p in params].index("workload")
+        kind = params[at].kind  # keyword-only where an argument stands before it
+        params[at : at + 1] = [_parameter(option, filters, defaults, kind) for option in _OPTIONS]
+        # Typer hands a parameter annotated with Context the click context: it tells the
+        # options typed from those left at their defaults.
+        params.insert(at, inspect.Parameter(_CONTEXT, kind, default=None, annotation=typer.Context))
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            context = kw.pop(_CONTEXT, None)
+            typed = {name: kw.pop(name) for name in WORKLOAD_OPTIONS}
+            return fn(*args, workload=_workload(typed, _given(context)), **kw)
+
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        wrapper.__annotations__["return"] = signature.return_annotation
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+_CONTEXT = "workload_context"
+
+
+def _parameter(
+    option: _WorkloadOption, filters: bool, defaults: dict[str, Any], kind: Any
+) -> inspect.Parameter:
+    """The ``inspect.Parameter`` Typer reads for ``option``: type, flags, help, default."""
+    default: Any = defaults.get(option.name, _CONFIG_DEFAULTS.get(option.name, False))
+    show: bool | str = True
+    if option.kind is bool:  # --bf16: a flag, in runs and filters alike
+        annotation: Any = bool
+    elif filters and option.name == "compile":
+        annotation, default, show = str | None, None, "any"
+    elif filters:
+        annotation, default, show = list[option.kind], [], "any"  # type: ignore[name-defined]
+    elif option.name == "compile":
+        annotation, default = str, "yes" if default else "no"
+    elif option.sweeps:
+        annotation, default = list[option.kind], [default]  # type: ignore[name-defined]
+    else:
+        annotation = option.kind
+    text = (option.filter_help or option.help) if filters else option.help
+    info = typer.Option(*option.flags, help=text, show_default=show)
+    return inspect.Parameter(
+        option.name, kind, default=default, annotation=Annotated[annotation, info]
     )
-    configs = [
-        WorkloadConfig(
-            size=s,
-            ctx=c,
-            batch=b,
-            mode=m,
-            dtype=d,
-            compile=comp,
-            attention=a,
-            warmup=w,
-            steps=steps,
-            device=device,
-        )
-        for s, c, b, m, d, comp, a, w in grid
-    ]
-    return list(dict.fromkeys(configs))  # drop duplicates, keep order
 
 
-def single_config(configs: list[WorkloadConfig], command_name: str) -> WorkloadConfig:
-    from profkit.errors import BadInput
+def _workload(typed: dict[str, Any], given: tuple[str, ...]) -> WorkloadOptions:
+    def values(value: Any) -> tuple[Any, ...]:
+        if value is None:
+            return ()
+        return tuple(value) if isinstance(value, list) else (value,)
 
-    if len(configs) != 1:
-        raise BadInput(
-            f"`profkit {command_name}` runs one config; got {len(configs)} "
-            "(give one value per option)"
-        )
-    return configs[0]
+    dtype = values(typed["dtype"])
+    if typed["bf16"]:  # bf16 joins the dtypes typed, or replaces the default
+        kept = dtype if "dtype" in given else ()
+        dtype = kept if "bf16" in kept else (*kept, "bf16")
+    compile_ = typed["compile"]
+    return WorkloadOptions(
+        **{name: values(typed[name]) for name in WORKLOAD_OPTIONS if name != "bf16"}
+        | {"dtype": dtype, "compile": compile_values(compile_) if compile_ else ()},
+        given=given,
+    )
+
+
+def _given(context: typer.Context | None) -> tuple[str, ...]:
+    """The workload options typed on the command line (or set by an environment variable)."""
+    if context is None:
+        return ()
+    sources = {name: context.get_parameter_source(name) for name in WORKLOAD_OPTIONS}
+    return tuple(
+        name
+        for name, source in sources.items()
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+    )

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profkit.cli._common import (
+    DEFAULT_COMPILE,
+    DEFAULT_DEVICE,
     CompileOpt,
     DbOpt,
     DeviceOpt,
@@ -19,13 +20,13 @@ from profkit.cli._common import (
     compile_values,
 )
 from profkit.cli.app import app
-from profkit.cli.render import emit_tables, err_console
+from profkit.cli.render import emit_tables, err_console, progress_bar
 from profkit.formats import check_format
 from profkit.run.results import DEFAULT_DB, check_db
 from profkit.studies import attention_tables
 
 if TYPE_CHECKING:
-    from profkit.studies.attention import Cell
+    from profkit.studies.attention import AttentionSettings, Cell
 
 DHeadOpt = Annotated[
     list[int], typer.Option("--d-head", help="Head dimension(s); default 16 32 64 128.")
@@ -44,13 +45,13 @@ def attention(
     d_head: DHeadOpt = [],  # noqa: B006 - typer reads the default; it is never mutated
     seq: SeqOpt = [],  # noqa: B006
     impl: ImplOpt = [],  # noqa: B006
-    compile: CompileOpt = "no",
+    compile: CompileOpt = DEFAULT_COMPILE,
     dtype: DtypeOpt = [],  # noqa: B006
     batch: Annotated[int, typer.Option("--batch", help="Batch size.")] = 8,
     causal: Annotated[bool, typer.Option("--causal", help="Apply a causal mask.")] = False,
     iters: Annotated[int, typer.Option("--iters", help="Timed forward and backward passes.")] = 100,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed passes before each.")] = 5,
-    device: DeviceOpt = "auto",
+    device: DeviceOpt = DEFAULT_DEVICE,
     isolate: Annotated[
         str, typer.Option("--isolate", help="auto (shared process, OOM caught) | process.")
     ] = "auto",
@@ -67,7 +68,6 @@ def attention(
     """
     # torch loads here, not at `profkit` start-up: trace-reading commands never need it.
     from profkit.studies.attention import DEFAULT_D_HEADS, DEFAULT_SEQS, AttentionSettings
-    from profkit.studies.attention_runner import run_attention
 
     check_format(fmt)
     check_db(db)
@@ -84,31 +84,23 @@ def attention(
         device=device,
         isolate=isolate,
     )
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        # Off a terminal the bar is off: a transient bar there leaves a blank line on stderr.
-        disable=not err_console.is_terminal,
-    ) as progress:
-        task = progress.add_task("attention", total=len(settings.cells()))
-
-        def started(cell: Cell) -> None:
-            progress.update(task, description=cell.label())
-
-        rows = run_attention(settings, started, lambda _row: progress.advance(task), db)
-    tables: list[tuple[str, pd.DataFrame]] = [
-        (attention_tables.title(rows), attention_tables.cells_table(rows))
-    ]
-    pairs = attention_tables.side_by_side(rows)
-    if pairs is not None:
-        tables.append(("Side by side", pairs))
-    emit_tables(tables, fmt, out, json_value=rows)
+    rows = _run(settings, db)
+    emit_tables(attention_tables.tables(rows), fmt, out, json_value=rows)
     for line in attention_tables.failures(rows):
         err_console.print(f"[yellow]{escape(line)}[/]", highlight=False, soft_wrap=True)
     if any(r["status"] == "interrupted" for r in rows):
         err_console.print("interrupted; the cells that finished are above")
         raise typer.Exit(130)
+
+
+def _run(settings: AttentionSettings, db: Path) -> list[dict[str, Any]]:
+    """Every cell of the grid, with a progress bar on the cell being timed."""
+    from profkit.studies.attention_runner import run_attention
+
+    with progress_bar() as progress:
+        task = progress.add_task("attention", total=len(settings.cells()))
+
+        def started(cell: Cell) -> None:
+            progress.update(task, current=cell.label())
+
+        return run_attention(settings, started, lambda _row: progress.advance(task), db)

@@ -8,37 +8,23 @@ import typer
 
 from profkit.analysis import compare as compare_lib
 from profkit.cli._common import (
-    AttentionOpt,
-    BatchOpt,
-    Bf16Opt,
-    CompileOpt,
-    CtxOpt,
     DbOpt,
-    DeviceOpt,
-    DtypeOpt,
     FormatOpt,
-    ModeOpt,
     OutOpt,
-    SizeOpt,
-    StepsOpt,
-    WarmupOpt,
+    TimeoutOpt,
+    WorkloadOptions,
     command,
-    workload_configs,
+    workload_options,
 )
 from profkit.cli.app import app
 from profkit.cli.render import err_console
 from profkit.cli.views import render_comparison, render_rows, sweep_progress
-from profkit.errors import BadInput
 from profkit.formats import check_format
 from profkit.run import bench as bench_lib
 from profkit.run.results import DEFAULT_DB, check_db
 
 ResumeOpt = Annotated[
     bool, typer.Option("--resume", help="Skip configs the DB already holds (ok or oom).")
-]
-TimeoutOpt = Annotated[
-    float | None,
-    typer.Option("--timeout", help="Seconds per config before its process is killed."),
 ]
 CompareOpt = Annotated[
     str | None,
@@ -51,18 +37,9 @@ CompareOpt = Annotated[
 
 
 @command(app)
+@workload_options()
 def bench(
-    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults, never mutates them
-    ctx: CtxOpt = [],  # noqa: B006
-    batch: BatchOpt = [],  # noqa: B006
-    mode: ModeOpt = [],  # noqa: B006
-    dtype: DtypeOpt = [],  # noqa: B006
-    bf16: Bf16Opt = False,
-    compile: CompileOpt = "no",
-    attention: AttentionOpt = [],  # noqa: B006
-    warmup: WarmupOpt = [],  # noqa: B006
-    steps: StepsOpt = 10,
-    device: DeviceOpt = "auto",
+    workload: WorkloadOptions,
     db: DbOpt = DEFAULT_DB,
     resume: ResumeOpt = False,
     timeout: TimeoutOpt = None,
@@ -80,11 +57,7 @@ def bench(
     Example: profkit bench --size small medium --ctx 128 256 --mode forward train --bf16
     """
     check_format(fmt)
-    if timeout is not None and timeout <= 0:
-        raise BadInput(f"--timeout must be positive, got {timeout:g}")
-    configs = workload_configs(
-        size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
-    )
+    configs = workload.configs()
     if compare is not None:  # a sweep with one dtype has nothing to compare: say so now
         compare_lib.check_sweep(compare, (getattr(c, compare, None) for c in configs))
     # `--device cuda` without CUDA, a corrupt DB: one line, before the bar or any child.

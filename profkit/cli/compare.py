@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from profkit.analysis import compare as compare_lib
 from profkit.cli._common import (
-    AttentionOpt,
-    BatchOpt,
-    CtxOpt,
-    DtypeOpt,
     FormatOpt,
-    ModeOpt,
     OutOpt,
-    SizeOpt,
-    WarmupOpt,
+    WorkloadOptions,
     command,
-    compile_values,
+    workload_options,
 )
 from profkit.cli.app import app
 from profkit.cli.views import render_comparison
@@ -35,26 +28,14 @@ FieldArg = Annotated[
 ReadDbOpt = Annotated[
     Path, typer.Option("--db", envvar="PROFKIT_DB", help="Results database to read.")
 ]
-CompileFilterOpt = Annotated[
-    str | None, typer.Option("--compile", help="no | yes | both (default: any).")
-]
-StepsFilterOpt = Annotated[list[int], typer.Option("--steps", help="Timed steps.")]
-DeviceFilterOpt = Annotated[str | None, typer.Option("--device", help="cpu | cuda | mps.")]
 
 
 @command(app)
+@workload_options(filters=True)
 def compare(
     field: FieldArg,
-    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults, never mutates them
-    ctx: CtxOpt = [],  # noqa: B006
-    batch: BatchOpt = [],  # noqa: B006
-    mode: ModeOpt = [],  # noqa: B006
-    dtype: DtypeOpt = [],  # noqa: B006
-    compile: CompileFilterOpt = None,
-    attention: AttentionOpt = [],  # noqa: B006
-    warmup: WarmupOpt = [],  # noqa: B006
-    steps: StepsFilterOpt = [],  # noqa: B006
-    device: DeviceFilterOpt = None,
+    *,
+    workload: WorkloadOptions,
     db: ReadDbOpt = DEFAULT_DB,
     fmt: FormatOpt = "table",
     out: OutOpt = None,
@@ -71,14 +52,8 @@ def compare(
     """
     compare_lib.check_field(field)
     check_format(fmt)
-    filters: dict[str, Sequence[Any]] = {
-        "size": size, "ctx": ctx, "batch": batch, "mode": mode, "dtype": dtype,
-        "compile": compile_values(compile) if compile is not None else (),
-        "attention": attention, "warmup": warmup, "steps": steps,
-        "device": [device] if device else [],
-    }  # fmt: skip
     stored = bench_lib.load(db)
     if not stored:
         raise BadInput(f"nothing to compare: {db} holds no bench rows")
-    comparison = compare_lib.compare(compare_lib.select(stored, filters), field)
+    comparison = compare_lib.compare(compare_lib.select(stored, workload.values()), field)
     render_comparison(comparison, fmt, out)

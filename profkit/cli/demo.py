@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from profkit.cli._common import DeviceOpt, command
+from profkit.cli._common import DEFAULT_DEVICE, DeviceOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console
 from profkit.cli.views import sweep_progress
@@ -17,7 +17,10 @@ from profkit.run import bench as bench_lib
 ProfilesOpt = Annotated[
     Path, typer.Option("--profiles", help="Where the demo's results DB and profiles go.")
 ]
-ReportOpt = Annotated[Path, typer.Option("--report", help="The markdown report to write.")]
+ReportOpt = Annotated[
+    Path,
+    typer.Option("--out", "-o", "--report", help="The markdown report to write."),
+]
 
 
 def _announce(index: int, total: int, step: demo_lib.DemoStep) -> None:
@@ -27,13 +30,11 @@ def _announce(index: int, total: int, step: demo_lib.DemoStep) -> None:
 @command(app)
 def demo(
     profiles: ProfilesOpt = Path("profiles/demo"),
-    report: ReportOpt = Path("reports/demo.md"),
-    device: DeviceOpt = "auto",
+    out: ReportOpt = Path("reports/demo.md"),
+    device: DeviceOpt = DEFAULT_DEVICE,
 ) -> None:
     """Benchmark, profile and report in one go: tiny model on a CPU, small on a GPU."""
-    result = demo_lib.demo(
-        profiles, report, device, sweep_progress=sweep_progress, on_step=_announce
-    )
+    result = demo_lib.demo(profiles, out, device, sweep_progress=sweep_progress, on_step=_announce)
     rows = result.data.get("bench_rows")
     if rows:
         emit_tables([(bench_lib.title(rows), bench_lib.table(rows))], "table")

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from profkit.analysis import diff as diff_lib
-from profkit.cli._common import FormatOpt, OutOpt, command
+from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console
 from profkit.errors import BadInput
@@ -32,10 +32,6 @@ PerStepOpt = Annotated[
         "--per-step/--total",
         help="Per step (each phase divided by its range instances) or the capture's sums.",
     ),
-]
-NsysOpt = Annotated[
-    str | None,
-    typer.Option("--nsys", help="nsys to export a .nsys-rep with (else PROFKIT_NSYS, else PATH)."),
 ]
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from profkit import analysis
-from profkit.cli._common import FormatOpt, OutOpt, command
+from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console
 from profkit.errors import BadInput
@@ -34,10 +34,6 @@ RangeOpt = Annotated[
     ),
 ]
 TopOpt = Annotated[int, typer.Option("--top", "-n", help="Kernels per top table (0 = all).")]
-NsysOpt = Annotated[
-    str | None,
-    typer.Option("--nsys", help="nsys to export a .nsys-rep with (else PROFKIT_NSYS, else PATH)."),
-]
 
 
 CompareOpt = Annotated[

@@ -6,6 +6,8 @@ argument, when it is not a subcommand, goes to ``capture``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,26 +15,20 @@ import typer
 import typer.core
 
 from profkit.cli._common import (
-    AttentionOpt,
-    BatchOpt,
-    Bf16Opt,
-    CompileOpt,
-    CtxOpt,
     DbOpt,
-    DeviceOpt,
-    DtypeOpt,
     FormatOpt,
-    ModeOpt,
     OutOpt,
-    SizeOpt,
-    WarmupOpt,
+    TimeoutOpt,
+    WorkloadOptions,
     command,
-    workload_configs,
+    workload_options,
 )
 from profkit.cli.app import app
-from profkit.cli.render import emit_tables, err_console
+from profkit.cli.render import emit_tables, err_console, progress_bar
+from profkit.errors import BadInput
 from profkit.formats import check_format, dumps
 from profkit.run.results import DEFAULT_DB
+from profkit.workload.config import WorkloadConfig
 
 
 class DefaultToCapture(typer.core.TyperGroup):
@@ -65,18 +61,9 @@ SnapshotArg = Annotated[
 
 
 @command(memory_app, "capture")
+@workload_options(steps=1, warmup=1)
 def capture(
-    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults; they are never mutated
-    ctx: CtxOpt = [],  # noqa: B006
-    batch: BatchOpt = [],  # noqa: B006
-    mode: ModeOpt = [],  # noqa: B006
-    dtype: DtypeOpt = [],  # noqa: B006
-    bf16: Bf16Opt = False,
-    compile: CompileOpt = "no",
-    attention: AttentionOpt = [],  # noqa: B006
-    warmup: WarmupOpt = [],  # noqa: B006
-    steps: Annotated[int, typer.Option("--steps", help="Timed (recorded) steps.")] = 1,
-    device: DeviceOpt = "auto",
+    workload: WorkloadOptions,
     max_entries: MaxEntriesOpt = 1_000_000,
     stacks: StacksOpt = "python",
     name: Annotated[
@@ -85,9 +72,7 @@ def capture(
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where snapshots go.")] = Path(
         "profiles"
     ),
-    timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Seconds per config before it is killed.")
-    ] = None,
+    timeout: TimeoutOpt = None,
     db: DbOpt = DEFAULT_DB,
     fmt: FormatOpt = "table",
     out: OutOpt = None,
@@ -100,10 +85,8 @@ def capture(
     from profkit.memory.capture import capture_tables
 
     check_format(fmt)
-    configs = workload_configs(
-        size, ctx, batch, mode, dtype, bf16, compile, attention, warmup or [1], steps, device
-    )
-    with _progress(len(configs)) as on_config:
+    configs = workload.configs()
+    with _progress(configs) as on_config:
         rows = run_capture(
             configs, out_dir, name, max_entries, stacks, timeout, on_config, db_path=db
         )
@@ -113,33 +96,16 @@ def capture(
             err_console.print(f"snapshot: {row['snapshot']}  (pytorch.org/memory_viz reads it)")
 
 
-class _progress:
-    """A progress bar on stderr, one tick per config."""
+@contextmanager
+def _progress(configs: list[WorkloadConfig]) -> Iterator[Callable[[int, WorkloadConfig], None]]:
+    """The progress bar, one tick per config; yields capture's hook."""
+    with progress_bar() as progress:
+        task = progress.add_task("memory", total=len(configs))
 
-    def __init__(self, total: int) -> None:
-        from rich.progress import Progress
+        def on_config(index: int, config: WorkloadConfig) -> None:
+            progress.update(task, completed=index, current=config.label())
 
-        self.total = total
-        # Off a terminal the bar is off: a transient bar there leaves a blank line on stderr.
-        self.bar = Progress(
-            console=err_console, transient=True, disable=not err_console.is_terminal
-        )
-        self.task = self.bar.add_task("memory", total=total)
-
-    def __enter__(self) -> Any:
-        self.bar.start()
-
-        def on_config(index: int, config: Any) -> None:
-            self.bar.update(
-                self.task,
-                completed=index,
-                description=f"capturing {index + 1}/{self.total}: {config.label()}",
-            )
-
-        return on_config
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.stop()
+        yield on_config
 
 
 @command(memory_app, "summarize")
@@ -160,12 +126,21 @@ def summarize(
     emit_tables(summary_tables(summary), fmt, out, json_value=summary)
 
 
+PLOT_FORMATS = ("table", "json")
+
+
 @command(memory_app, "plot")
 def plot(
     snapshot: SnapshotArg,
-    output: Annotated[
+    out: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="Picture: .png, .svg or .pdf (default: beside it)."),
+        typer.Option(
+            "--out",
+            "-o",
+            help="The picture; its suffix picks the format: .png, .svg or .pdf "
+            "(default: NAME.png beside the snapshot).",
+            show_default=False,
+        ),
     ] = None,
     html: Annotated[
         bool,
@@ -176,17 +151,29 @@ def plot(
     ] = 2_000,
     sites: Annotated[int, typer.Option("--sites", help="Call sites given their own colour.")] = 10,
     title: Annotated[str | None, typer.Option("--title", help="Title of the picture.")] = None,
-    fmt: FormatOpt = "table",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="What is printed: table (a line per file written, on stderr) | json (the "
+            "files, the peak and the event count, on stdout).",
+        ),
+    ] = "table",
 ) -> None:
-    """The active-memory timeline as a picture, drawn locally (matplotlib, no browser)."""
+    """The active-memory timeline as a picture, drawn locally (matplotlib, no browser).
+
+    The picture's format is --out's suffix (.png, .svg or .pdf).
+    """
     from profkit.memory.plot import plot_file
 
-    result = plot_file(snapshot, output, html, detail, sites, title)
+    if fmt not in PLOT_FORMATS:
+        raise BadInput(f"unknown --format {fmt!r}; choose one of: {', '.join(PLOT_FORMATS)}")
+    result = plot_file(snapshot, out, html, detail, sites, title)
     if fmt == "json":
         print(dumps(result))
         return
-    check_format(fmt)
-    err_console.print(f"wrote {result['image']}")
+    err_console.print(f"wrote {result['image']}", highlight=False, soft_wrap=True)
     if result.get("html"):
         err_console.print(
             f"wrote {result['html']} (opening it loads MemoryViz.js and d3 from public CDNs)"

@@ -9,33 +9,15 @@ from typing import Annotated
 
 import typer
 
-from profkit.cli._common import (
-    AttentionOpt,
-    BatchOpt,
-    Bf16Opt,
-    CompileOpt,
-    CtxOpt,
-    DeviceOpt,
-    DtypeOpt,
-    ModeOpt,
-    SizeOpt,
-    StepsOpt,
-    WarmupOpt,
-    command,
-    single_config,
-    workload_configs,
-)
+from profkit.cli._common import NsysOpt, WorkloadOptions, command, workload_options
 from profkit.cli.app import app
 from profkit.cli.render import console, err_console
 from profkit.errors import BadInput
 from profkit.formats import dumps
 from profkit.nsys import profile as nsys_lib
 from profkit.nsys.argv import DEFAULT_TRACE, NsysOptions
+from profkit.workload.config import WorkloadConfig
 
-WORKLOAD_PARAMS = (
-    "size", "ctx", "batch", "mode", "dtype", "bf16", "compile", "attention", "warmup", "steps",
-    "device",
-)  # fmt: skip
 FORMATS = ("table", "md", "json")
 
 ProgramArg = Annotated[
@@ -55,13 +37,6 @@ NameOpt = Annotated[
         show_default=False,
     ),
 ]
-NsysOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--nsys", help="The nsys executable (default: $PROFKIT_NSYS, else nsys on PATH).",
-        show_default=False,
-    ),
-]  # fmt: skip
 TraceOpt = Annotated[str, typer.Option("--trace", help="APIs nsys traces, comma-separated.")]
 CudaMemoryOpt = Annotated[
     bool, typer.Option("--cuda-memory", help="Track GPU memory use (--cuda-memory-usage=true).")
@@ -123,20 +98,11 @@ DryRunOpt = Annotated[
 
 
 @command(app)
+@workload_options()
 def nsys(
-    context: typer.Context,
     program: ProgramArg = None,
-    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults, never mutates them
-    ctx: CtxOpt = [],  # noqa: B006
-    batch: BatchOpt = [],  # noqa: B006
-    mode: ModeOpt = [],  # noqa: B006
-    dtype: DtypeOpt = [],  # noqa: B006
-    bf16: Bf16Opt = False,
-    compile: CompileOpt = "no",
-    attention: AttentionOpt = [],  # noqa: B006
-    warmup: WarmupOpt = [],  # noqa: B006
-    steps: StepsOpt = 10,
-    device: DeviceOpt = "auto",
+    *,
+    workload: WorkloadOptions,
     name: NameOpt = None,
     nsys: NsysOpt = None,
     trace: TraceOpt = DEFAULT_TRACE,
@@ -166,48 +132,57 @@ def nsys(
         sample=sample,
         extra_args=tuple(nsys_arg or ()),
     )
-    if program:
-        given = [p for p in WORKLOAD_PARAMS if _given(context, p)]
-        if given:
-            flags = ", ".join(f"--{p}" for p in given)
-            raise BadInput(f"{flags}: workload options apply to the built-in model, not a program")
-        target: nsys_lib.Target = program
-    else:
-        configs = workload_configs(
-            size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
-        )
-        target = single_config(configs, "nsys")
+    target = _target(program, workload)
     if dry_run:
         plan = nsys_lib.plan(target, name, out_dir, options=options, nsys=nsys, require_nsys=False)
-        if not plan.nsys_found:
-            err_console.print(
-                "note: nsys is not on PATH; the command shows it as `nsys`",
-                highlight=False,
-                soft_wrap=True,
-            )
-        print(dumps(plan.to_json()) if fmt == "json" else shlex.join(plan.argv))
+        _print_plan(plan, fmt)
         return
+    _render(_profile(target, name, out_dir, options, nsys), fmt)
+
+
+def _target(program: list[str] | None, workload: WorkloadOptions) -> nsys_lib.Target:
+    """The user's program, or the built-in model's one config."""
+    if not program:
+        return workload.config("nsys")
+    if workload.given:
+        flags = ", ".join(f"--{p}" for p in workload.given)
+        raise BadInput(f"{flags}: workload options apply to the built-in model, not a program")
+    return program
+
+
+def _print_plan(plan: nsys_lib.Plan, fmt: str) -> None:
+    if not plan.nsys_found:
+        err_console.print(
+            "note: nsys is not on PATH; the command shows it as `nsys`",
+            highlight=False,
+            soft_wrap=True,
+        )
+    print(dumps(plan.to_json()) if fmt == "json" else shlex.join(plan.argv))
+
+
+def _profile(
+    target: nsys_lib.Target,
+    name: str | None,
+    out_dir: Path,
+    options: NsysOptions,
+    nsys: str | None,
+) -> nsys_lib.NsysRun:
+    """Run nsys with progress on stderr; Ctrl-C says which files were kept."""
     try:
-        if program:  # the program's own output streams through (to stderr: stdout is ours)
-            run = nsys_lib.profile(
-                target, name, out_dir, options=options, nsys=nsys, echo=sys.stderr,
-                progress=lambda message: err_console.print(f"[dim]profkit:[/] {message}"),
-            )  # fmt: skip
-        else:
+        if isinstance(target, WorkloadConfig):
             with err_console.status("starting") as status:
-                run = nsys_lib.profile(
+                return nsys_lib.profile(
                     target, name, out_dir, options=options, nsys=nsys, progress=status.update
                 )
+        # A program's own output streams through, to stderr: stdout is ours.
+        return nsys_lib.profile(
+            target, name, out_dir, options=options, nsys=nsys, echo=sys.stderr,
+            progress=lambda message: err_console.print(f"[dim]profkit:[/] {message}"),
+        )  # fmt: skip
     except nsys_lib.Interrupted as stop:
         kept = ", ".join(str(path) for path in stop.kept) or "nothing"
         err_console.print(f"stopped; kept {kept}", highlight=False, soft_wrap=True)
         raise KeyboardInterrupt from None
-    _render(run, fmt)
-
-
-def _given(context: typer.Context, param: str) -> bool:
-    source = context.get_parameter_source(param)
-    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 def _render(run: nsys_lib.NsysRun, fmt: str) -> None:

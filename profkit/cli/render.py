@@ -14,13 +14,53 @@ from typing import Any
 
 import pandas as pd
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from profkit.formats import cell_text, check_format, dumps, file_format, markdown_table, write_text
 
 # Piped output has no terminal width; don't squeeze tables into 80 columns then.
 console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
+
+
+def progress_bar(on: Console | None = None) -> Progress:
+    """The progress bar every command shows on stderr, gone when done.
+
+    Each task shows its description, done/total, the time so far and, when given, the item
+    it is on (``add_task(..., current=LABEL)``). Off a terminal (CI logs, pipes) the bar is
+    off: a transient bar there would leave a blank line on stderr. Lines printed through
+    ``progress.console`` stay above the bar. ``on`` is another console than stderr's.
+    """
+    target = on or err_console
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        _CurrentColumn(),
+        console=target,
+        transient=True,
+        disable=not target.is_terminal,
+    )
+
+
+class _CurrentColumn(ProgressColumn):
+    """The item a task is on (its ``current`` field), blank when it has none."""
+
+    def render(self, task: Task) -> Text:
+        return Text(str(task.fields.get("current", "")))
 
 
 def rich_table(df: pd.DataFrame, title: str | None = None, digits: int = 2) -> Table:

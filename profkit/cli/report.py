@@ -9,18 +9,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from profkit.cli._common import command
 from profkit.cli.app import app
-from profkit.cli.render import err_console
+from profkit.cli.render import err_console, progress_bar
 from profkit.errors import BadInput
 from profkit.run.results import check_writable
 
@@ -120,20 +112,9 @@ def run_progress(pieces: Sequence[Piece]) -> Iterator[Hooks]:
     """A bar over every config and cell of the plan (on a terminal), and one line per piece."""
     from profkit.report.run import Hooks, units
 
-    bar = Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[current]}"),
-        console=err_console,
-        transient=True,
-        disable=not err_console.is_terminal,
-    )
     total = sum(units(p) for p in pieces)
-    with bar as progress:
-        task = progress.add_task("report --run", total=total, current="")
+    with progress_bar() as progress:
+        task = progress.add_task("report --run", total=total)
         position = {"index": 0}
 
         def piece(p: Piece) -> None:

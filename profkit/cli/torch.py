@@ -6,35 +6,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import TaskID
 
 from profkit.cli._common import (
-    AttentionOpt,
-    BatchOpt,
-    Bf16Opt,
-    CompileOpt,
-    CtxOpt,
-    DeviceOpt,
-    DtypeOpt,
     FormatOpt,
-    ModeOpt,
     OutOpt,
-    SizeOpt,
-    StepsOpt,
-    WarmupOpt,
+    WorkloadOptions,
     command,
-    single_config,
-    workload_configs,
+    workload_options,
 )
 from profkit.cli.app import app
-from profkit.cli.render import emit_tables, err_console
+from profkit.cli.render import emit_tables, err_console, progress_bar
 from profkit.formats import check_format
 from profkit.torchprof import profile as torchprof
 from profkit.torchprof.report import TABLE_DIGITS
@@ -87,18 +69,9 @@ OutDirOpt = Annotated[
 
 
 @command(app, name="torch")
+@workload_options(steps=1)
 def torch_(
-    size: SizeOpt = [],  # noqa: B006 - typer reads list defaults, never mutates them
-    ctx: CtxOpt = [],  # noqa: B006
-    batch: BatchOpt = [],  # noqa: B006
-    mode: ModeOpt = [],  # noqa: B006
-    dtype: DtypeOpt = [],  # noqa: B006
-    bf16: Bf16Opt = False,
-    compile: CompileOpt = "no",
-    attention: AttentionOpt = [],  # noqa: B006
-    warmup: WarmupOpt = [],  # noqa: B006
-    steps: StepsOpt = 1,
-    device: DeviceOpt = "auto",
+    workload: WorkloadOptions,
     record_shapes: RecordShapesOpt = False,
     with_stack: WithStackOpt = False,
     profile_memory: ProfileMemoryOpt = False,
@@ -115,10 +88,7 @@ def torch_(
     Records only the timed steps (--steps, default 1 as in the course's tables) after the warm-up, prints both tables, and writes the Chrome traces OUT_DIR/NAME-forward.json.gz and OUT_DIR/NAME-MODE.json.gz (open them in ui.perfetto.dev or chrome://tracing, or read them with `profkit kernels`) and the report NAME.md (in reports/, or OUT_DIR when given).
     """
     check_format(fmt)
-    configs = workload_configs(
-        size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
-    )
-    config = single_config(configs, "torch")
+    config = workload.config("torch")
     options = TorchOptions(
         record_shapes=record_shapes,
         with_stack=with_stack,
@@ -127,22 +97,12 @@ def torch_(
         row_limit=row_limit,
         group_by_shape=group_by_shape,
     )
-    columns = (
-        TextColumn("[bold]torch.profiler[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    # Off a terminal the bar is off: a transient bar there leaves a blank line on stderr.
-    bar = Progress(
-        *columns, console=err_console, transient=True, disable=not err_console.is_terminal
-    )
-    with bar as progress:
+    with progress_bar() as progress:
         tasks: dict[str, TaskID] = {}
 
         def on_step(run_mode: str, done: int, total: int) -> None:
             if run_mode not in tasks:
-                tasks[run_mode] = progress.add_task(run_mode, total=total)
+                tasks[run_mode] = progress.add_task(f"torch.profiler {run_mode}", total=total)
             progress.update(tasks[run_mode], completed=done)
 
         result = torchprof.profile_torch(

@@ -7,17 +7,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from profkit.analysis import compare as compare_lib
-from profkit.cli.render import emit_tables, err_console
+from profkit.cli.render import emit_tables, err_console, progress_bar
 from profkit.run import bench as bench_lib
 from profkit.workload.config import WorkloadConfig
 
@@ -28,20 +20,9 @@ def sweep_progress(
 ) -> Iterator[tuple[bench_lib.StartHook, bench_lib.RowHook]]:
     """A progress bar on stderr plus one line per finished config; yields bench's two hooks."""
     total = len(configs)
-    columns = (
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[current]}"),
-    )
-    # Off a terminal (CI logs, pipes) the bar is off; the one line per config stays.
-    bar = Progress(
-        *columns, console=err_console, transient=True, disable=not err_console.is_terminal
-    )
-    with bar as progress:
-        task = progress.add_task(description, total=total, current="")
+    # Off a terminal the bar is off; the one line per config stays.
+    with progress_bar() as progress:
+        task = progress.add_task(description, total=total)
 
         def on_start(index: int, config: WorkloadConfig) -> None:
             progress.update(task, current=config.label())

@@ -12,6 +12,7 @@ and the largest allocations alive at the peak are labelled with their call sites
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,60 @@ def plot_timeline(
 
     matplotlib.use("Agg")  # files only; never a window, never a browser
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
+    layout = _layout(timeline, detail, sites, phase_marks)
+    fig, ax = plt.subplots(figsize=(13, 6.8), dpi=110)
+    try:
+        _draw_bands(ax, layout)
+        _draw_the_rest(ax, timeline, layout)
+        _shade_phases(ax, layout.spans)
+        _mark_peak_and_ooms(ax, timeline, layout)
+        _label_sites(ax, layout, labels)
+        _finish_axes(ax, title, layout)
+        ax.legend(handles=_legend_handles(timeline, layout), loc="upper left",
+                  bbox_to_anchor=(0, -0.12), ncol=2, fontsize=8, frameon=False,
+                  title="call site (bytes and allocations alive at the peak)",
+                  title_fontsize=8)  # fmt: skip
+        fig.tight_layout()
+        _save(fig, out)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def _save(fig: Any, out: Path) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out)
+    except OSError as exc:
+        raise BadInput(f"cannot write {out}: {exc.strerror or exc}") from None
+
+
+@dataclass
+class _Layout:
+    """What the picture shows, worked out before anything is drawn."""
+
+    events: int
+    spans: list[tuple[str, int, int]]
+    drawn: list[Allocation]
+    """The largest allocations, each a band of its own, in stacking order (oldest first)."""
+    at_peak: list[Allocation]
+    site_of: dict[int, str]
+    """``id(allocation)`` -> its call-site label."""
+    site_rank: list[str]
+    """The call sites given a colour of their own, most memory first."""
+    color_of_site: dict[str, str]
+    xs: np.ndarray
+    """Left ends of the intervals between changes of the drawn bands."""
+    bottoms: np.ndarray
+    """Bottom edge (bytes) of each drawn band in each interval."""
+    top_gib: float
+    peak: int
+
+
+def _layout(
+    timeline: Timeline, detail: int, sites: int, phase_marks: Sequence[dict[str, Any]]
+) -> _Layout:
     n = timeline.events
     spans = phase_spans(timeline, phase_marks)
     phase_of = phase_of_events(spans)
@@ -74,86 +127,96 @@ def plot_timeline(
     at_peak = timeline.live_at(peak)
     site_of = {id(a): site_label(a, phase_of) for a in [*drawn, *at_peak]}
     ranked = _rank_sites(drawn, site_of, n)
-    site_rank = ranked[:sites]
-    color_of_site = {s: SITE_COLORS[i % len(SITE_COLORS)] for i, s in enumerate(site_rank)}
     # Stacking order: oldest at the bottom; those older than the trace grouped by site.
     order = {site: i for i, site in enumerate(ranked)}
     drawn.sort(key=lambda a: (a.start, order[site_of[id(a)]] if a.start < 0 else 0, -a.size))
-
-    fig, ax = plt.subplots(figsize=(13, 6.8), dpi=110)
-    right = n + 1  # states 0..n; the last one is drawn one unit wide
-    top_gib = max(float(timeline.requested_bytes.max()) / GIB, 1e-9) * 1.12
     xs, bottoms = _stack(drawn, n)
-    for row, alloc in enumerate(drawn):
+    return _Layout(
+        events=n,
+        spans=spans,
+        drawn=drawn,
+        at_peak=at_peak,
+        site_of=site_of,
+        site_rank=ranked[:sites],
+        color_of_site={s: SITE_COLORS[i % len(SITE_COLORS)] for i, s in enumerate(ranked[:sites])},
+        xs=xs,
+        bottoms=bottoms,
+        top_gib=max(float(timeline.requested_bytes.max()) / GIB, 1e-9) * 1.12,
+        peak=peak,
+    )
+
+
+def _draw_bands(ax: Any, layout: _Layout) -> None:
+    """One band per drawn allocation, stacked on those older and alive below it."""
+    xs, n = layout.xs, layout.events
+    for row, alloc in enumerate(layout.drawn):
         a, b = alloc.start + 1, (alloc.end if alloc.end is not None else n) + 1
         i, j = np.searchsorted(xs, a), np.searchsorted(xs, b)
         x = np.append(xs[i:j], b)
-        lo = np.append(bottoms[row, i:j], bottoms[row, j - 1]) / GIB
+        lo = np.append(layout.bottoms[row, i:j], layout.bottoms[row, j - 1]) / GIB
         # A white outline separates allocations, but would wash out bands a few pixels high.
         # (Thin bands get an edge of their own colour instead, so no seams show between them.)
-        color = color_of_site.get(site_of[id(alloc)], OTHER_SITE_COLOR)
-        outlined = alloc.size / GIB / top_gib * _PLOT_PIXELS > 4
+        color = layout.color_of_site.get(layout.site_of[id(alloc)], OTHER_SITE_COLOR)
+        outlined = alloc.size / GIB / layout.top_gib * _PLOT_PIXELS > 4
         ax.fill_between(
             x, lo, lo + alloc.size / GIB, step="post", linewidth=0.2 if outlined else 0.3,
             edgecolor="white" if outlined else color, facecolor=color,
         )  # fmt: skip
 
-    # Everything not drawn on its own: one band on top of the drawn ones.
+
+def _draw_the_rest(ax: Any, timeline: Timeline, layout: _Layout) -> None:
+    """Everything not drawn on its own: one grey band on top of the drawn ones."""
+    n, xs = layout.events, layout.xs
     samples = np.unique(
-        np.concatenate([np.linspace(0, n, min(n + 1, _SAMPLES)).astype(int), xs[xs <= n], [peak]])
-    )
-    drawn_at = _drawn_total(drawn, n)[samples]
+        np.concatenate([np.linspace(0, n, min(n + 1, _SAMPLES)).astype(int), xs[xs <= n],
+                        [layout.peak]])
+    )  # fmt: skip
+    drawn_at = _drawn_total(layout.drawn, n)[samples]
     total_at = timeline.requested_bytes[samples]
     ax.fill_between(
-        np.append(samples, right), np.append(drawn_at, drawn_at[-1]) / GIB,
+        np.append(samples, n + 1), np.append(drawn_at, drawn_at[-1]) / GIB,
         np.append(total_at, total_at[-1]) / GIB, step="post", facecolor=SMALL_COLOR, linewidth=0,
     )  # fmt: skip
 
-    _shade_phases(ax, spans)
-    peak_gib = timeline.requested_bytes[peak] / GIB
+
+def _mark_peak_and_ooms(ax: Any, timeline: Timeline, layout: _Layout) -> None:
+    peak = layout.peak
     ax.axvline(peak + 0.5, color="black", linestyle="--", linewidth=0.9)
     ax.annotate(
         f"peak {fmt_bytes(int(timeline.allocated_bytes[peak]))}",
-        xy=(peak + 0.5, peak_gib), xytext=(6, 6), textcoords="offset points",
-        fontsize=9, fontweight="bold",
+        xy=(peak + 0.5, timeline.requested_bytes[peak] / GIB), xytext=(6, 6),
+        textcoords="offset points", fontsize=9, fontweight="bold",
     )  # fmt: skip
-    ax.set_ylim(0, top_gib)
-    _label_sites(ax, drawn, bottoms, xs, site_of, at_peak, peak, n, labels)
+    ax.set_ylim(0, layout.top_gib)
     for oom in timeline.oom_events:
         ax.axvline(oom["event"] + 1, color="red", linewidth=1.2)
         ax.annotate("OOM", xy=(oom["event"] + 1, 0.9), xycoords=("data", "axes fraction"),
                     xytext=(-4, 0), textcoords="offset points", ha="right", color="red",
                     fontsize=9, fontweight="bold")  # fmt: skip
 
-    ax.set_xlim(0, right)
+
+def _finish_axes(ax: Any, title: str, layout: _Layout) -> None:
+    ax.set_xlim(0, layout.events + 1)  # states 0..n; the last one is drawn one unit wide
     ax.set_xlabel("allocator events (allocations and frees) in the trace")
     ax.set_ylabel("allocated memory (GiB)")
     ax.set_title(title, loc="left", fontsize=11)
     ax.grid(axis="y", linewidth=0.4, alpha=0.5)
     ax.set_axisbelow(True)
-    handles = [Patch(facecolor=color_of_site[s], label=_legend_label(s, at_peak, site_of))
-               for s in site_rank]  # fmt: skip
-    if any(site_of[id(a)] not in color_of_site for a in drawn):
+
+
+def _legend_handles(timeline: Timeline, layout: _Layout) -> list[Any]:
+    from matplotlib.patches import Patch
+
+    handles = [
+        Patch(facecolor=layout.color_of_site[s], label=_legend_label(s, layout))
+        for s in layout.site_rank
+    ]
+    if any(layout.site_of[id(a)] not in layout.color_of_site for a in layout.drawn):
         handles.append(Patch(facecolor=OTHER_SITE_COLOR, label="other call sites"))
-    if len(drawn) < len(timeline.allocations):
-        handles.append(
-            Patch(
-                facecolor=SMALL_COLOR,
-                label=f"smaller allocations (all but the {len(drawn)} largest)",
-            )
-        )
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0, -0.12), ncol=2, fontsize=8,
-              frameon=False, title="call site (bytes and allocations alive at the peak)",
-              title_fontsize=8)  # fmt: skip
-    fig.tight_layout()
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out)
-    except OSError as exc:
-        raise BadInput(f"cannot write {out}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return out
+    if len(layout.drawn) < len(timeline.allocations):
+        label = f"smaller allocations (all but the {len(layout.drawn)} largest)"
+        handles.append(Patch(facecolor=SMALL_COLOR, label=label))
+    return handles
 
 
 def _stack(drawn: list[Allocation], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -192,8 +255,8 @@ def _rank_sites(allocs: list[Allocation], site_of: dict[int, str], n: int) -> li
     return sorted(most, key=lambda s: -most[s])
 
 
-def _legend_label(site: str, at_peak: list[Allocation], site_of: dict[int, str]) -> str:
-    mine = [a for a in at_peak if site_of[id(a)] == site]
+def _legend_label(site: str, layout: _Layout) -> str:
+    mine = [a for a in layout.at_peak if layout.site_of[id(a)] == site]
     if not mine:
         return site
     return f"{site}  ({fmt_bytes(sum(a.size for a in mine))}, {len(mine)}x)"
@@ -209,18 +272,10 @@ def _shade_phases(ax: Any, spans: list[tuple[str, int, int]]) -> None:
         )  # fmt: skip
 
 
-def _label_sites(
-    ax: Any,
-    drawn: list[Allocation],
-    bottoms: np.ndarray,
-    xs: np.ndarray,
-    site_of: dict[int, str],
-    at_peak: list[Allocation],
-    peak: int,
-    n: int,
-    count: int,
-) -> None:
+def _label_sites(ax: Any, layout: _Layout, count: int) -> None:
     """Label the call sites holding the most at the peak, pointing into their bands."""
+    drawn, bottoms, xs, site_of = layout.drawn, layout.bottoms, layout.xs, layout.site_of
+    at_peak, peak, n = layout.at_peak, layout.peak, layout.events
     column = int(np.searchsorted(xs, peak, side="right")) - 1
     bands: dict[str, list[tuple[float, int]]] = {}  # site -> (bottom, size) at the peak
     for row, alloc in enumerate(drawn):

@@ -134,35 +134,10 @@ def run_logged(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(log_path, "w") as log:
-        try:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if echo else log,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                env={**os.environ, **(env or {})},
-                start_new_session=True,
-            )
-        except OSError as exc:  # not a program this system can run (format, permission)
-            raise MissingTool(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+        proc = _spawn(argv, log, env, echo)
         pump = _start_pump(proc, log, echo) if echo else None
-        timed_out = False
         try:
-            with _terminate_as_interrupt():
-                proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc)
-            proc.wait()
-            timed_out = True
-        except KeyboardInterrupt:
-            _stop(proc, stop_grace_s, on_stopping)
-            raise
-        except BaseException:  # leave no orphaned GPU process behind
-            kill_tree(proc)
-            proc.wait()
-            raise
+            timed_out = _wait(proc, timeout_s, stop_grace_s, on_stopping)
         finally:
             if pump is not None:
                 # a grandchild that outlived the tree could hold the pipe open; don't hang
@@ -173,6 +148,49 @@ def run_logged(
         log_path=log_path,
         timed_out=timed_out,
     )
+
+
+def _spawn(
+    argv: Sequence[str], log: IO[str], env: dict[str, str] | None, echo: IO[str] | None
+) -> subprocess.Popen[str]:
+    """Start ``argv`` in a session of its own, its output into ``log`` (or a pipe to echo)."""
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if echo else log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    except OSError as exc:  # not a program this system can run (format, permission)
+        raise MissingTool(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+
+
+def _wait(
+    proc: subprocess.Popen[str],
+    timeout_s: float | None,
+    stop_grace_s: float,
+    on_stopping: Callable[[], None] | None,
+) -> bool:
+    """Wait for ``proc``; True if it ran out of time (then its tree is killed)."""
+    try:
+        with _terminate_as_interrupt():
+            proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        proc.wait()
+        return True
+    except KeyboardInterrupt:
+        _stop(proc, stop_grace_s, on_stopping)
+        raise
+    except BaseException:  # leave no orphaned GPU process behind
+        kill_tree(proc)
+        proc.wait()
+        raise
+    return False
 
 
 def _stop(

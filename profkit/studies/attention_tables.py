@@ -104,6 +104,15 @@ def side_by_side(rows: list[dict[str, Any]]) -> pd.DataFrame | None:
     return pd.DataFrame(records)
 
 
+def tables(rows: list[dict[str, Any]]) -> list[tuple[str, pd.DataFrame]]:
+    """The titled tables of a grid: every cell, then the variants side by side if several."""
+    found = [(title(rows), cells_table(rows))]
+    pairs = side_by_side(rows)
+    if pairs is not None:
+        found.append(("Side by side", pairs))
+    return found
+
+
 def _time_or_status(row: dict[str, Any] | None, key: str) -> float | str | None:
     if row is None:
         return None

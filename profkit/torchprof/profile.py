@@ -30,7 +30,7 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profkit import __version__
 from profkit.errors import BadInput, ProfkitError
@@ -44,6 +44,9 @@ from profkit.torchprof.tables import (
     clean_stack,
 )
 from profkit.workload.config import WorkloadConfig, resolve_device
+
+if TYPE_CHECKING:
+    from profkit.workload.step import Workload
 
 StepHook = Callable[[str, int, int], None]
 """Called after each step with (mode, steps done, steps in the run)."""
@@ -131,14 +134,28 @@ def _profile_run(
     on_step: StepHook | None,
 ) -> ProfiledRun:
     import torch
-    from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
     from profkit.workload.step import Workload
 
-    activities = [ProfilerActivity.CPU]
-    if device == "cuda":
-        activities.append(ProfilerActivity.CUDA)
     captured: dict[str, AveragesTable] = {}
+    try:
+        workload = Workload(config, device)
+        prof = _profiler(config, device, options, _on_trace_ready(options, trace_path, captured))
+        step_ms = _run_steps(prof, workload, config, options, on_step)
+    except torch.OutOfMemoryError as exc:
+        raise ProfkitError(
+            f"{config.label()}: CUDA out of memory under torch.profiler "
+            f"({str(exc).splitlines()[0][:160]}); traces already written are kept"
+        ) from None
+    if "table" not in captured:  # pragma: no cover - the schedule always ends its cycle
+        raise ProfkitError(f"{config.label()}: torch.profiler recorded no steps")
+    return ProfiledRun(config.mode, captured["table"], trace_path, step_ms)
+
+
+def _on_trace_ready(
+    options: TorchOptions, trace_path: Path, captured: dict[str, AveragesTable]
+) -> Callable[[Any], None]:
+    """The callback that turns the recorded steps into the table and writes the trace."""
 
     def on_trace_ready(prof: Any) -> None:
         if options.with_stack:
@@ -157,52 +174,70 @@ def _profile_run(
         )
         _export_gzip(prof, trace_path)
 
+    return on_trace_ready
+
+
+def _profiler(
+    config: WorkloadConfig,
+    device: str,
+    options: TorchOptions,
+    on_trace_ready: Callable[[Any], None],
+) -> Any:
+    """A torch.profiler that records the timed steps only, after the warm-up."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    return profile(
+        activities=activities,
+        schedule=schedule(
+            wait=max(config.warmup - 1, 0),
+            warmup=min(config.warmup, 1),
+            active=config.steps,
+            repeat=1,
+        ),
+        on_trace_ready=on_trace_ready,
+        record_shapes=options.record_shapes or options.group_by_shape,
+        profile_memory=options.profile_memory,
+        with_stack=options.with_stack,
+        experimental_config=_stack_config(options.with_stack),
+    )
+
+
+def _run_steps(
+    prof: Any,
+    workload: Workload,
+    config: WorkloadConfig,
+    options: TorchOptions,
+    on_step: StepHook | None,
+) -> list[float]:
+    """Step the workload under ``prof``; the step times (ms) of the timed steps."""
+    from torch.profiler import ProfilerAction
+
     total = config.warmup + config.steps
     step_ms: list[float] = []
-    try:
-        workload = Workload(config, device)
-        prof = profile(
-            activities=activities,
-            schedule=schedule(
-                wait=max(config.warmup - 1, 0),
-                warmup=min(config.warmup, 1),
-                active=config.steps,
-                repeat=1,
-            ),
-            on_trace_ready=on_trace_ready,
-            record_shapes=options.record_shapes or options.group_by_shape,
-            profile_memory=options.profile_memory,
-            with_stack=options.with_stack,
-            experimental_config=_stack_config(options.with_stack),
-        )
-        tagged = False
-        with warnings.catch_warnings():
-            # --warmup 0 is the user's choice and result.warnings says what it costs.
-            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-            with prof:
-                for index in range(total):
-                    if not tagged and prof.current_action != ProfilerAction.NONE:
-                        # Only a started profiler keeps metadata; it lands in the trace JSON.
-                        prof.add_metadata_json("profkit", json.dumps(_trace_metadata(config)))
-                        tagged = True
-                    times = workload.step()
-                    if index >= config.warmup:
-                        step_ms.append(times.step_ms)
-                    prof.step()
-                    # With --with-stack torch's Python tracer records the callback's frames
-                    # too, and frames from rich's progress bar make key_averages() fail to
-                    # decode event names (torch 2.13): report progress only outside recording.
-                    quiet = options.with_stack and prof.current_action != ProfilerAction.NONE
-                    if on_step and not quiet:
-                        on_step(config.mode, index + 1, total)
-    except torch.OutOfMemoryError as exc:
-        raise ProfkitError(
-            f"{config.label()}: CUDA out of memory under torch.profiler "
-            f"({str(exc).splitlines()[0][:160]}); traces already written are kept"
-        ) from None
-    if "table" not in captured:  # pragma: no cover - the schedule always ends its cycle
-        raise ProfkitError(f"{config.label()}: torch.profiler recorded no steps")
-    return ProfiledRun(config.mode, captured["table"], trace_path, step_ms)
+    tagged = False
+    with warnings.catch_warnings():
+        # --warmup 0 is the user's choice and result.warnings says what it costs.
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+        with prof:
+            for index in range(total):
+                if not tagged and prof.current_action != ProfilerAction.NONE:
+                    # Only a started profiler keeps metadata; it lands in the trace JSON.
+                    prof.add_metadata_json("profkit", json.dumps(_trace_metadata(config)))
+                    tagged = True
+                times = workload.step()
+                if index >= config.warmup:
+                    step_ms.append(times.step_ms)
+                prof.step()
+                # With --with-stack torch's Python tracer records the callback's frames
+                # too, and frames from rich's progress bar make key_averages() fail to
+                # decode event names (torch 2.13): report progress only outside recording.
+                quiet = options.with_stack and prof.current_action != ProfilerAction.NONE
+                if on_step and not quiet:
+                    on_step(config.mode, index + 1, total)
+    return step_ms
 
 
 def _stack_config(with_stack: bool) -> Any:
