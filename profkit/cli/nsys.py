@@ -163,7 +163,7 @@ def _print_plan(plan: nsys_lib.Plan, fmt: str) -> None:
 def _profile(
     target: nsys_lib.Target,
     name: str | None,
-    out_dir: Path,
+    out_dir: Path | None,
     options: NsysOptions,
     nsys: str | None,
 ) -> nsys_lib.NsysRun:
