@@ -339,3 +339,12 @@ def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
         title = "Steps across ranks — GPU span of each step; NCCL time waiting for the last rank"
         tables.append((title, report.steps))
     return tables
+
+
+def ranks_markdown(report: RankedReport) -> str:
+    """The rank tables as markdown sections (appended to the kernel report)."""
+    from profkit.formats import markdown_table
+
+    return "".join(
+        f"\n## {title}\n\n{markdown_table(table, 2)}\n" for title, table in rank_tables(report)
+    )

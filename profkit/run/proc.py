@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from profkit.errors import MissingTool
+from profkit.run.torchrun import child_env
 
 TAIL_CHARS = 4_000
 _ERROR_WORDS = re.compile(
@@ -142,7 +143,7 @@ def run_logged(
                 stderr=subprocess.STDOUT,
                 text=True,
                 errors="replace",
-                env={**os.environ, **(env or {})},
+                env=child_env({**os.environ, **(env or {})}),
                 start_new_session=True,
             )
         except OSError as exc:  # not a program this system can run (format, permission)

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import BadInput
-from profkit.workload.config import WorkloadConfig
-from profkit.workload.parallel import MULTICAST_OFF
+from profkit.workload.config import MULTICAST_OFF, WorkloadConfig
 
 STATUS_ORDER = ("ok", "oom", "error")  # the merged status is the worst a rank reached
 

@@ -24,6 +24,13 @@ MAX_CTX = 65_536
 MAX_BATCH = 4_096
 MAX_NPROC = 1_024
 PARALLELS = ("ddp", "fsdp")  # profkit.workload.parallel implements them
+# NVLink multicast (NVLS) can take a shared host's GPUs out of service; every process
+# profkit starts keeps it off unless the user set these variables themselves.
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 @dataclass(frozen=True)

@@ -21,16 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from profkit.workload.config import PARALLELS
+from profkit.workload.config import MULTICAST_OFF, PARALLELS
 
 __all__ = ["MULTICAST_OFF", "PARALLELS", "Ranks", "finish", "from_env", "init", "wrap"]
-# NVLink multicast (NVLS) can take a shared host's GPUs out of service; profkit's children
-# keep it off unless the user set these variables themselves.
-MULTICAST_OFF = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 
 
 @dataclass(frozen=True)
