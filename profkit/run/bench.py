@@ -19,8 +19,7 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.run import results
-from profkit.run import torchrun
+from profkit.run import results, torchrun
 from profkit.run.child import run_child
 from profkit.run.environment import environment, utc_now
 from profkit.workload import flops

@@ -31,7 +31,6 @@ from typing import Any
 
 from profkit.run import torchrun
 from profkit.run.proc import kill_tree
-from profkit.workload import parallel
 from profkit.workload.config import WorkloadConfig, resolve_device
 
 Hooks = tuple[Callable[[], None] | None, Callable[[], None] | None]
@@ -64,6 +63,8 @@ def run_config(
     import torch
 
     from profkit.workload.step import Workload
+
+    from profkit.workload import parallel
 
     result: dict[str, Any] = {"config": config.to_dict(), "status": "ok", "error": None}
     ranks = parallel.from_env()
@@ -232,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capture-options", type=json.loads, default=None, help="JSON object")
     args = parser.parse_args(argv)
     config = WorkloadConfig.from_json(args.config)
+    from profkit.workload import parallel  # torch: only in the child
+
     ranks = parallel.from_env()
     result_path = args.result
     if ranks.distributed:
