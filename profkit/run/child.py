@@ -62,9 +62,8 @@ def run_config(
     """Run one config in this process and return its result; never raises for the run itself."""
     import torch
 
-    from profkit.workload.step import Workload
-
     from profkit.workload import parallel
+    from profkit.workload.step import Workload
 
     result: dict[str, Any] = {"config": config.to_dict(), "status": "ok", "error": None}
     ranks = parallel.from_env()
