@@ -193,3 +193,30 @@ def single_config(configs: list[WorkloadConfig], command_name: str) -> WorkloadC
             "(give one value per option)"
         )
     return configs[0]
+
+
+# Several ranks (profkit.run.torchrun): declared here once, applied by with_ranks().
+NprocOpt = Annotated[
+    list[int],
+    typer.Option(
+        "--nproc",
+        help="Processes per run, one per GPU, started by torchrun (gloo on CPU); "
+        "--batch is per process.",
+    ),
+]
+ParallelOpt = Annotated[
+    list[str], typer.Option("--parallel", help="With --nproc > 1: ddp | fsdp (FSDP2).")
+]
+
+
+def with_ranks(
+    configs: list[WorkloadConfig], nproc: list[int], parallel: list[str]
+) -> list[WorkloadConfig]:
+    """Each config for every ``--nproc`` x ``--parallel`` (one process: parallel is moot)."""
+    grid = [
+        config.replace(nproc=n, parallel=p if n > 1 else "ddp")
+        for config in configs
+        for n in (nproc or [1])
+        for p in (parallel or ["ddp"])
+    ]
+    return list(dict.fromkeys(grid))

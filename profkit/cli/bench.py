@@ -18,11 +18,14 @@ from profkit.cli._common import (
     DtypeOpt,
     FormatOpt,
     ModeOpt,
+    NprocOpt,
     OutOpt,
+    ParallelOpt,
     SizeOpt,
     StepsOpt,
     WarmupOpt,
     command,
+    with_ranks,
     workload_configs,
 )
 from profkit.cli.app import app
@@ -63,6 +66,8 @@ def bench(
     warmup: WarmupOpt = [],  # noqa: B006
     steps: StepsOpt = 10,
     device: DeviceOpt = "auto",
+    nproc: NprocOpt = [],  # noqa: B006
+    parallel: ParallelOpt = [],  # noqa: B006
     db: DbOpt = DEFAULT_DB,
     resume: ResumeOpt = False,
     timeout: TimeoutOpt = None,
@@ -85,6 +90,7 @@ def bench(
     configs = workload_configs(
         size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
     )
+    configs = with_ranks(configs, nproc, parallel)
     if compare is not None:  # a sweep with one dtype has nothing to compare: say so now
         compare_lib.check_sweep(compare, (getattr(c, compare, None) for c in configs))
     # `--device cuda` without CUDA, a corrupt DB: one line, before the bar or any child.

@@ -23,10 +23,13 @@ from profkit.cli._common import (
     DtypeOpt,
     FormatOpt,
     ModeOpt,
+    NprocOpt,
     OutOpt,
+    ParallelOpt,
     SizeOpt,
     WarmupOpt,
     command,
+    with_ranks,
     workload_configs,
 )
 from profkit.cli.app import app
@@ -77,6 +80,8 @@ def capture(
     warmup: WarmupOpt = [],  # noqa: B006
     steps: Annotated[int, typer.Option("--steps", help="Timed (recorded) steps.")] = 1,
     device: DeviceOpt = "auto",
+    nproc: NprocOpt = [],  # noqa: B006
+    parallel: ParallelOpt = [],  # noqa: B006
     max_entries: MaxEntriesOpt = 1_000_000,
     stacks: StacksOpt = "python",
     name: Annotated[
@@ -103,6 +108,7 @@ def capture(
     configs = workload_configs(
         size, ctx, batch, mode, dtype, bf16, compile, attention, warmup or [1], steps, device
     )
+    configs = with_ranks(configs, nproc, parallel)
     with _progress(len(configs)) as on_config:
         rows = run_capture(
             configs, out_dir, name, max_entries, stacks, timeout, on_config, db_path=db

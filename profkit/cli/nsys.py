@@ -18,11 +18,14 @@ from profkit.cli._common import (
     DeviceOpt,
     DtypeOpt,
     ModeOpt,
+    NprocOpt,
+    ParallelOpt,
     SizeOpt,
     StepsOpt,
     WarmupOpt,
     command,
     single_config,
+    with_ranks,
     workload_configs,
 )
 from profkit.cli.app import app
@@ -34,7 +37,7 @@ from profkit.nsys.argv import DEFAULT_TRACE, NsysOptions
 
 WORKLOAD_PARAMS = (
     "size", "ctx", "batch", "mode", "dtype", "bf16", "compile", "attention", "warmup", "steps",
-    "device",
+    "device", "nproc", "parallel",
 )  # fmt: skip
 FORMATS = ("table", "md", "json")
 
@@ -131,6 +134,8 @@ def nsys(
     warmup: WarmupOpt = [],  # noqa: B006
     steps: StepsOpt = 10,
     device: DeviceOpt = "auto",
+    nproc: NprocOpt = [],  # noqa: B006
+    parallel: ParallelOpt = [],  # noqa: B006
     name: NameOpt = None,
     nsys: NsysOpt = None,
     trace: TraceOpt = DEFAULT_TRACE,
@@ -170,6 +175,7 @@ def nsys(
         configs = workload_configs(
             size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
         )
+        configs = with_ranks(configs, nproc, parallel)
         target = single_config(configs, "nsys")
     if dry_run:
         plan = nsys_lib.plan(target, name, out_dir, options=options, nsys=nsys, require_nsys=False)

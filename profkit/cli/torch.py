@@ -25,12 +25,15 @@ from profkit.cli._common import (
     DtypeOpt,
     FormatOpt,
     ModeOpt,
+    NprocOpt,
     OutOpt,
+    ParallelOpt,
     SizeOpt,
     StepsOpt,
     WarmupOpt,
     command,
     single_config,
+    with_ranks,
     workload_configs,
 )
 from profkit.cli.app import app
@@ -40,6 +43,7 @@ from profkit.torchprof import profile as torchprof
 from profkit.torchprof.report import TABLE_DIGITS
 from profkit.torchprof.result import TorchOptions
 from profkit.torchprof.tables import SORT_CHOICES
+from profkit.workload.config import WorkloadConfig
 
 RecordShapesOpt = Annotated[
     bool, typer.Option("--record-shapes", help="Record input shapes (torch.profiler).")
@@ -93,6 +97,8 @@ def torch_(
     warmup: WarmupOpt = [],  # noqa: B006
     steps: StepsOpt = 1,
     device: DeviceOpt = "auto",
+    nproc: NprocOpt = [],  # noqa: B006
+    parallel: ParallelOpt = [],  # noqa: B006
     record_shapes: RecordShapesOpt = False,
     with_stack: WithStackOpt = False,
     profile_memory: ProfileMemoryOpt = False,
@@ -112,7 +118,11 @@ def torch_(
     configs = workload_configs(
         size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
     )
+    configs = with_ranks(configs, nproc, parallel)
     config = single_config(configs, "torch")
+    if config.nproc > 1:
+        _ranks(config, name, out_dir, fmt, out)
+        return
     options = TorchOptions(
         record_shapes=record_shapes,
         with_stack=with_stack,
@@ -147,3 +157,24 @@ def torch_(
         err_console.print(f"[yellow]note:[/] {warning}", highlight=False)
     written = [str(run.trace_path) for run in result.runs] + [str(result.report_path)]
     err_console.print(f"wrote {', '.join(written)}", highlight=False, soft_wrap=True)
+
+
+def _ranks(
+    config: WorkloadConfig, name: str | None, out_dir: Path, fmt: str, out: Path | None
+) -> None:
+    """Several ranks: one trace per rank, then their per-rank kernel tables."""
+    from profkit.analysis import analyze_any, display_tables
+    from profkit.analysis.ranks import RankedReport, rank_tables
+    from profkit.torchprof.ranks import profile_ranks
+    from profkit.traces import load_trace
+    from profkit.traces.ranks import merge_rank_traces
+
+    with err_console.status(f"torch.profiler on {config.nproc} ranks"):
+        run = profile_ranks(config, name or torchprof.default_name(config), out_dir)
+        report = analyze_any(merge_rank_traces([load_trace(p) for p in run.traces]))
+    tables = display_tables(report)
+    if isinstance(report, RankedReport):
+        tables = rank_tables(report) + tables
+    emit_tables(tables, fmt, out, json_value=report.to_json())
+    written = ", ".join(str(p) for p in run.traces)
+    err_console.print(f"wrote {written}", highlight=False, soft_wrap=True)

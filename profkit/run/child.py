@@ -10,7 +10,8 @@ Captures decide what the child does around the timed steps (``on_timed_start`` /
 ``on_timed_end``): ``none``; ``cuda-profiler-api`` (cudaProfilerStart/Stop, so that
 ``nsys --capture-range=cudaProfilerApi`` records only the timed steps); ``memory``
 (CUDA allocator history and a snapshot, see ``profkit.run.recorder``; its options
-come as JSON in ``--capture-options``).
+come as JSON in ``--capture-options``); ``torch-trace`` (a torch.profiler Chrome trace
+of the timed steps per rank, see ``profkit.run.trace_capture``).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from typing import Any
 
 from profkit.run import torchrun
 from profkit.run.proc import kill_tree
+from profkit.run.torchrun import rank_snapshot_path
 from profkit.workload.config import WorkloadConfig, resolve_device
 
 Hooks = tuple[Callable[[], None] | None, Callable[[], None] | None]
-CAPTURES = ("none", "cuda-profiler-api", "memory")
+CAPTURES = ("none", "cuda-profiler-api", "memory", "torch-trace")
 STDERR_TAIL_CHARS = 2_000
 
 
@@ -76,13 +78,23 @@ def run_config(
         if capture == "memory":
             from profkit.run.recorder import MemoryRecorder
 
-            recorder = MemoryRecorder(**(capture_options or {}))
+            options = dict(capture_options or {})
+            if ranks.distributed:  # one snapshot per rank: NAME-rank0.pickle, ...
+                snapshot = Path(options["snapshot"])
+                options["snapshot"] = str(rank_snapshot_path(snapshot, ranks.rank))
+            recorder = MemoryRecorder(**options)
             recorder.begin()
         workload = Workload(config)
         result["device"] = str(workload.device)
         start, stop = _cuda_profiler_hooks() if capture == "cuda-profiler-api" else (None, None)
         if recorder is not None:
             start, stop = recorder.attach(workload)
+        if capture == "torch-trace":  # one Chrome trace per rank: {"stem": ...}
+            from profkit.run.trace_capture import RankTracer
+
+            tracer = RankTracer(str((capture_options or {})["stem"]))
+            start, stop = tracer.hooks(config, ranks.rank)
+            result["trace"] = str(tracer.path)
         run = workload.run(on_timed_start=start, on_timed_end=stop)
         result.update(run.to_dict())
     except torch.OutOfMemoryError as exc:

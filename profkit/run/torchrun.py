@@ -69,6 +69,11 @@ def rank_result_path(result_path: Path, rank: int) -> Path:
     return result_path.with_name(f"{result_path.stem}.rank{rank}{result_path.suffix}")
 
 
+def rank_snapshot_path(snapshot: Path, rank: int) -> Path:
+    """``NAME-rank0.pickle`` for a memory snapshot ``NAME.pickle``."""
+    return snapshot.with_name(f"{snapshot.stem}-rank{rank}{snapshot.suffix}")
+
+
 def merge_results(
     config: WorkloadConfig, results: list[dict[str, Any] | None], died: dict[str, Any]
 ) -> dict[str, Any]:
@@ -96,6 +101,8 @@ def merge_results(
         "wall_s": max((r.get("wall_s") or 0.0) for r in ranks),
         "ranks": [_rank_summary(r) for r in ranks],
     }
+    if first.get("memory") is not None:  # the memory capture: rank 0's (each rank's in ranks)
+        merged["memory"] = first["memory"]
     peaks = [r["peak_memory_bytes"] for r in ranks if r.get("peak_memory_bytes") is not None]
     merged["peak_memory_bytes"] = max(peaks) if peaks else None
     for key in ("traceback", "stderr_tail"):
@@ -125,4 +132,6 @@ def _rank_summary(result: dict[str, Any]) -> dict[str, Any]:
         "host": result.get("host"),
         "peak_memory_bytes": result.get("peak_memory_bytes"),
         "step_ms": [_step_ms(s) for s in steps],
+        "trace": result.get("trace"),
+        "memory": result.get("memory"),
     }

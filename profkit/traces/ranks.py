@@ -32,7 +32,7 @@ def rank_info(trace: Trace) -> dict[str, Any] | None:
     """
     meta = trace.meta
     dist = meta.get("distributedInfo")
-    profkit = meta.get("profkit") if isinstance(meta.get("profkit"), dict) else {}
+    profkit: dict[str, Any] = meta["profkit"] if isinstance(meta.get("profkit"), dict) else {}
     source = dist if isinstance(dist, dict) and "rank" in dist else profkit
     if not isinstance(source, dict) or source.get("rank") is None:
         return None
