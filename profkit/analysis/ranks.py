@@ -26,6 +26,7 @@ from profkit.errors import BadInput
 from profkit.traces.schema import Trace
 
 PROCESS_SHIFT = 24
+PROCESS_MASK = (1 << 24) - 1  # globalTid: process id in bits 24-47 (nsys sets bits above)
 NS_PER_MS = 1_000_000
 RANK_FIELDS = ("rank", "device", "pid", "host")
 
@@ -91,7 +92,7 @@ def kernel_processes(trace: Trace) -> np.ndarray:
     """The process of each activity: its launching thread's, else its device's main one."""
     k = trace.kernels
     thread = k["launch_thread"].to_numpy(dtype=np.int64, na_value=-1)
-    pid = np.where(thread >= 0, thread >> PROCESS_SHIFT, -1)
+    pid = np.where(thread >= 0, (thread >> PROCESS_SHIFT) & PROCESS_MASK, -1)
     device = k["device"].to_numpy(np.int64)
     known = pid >= 0
     if known.all() or not known.any():
@@ -116,7 +117,7 @@ def rank_trace(trace: Trace, pid: int, processes: np.ndarray | None = None) -> T
     processes = kernel_processes(trace) if processes is None else processes
     k = trace.kernels[processes == pid].reset_index(drop=True)
     threads = trace.ranges["thread"].to_numpy(np.int64)
-    r = trace.ranges[(threads >> PROCESS_SHIFT) == pid].reset_index(drop=True)
+    r = trace.ranges[((threads >> PROCESS_SHIFT) & PROCESS_MASK) == pid].reset_index(drop=True)
     return Trace(kernels=k, ranges=r, meta=trace.meta)
 
 
