@@ -3,9 +3,10 @@
 #
 #   source .device/env.sh && bash benchmarks/multi_gpu_capture.sh "$OUT"
 #
-# Writes under OUT (default ./mgpu-out): the xz-compressed 2-rank nsys export of the small
-# model (tests/data/nsys-2025.3-h200x2-small-ddp2.sqlite.xz), its sidecar, the per-rank
-# torch.profiler traces (tests/data/torch-h200x2-tiny-ddp2-rank{0,1}.json.gz), a bench
+# Writes under OUT (default ./mgpu-out), named as tests/data wants them: the xz-compressed
+# 2-rank nsys export of the small model (nsys-2025.3-h200x2-small-ddp2.sqlite.xz) and its
+# sidecar, the per-rank torch.profiler traces (torch-h200x2-small-ddp2-rank{0,1}.json.gz;
+# tests/test_multi_gpu_fixtures.py checks every fixture of those names), a bench
 # sweep over nproc and parallelism, and timings.txt: `profkit nsys --nproc 2` against a
 # bare `nsys profile torchrun ...` + `nsys export` of the same run.
 set -euo pipefail
@@ -53,7 +54,8 @@ $py -m profkit torch --nproc 2 --size small --ctx 128 --warmup 2 --steps 1 --nam
 $py -m profkit bench --nproc 1 2 --parallel ddp fsdp --size small --ctx 128 --warmup 3 --steps 5 \
   --db work/results.db -f json > "$out/bench.json" || true
 
-xz -9 -T0 -c work/nsys-2rank.sqlite > "$out/nsys-2rank.sqlite.xz"
-cp work/nsys-2rank.profkit.json "$out/" 2>/dev/null || true
-cp work/torch-2rank-train-rank0.json.gz work/torch-2rank-train-rank1.json.gz "$out/"
+fixture=nsys-2025.3-h200x2-small-ddp2
+xz -9 -T0 -c work/nsys-2rank.sqlite > "$out/$fixture.sqlite.xz"
+cp work/nsys-2rank.profkit.json "$out/$fixture.profkit.json" 2>/dev/null || true
+for r in 0 1; do cp "work/torch-2rank-train-rank$r.json.gz" "$out/torch-h200x2-small-ddp2-rank$r.json.gz"; done
 ls -la "$out"
