@@ -318,3 +318,26 @@ def test_a_killed_rank_ends_the_group_and_becomes_an_error_result() -> None:
     assert isinstance(ranks, list) and [r["rank"] for r in ranks] == [0, 1]
     assert ranks[1]["status"] == "error"
     assert _rank_process(0) is None  # no rank left behind
+
+
+def test_plot_draws_the_ranks_of_a_two_process_export(tmp_path: Path, data_dir: Path) -> None:
+    export = Export(tmp_path / "two.sqlite")
+    for pid in (100, 200):
+        main = (1 << 48) | (pid << 24) | pid
+        for step in range(2):
+            t = step * 10_000
+            export.range("forward", t, t + 1_000, thread=main)
+            export.range("backward", t + 1_000, t + 5_000, thread=main)
+            export.kernel("sm90_gemm", t + 2_000, 1_000, launch_at=t + 100, thread=main, pid=pid)
+            export.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", t + 2_500, 2_000,
+                          launch_at=t + 1_200, thread=main, pid=pid)  # fmt: skip
+    sqlite_path = export.save()
+    png = tmp_path / "ranks.png"
+    result = runner.invoke(app, ["kernels", str(sqlite_path), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    single = runner.invoke(
+        app, ["kernels", str(data_dir / "torch-small-ctx128-train.json.gz"), "--plot", str(png)]
+    )
+    assert single.exit_code == 2
+    assert "--plot draws the ranks of a multi-GPU trace" in single.output

@@ -349,3 +349,23 @@ def ranks_markdown(report: RankedReport) -> str:
     return "".join(
         f"\n## {title}\n\n{markdown_table(table, 2)}\n" for title, table in rank_tables(report)
     )
+
+
+def step_kernels(entry: RankEntry, step: int) -> pd.DataFrame:
+    """The kernels of one step of one rank: ``start``, ``end`` (ns) and ``nccl`` (bool)."""
+    k = entry.trace.kernels
+    starts = step_starts(entry.trace, _first_phase(entry))
+    if not len(starts) or k.empty:
+        return pd.DataFrame({"start": [], "end": [], "nccl": []})
+    point = k["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
+    point = np.where(point >= 0, point, k["start"].to_numpy(np.int64))
+    index = np.searchsorted(starts, point, side="right") - 1
+    is_kernel = k["kind"].to_numpy(dtype=object) == "kernel"
+    chosen = (index == step) & is_kernel
+    return pd.DataFrame(
+        {
+            "start": k["start"].to_numpy(np.int64)[chosen],
+            "end": k["end"].to_numpy(np.int64)[chosen],
+            "nccl": is_nccl(k["name"])[chosen],
+        }
+    )

@@ -59,6 +59,14 @@ RankOpt = Annotated[
         "of one run), show this rank's tables only.",
     ),
 ]
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        help="Of a multi-rank trace: draw one step per rank as lanes (compute vs NCCL) and "
+        "per-rank phase bars into this PNG.",
+    ),
+]
 ToleranceOpt = Annotated[
     float,
     typer.Option("--tolerance", help="With --compare: agreement threshold in % (>= 0)."),
@@ -77,6 +85,7 @@ def kernels(
     compare: CompareOpt = False,
     tolerance: ToleranceOpt = 5.0,
     rank: RankOpt = None,
+    plot: PlotOpt = None,
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
@@ -94,6 +103,12 @@ def kernels(
         return
     single = paths[0]
     report = analysis.analyze_any(traces[0], top=top, phase=phase, range=range_, rank=rank)
+    if plot is not None:
+        if not isinstance(report, RankedReport):
+            raise BadInput("--plot draws the ranks of a multi-GPU trace; this one has one process")
+        from profkit.report.rank_plots import plot_ranks
+
+        err_console.print(f"wrote {plot_ranks(report, plot)}", highlight=False)
     fmt = file_format(fmt, out)
     if fmt == "md":
         text = analysis.kernel_report_markdown(report, title=f"Kernels of {single.name}")
