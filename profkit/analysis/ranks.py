@@ -151,8 +151,8 @@ def _rank_entry(
     trace: Trace, info: dict[str, Any], top: int, phase: str | None, range_: str | None
 ) -> RankEntry:
     report = analyze(trace, top, phase, range_)
-    rows = report.rows if report.rows is not None else np.arange(len(trace.kernels))
-    selected = trace.kernels.iloc[rows]
+    mask = report.selected if report.selected is not None else slice(None)
+    selected = trace.kernels[mask]
     is_kernel = selected["kind"].to_numpy(dtype=object) == "kernel"
     duration = (selected["end"] - selected["start"]).clip(lower=0).to_numpy(np.int64)
     totals = {
