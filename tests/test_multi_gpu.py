@@ -25,6 +25,7 @@ from profkit.analysis.comm import both_covered_ns, collective, comm_stats, cover
 from profkit.analysis.ranks import analyze_ranks, is_multi_rank
 from profkit.cli import app
 from profkit.errors import BadInput
+from profkit.run import bench as bench_lib
 from profkit.run import torchrun
 from profkit.run.child import run_child
 from profkit.run.proc import descendants
@@ -254,6 +255,8 @@ def test_bench_two_gloo_ranks_make_one_row(tmp_path: Path) -> None:
     for row in rows:
         assert row["tokens_per_s"] == pytest.approx(2 * 4 * 32 / (row["step_ms"] / 1e3))
         assert [r["rank"] for r in row["ranks"]] == [0, 1]
+    stored = bench_lib.load(db)  # the ranks survive the results DB
+    assert [[r["rank"] for r in row["ranks"]] for row in stored] == [[0, 1], [0, 1]]
 
 
 def test_torch_writes_one_trace_per_rank_and_kernels_reads_them_as_ranks(tmp_path: Path) -> None:

@@ -42,8 +42,9 @@ _COLLECTIVE_RE = [(label, re.compile(pattern, re.IGNORECASE)) for label, pattern
 
 def is_nccl(names: pd.Series | np.ndarray) -> np.ndarray:
     """True for each kernel name of an NCCL kernel (any naming generation)."""
-    values = pd.Series(np.asarray(names, dtype=object))
-    return values.str.match(NCCL_PREFIX).fillna(False).to_numpy(dtype=bool)
+    codes, distinct = pd.factorize(np.asarray(names, dtype=object))  # few distinct names
+    hits = np.array([bool(NCCL_PREFIX.match(str(n))) for n in distinct], dtype=bool)
+    return hits[codes] if len(distinct) else np.zeros(len(codes), dtype=bool)
 
 
 def collective(name: str) -> str:

@@ -39,7 +39,7 @@ CONTRACT_FIELDS = (
     "optimizer_ms", "optimizer_ms_std", "step_ms", "step_ms_std",
     "tokens_per_s", "tflops", "mfu", "peak_memory_gib",
 )  # fmt: skip
-LIST_FIELDS = (*(f"{p}_times_ms" for p in PHASES), "warmup_step_times_ms", "ranks")
+LIST_FIELDS = (*(f"{p}_times_ms" for p in PHASES), "warmup_step_times_ms")
 BOOL_FIELDS = ("compile", "git_dirty", "tf32")
 # Column types for the DB, so a first row of nulls (an OOM) doesn't decide them.
 COLUMN_TYPES: dict[str, type] = {
@@ -146,6 +146,11 @@ def decode_row(row: dict[str, Any]) -> Row:
     for name in BOOL_FIELDS:
         if out.get(name) is not None:
             out[name] = bool(out[name])
+    # Rows of several ranks list them; one-process rows never had the column's value.
+    if out.get("ranks") is None:
+        out.pop("ranks", None)
+    elif isinstance(out["ranks"], str):
+        out["ranks"] = json.loads(out["ranks"])
     return out
 
 
