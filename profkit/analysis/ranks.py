@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.comm import CommStats, comm_stats, is_nccl
+from profkit.analysis.attribution import UNATTRIBUTED
+from profkit.analysis.comm import CommStats, comm_stats
 from profkit.analysis.report import KernelReport, analyze
+from profkit.analysis.steps import RankSteps, job_summary, step_table
 from profkit.errors import BadInput
 from profkit.traces.schema import Trace
 
@@ -40,6 +42,7 @@ class RankEntry:
     comm: CommStats
     totals: dict[str, Any]
     trace: Trace
+    steps: RankSteps
 
     def to_json(self) -> dict[str, Any]:
         whole = self.report.to_json()
@@ -142,7 +145,7 @@ def analyze_ranks(
     report = RankedReport(**{f: getattr(whole, f) for f in KernelReport.__dataclass_fields__})
     report.source = {**whole.source, "ranks": len(processes), "rank": rank}
     report.ranks = chosen
-    report.steps = step_table(entries)
+    report.steps = step_table([e.steps for e in entries])
     report.world_size = max([p.get("world_size") or 0 for p in processes] + [len(processes)])
     return report
 
@@ -160,157 +163,9 @@ def _rank_entry(
         "kernel_time_ms": int(duration[is_kernel].sum()) / NS_PER_MS,
         "gpu_time_ms": int(duration.sum()) / NS_PER_MS,
     }
-    return RankEntry(info, report, comm_stats(selected), totals, trace)
-
-
-def step_starts(trace: Trace, first_phase: str) -> np.ndarray:
-    """Start of each instance of the first phase on the thread that holds most of them."""
-    r = trace.ranges[trace.ranges["name"] == first_phase]
-    if r.empty:
-        return np.empty(0, np.int64)
-    owner = r["thread"].value_counts().index[0]
-    return np.sort(r.loc[r["thread"] == owner, "start"].to_numpy(np.int64))
-
-
-def rank_steps(entry: RankEntry, trace: Trace) -> pd.DataFrame:
-    """Per step of one rank: GPU span (first start to last end), NCCL kernels and time."""
-    phases = [p for p in entry.report.phases["phase"] if p != "unattributed"]
-    starts = step_starts(trace, phases[0]) if phases else np.empty(0, np.int64)
-    k = trace.kernels
-    if not len(starts) or k.empty:
-        return pd.DataFrame(columns=["step", "start", "end", "nccl_ms"])
-    point = k["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
-    point = np.where(point >= 0, point, k["start"].to_numpy(np.int64))
-    step = np.searchsorted(starts, point, side="right") - 1
-    frame = pd.DataFrame(
-        {
-            "step": step,
-            "start": k["start"].to_numpy(np.int64),
-            "end": k["end"].to_numpy(np.int64),
-            "nccl": is_nccl(k["name"]) & (k["kind"].to_numpy(dtype=object) == "kernel"),
-        }
-    )[step >= 0]
-    frame["nccl_ns"] = np.where(frame["nccl"], frame["end"] - frame["start"], 0)
-    out = frame.groupby("step").agg(
-        start=("start", "min"), end=("end", "max"), nccl_ns=("nccl_ns", "sum")
-    )
-    out["nccl_ms"] = out.pop("nccl_ns") / NS_PER_MS
-    return out.reset_index()
-
-
-def _nccl_waits(
-    entries: list[RankEntry], traces: list[Trace], steps: list[pd.DataFrame]
-) -> pd.DataFrame:
-    """Per (step, rank): NCCL time spent before the last rank's matching kernel started.
-
-    The k-th NCCL kernel of a step on each rank is taken to be one collective (ranks issue
-    collectives in the same order); it cannot finish before every rank has joined, so on
-    a rank that started it early, ``min(latest start - own start, duration)`` is waiting.
-    """
-    rows = []
-    for entry, trace, step_frame in zip(entries, traces, steps, strict=True):
-        k = trace.kernels
-        nccl = is_nccl(k["name"]) & (k["kind"].to_numpy(dtype=object) == "kernel")
-        if not nccl.any() or step_frame.empty:
-            continue
-        starts = step_starts(trace, _first_phase(entry))
-        sel = k[nccl]
-        point = sel["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
-        point = np.where(point >= 0, point, sel["start"].to_numpy(np.int64))
-        frame = pd.DataFrame(
-            {
-                "step": np.searchsorted(starts, point, side="right") - 1,
-                "start": sel["start"].to_numpy(np.int64),
-                "duration": (sel["end"] - sel["start"]).to_numpy(np.int64),
-                "rank": entry.info["rank"],
-            }
-        ).sort_values(["step", "start"], kind="stable")
-        frame["k"] = frame.groupby("step").cumcount()
-        rows.append(frame[frame["step"] >= 0])
-    if len(rows) < 2:
-        return pd.DataFrame(columns=["step", "rank", "wait_ms"])
-    frame = pd.concat(rows, ignore_index=True)
-    present = frame.groupby(["step", "k"])["rank"].transform("nunique") == len(rows)
-    frame = frame[present]  # collectives every rank ran
-    latest = frame.groupby(["step", "k"])["start"].transform("max")
-    frame = frame.assign(
-        wait_ns=np.minimum(latest - frame["start"], frame["duration"]).clip(lower=0)
-    )
-    waits = frame.groupby(["step", "rank"])["wait_ns"].sum().reset_index()
-    waits["wait_ms"] = waits.pop("wait_ns") / NS_PER_MS
-    return waits
-
-
-def _first_phase(entry: RankEntry) -> str:
-    phases = [p for p in entry.report.phases["phase"] if p != "unattributed"]
-    return phases[0] if phases else ""
-
-
-def step_table(entries: list[RankEntry]) -> pd.DataFrame:
-    """One row per (step, rank): ``step_ms`` (GPU span), ``nccl_ms``, ``nccl_wait_ms``."""
-    traces = [e.trace for e in entries]
-    steps = [rank_steps(e, t) for e, t in zip(entries, traces, strict=True)]
-    frames = [
-        s.assign(rank=e.info["rank"]) for e, s in zip(entries, steps, strict=True) if not s.empty
-    ]
-    if not frames:
-        return pd.DataFrame(columns=["step", "rank", "step_ms", "nccl_ms", "nccl_wait_ms"])
-    table = pd.concat(frames, ignore_index=True)
-    table["step_ms"] = (table["end"] - table["start"]) / NS_PER_MS
-    waits = _nccl_waits(entries, traces, steps)
-    table = table.merge(waits, on=["step", "rank"], how="left")
-    table["nccl_wait_ms"] = table.pop("wait_ms").fillna(0.0).astype(float)
-    return (
-        table[["step", "rank", "step_ms", "nccl_ms", "nccl_wait_ms"]]
-        .sort_values(["step", "rank"])
-        .reset_index(drop=True)
-    )
-
-
-def job_summary(steps: pd.DataFrame, world_size: int) -> dict[str, Any]:
-    """Per step: slowest and fastest rank, spread; per rank: mean step and NCCL wait."""
-    if steps.empty:
-        return {"world_size": world_size, "steps": [], "ranks": []}
-    per_step = []
-    for step, group in steps.groupby("step", sort=True):
-        slow = group.loc[group["step_ms"].idxmax()]
-        fast = group.loc[group["step_ms"].idxmin()]
-        per_step.append(
-            {
-                "step": int(step),
-                "slowest_rank": int(slow["rank"]),
-                "slowest_ms": float(slow["step_ms"]),
-                "fastest_rank": int(fast["rank"]),
-                "fastest_ms": float(fast["step_ms"]),
-                "spread_ms": float(slow["step_ms"] - fast["step_ms"]),
-                "nccl_wait_ms": {
-                    str(int(r)): float(w)
-                    for r, w in zip(group["rank"], group["nccl_wait_ms"], strict=True)
-                },
-            }
-        )
-    by_rank = steps.groupby("rank").agg(
-        step_ms=("step_ms", "mean"),
-        nccl_ms=("nccl_ms", "sum"),
-        nccl_wait_ms=("nccl_wait_ms", "sum"),
-    )
-    ranks = [
-        {
-            "rank": int(r),
-            "mean_step_ms": float(row["step_ms"]),
-            "nccl_ms": float(row["nccl_ms"]),
-            "nccl_wait_ms": float(row["nccl_wait_ms"]),
-        }
-        for r, row in by_rank.iterrows()
-    ]
-    slowest = pd.Series([s["slowest_rank"] for s in per_step]).value_counts()
-    return {
-        "world_size": world_size,
-        "slowest_rank": int(slowest.index[0]),
-        "mean_spread_ms": float(np.mean([s["spread_ms"] for s in per_step])),
-        "steps": per_step,
-        "ranks": ranks,
-    }
+    phases = [p for p in report.phases["phase"] if p != UNATTRIBUTED]
+    steps = RankSteps.of(int(info["rank"]), trace, phases[0] if phases else "")
+    return RankEntry(info, report, comm_stats(selected), totals, trace, steps)
 
 
 def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
@@ -348,24 +203,4 @@ def ranks_markdown(report: RankedReport) -> str:
 
     return "".join(
         f"\n## {title}\n\n{markdown_table(table, 2)}\n" for title, table in rank_tables(report)
-    )
-
-
-def step_kernels(entry: RankEntry, step: int) -> pd.DataFrame:
-    """The kernels of one step of one rank: ``start``, ``end`` (ns) and ``nccl`` (bool)."""
-    k = entry.trace.kernels
-    starts = step_starts(entry.trace, _first_phase(entry))
-    if not len(starts) or k.empty:
-        return pd.DataFrame({"start": [], "end": [], "nccl": []})
-    point = k["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
-    point = np.where(point >= 0, point, k["start"].to_numpy(np.int64))
-    index = np.searchsorted(starts, point, side="right") - 1
-    is_kernel = k["kind"].to_numpy(dtype=object) == "kernel"
-    chosen = (index == step) & is_kernel
-    return pd.DataFrame(
-        {
-            "start": k["start"].to_numpy(np.int64)[chosen],
-            "end": k["end"].to_numpy(np.int64)[chosen],
-            "nccl": is_nccl(k["name"])[chosen],
-        }
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from profkit.analysis.ranks import RankedReport, step_kernels
+from profkit.analysis.ranks import RankedReport
 from profkit.errors import BadInput
 from profkit.report.plots import PHASE_COLORS, SERIES_COLORS, _pyplot, _save
 
@@ -41,7 +41,7 @@ def plot_ranks(report: RankedReport, out: Path, step: int | None = None) -> Path
 
 
 def _lanes(ax: object, report: RankedReport, step: int) -> None:
-    frames = {e.info["rank"]: step_kernels(e, step) for e in report.ranks}
+    frames = {e.info["rank"]: e.steps.kernels_of(step) for e in report.ranks}
     origin = min((f["start"].min() for f in frames.values() if len(f)), default=0)
     labels = []
     for row, (rank, frame) in enumerate(sorted(frames.items())):
