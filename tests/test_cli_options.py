@@ -30,7 +30,7 @@ RUNS = {  # the command, and the defaults it changes
 COMMANDS = [*RUNS, ("compare",)]
 FLAGS = [
     "--size", "--ctx", "--batch", "--mode", "--dtype", "--bf16", "--compile", "--attention",
-    "--warmup", "--steps", "--device",
+    "--warmup", "--steps", "--device", "--nproc", "--parallel",
 ]  # fmt: skip
 
 
@@ -80,6 +80,8 @@ def test_defaults_come_from_workload_config(path: tuple[str, ...]) -> None:
         "warmup": [config["warmup"]],
         "steps": config["steps"],
         "device": "auto",
+        "nproc": [1],
+        "parallel": ["ddp"],
     }
 
 
@@ -91,6 +93,7 @@ def test_compare_filters_have_no_defaults_and_all_take_lists() -> None:
     }
     assert [p.name for p in params if p.multiple] == [
         "size", "ctx", "batch", "mode", "dtype", "attention", "warmup", "steps", "device",
+        "nproc", "parallel",
     ]  # fmt: skip
 
 
@@ -138,6 +141,13 @@ def test_lists_after_one_flag_sweep_in_order() -> None:
         "small-ctx128-train-fp32", "small-ctx128-train-fp32-compiled",
     ]  # fmt: skip
     assert value["given"] == ["size", "ctx", "compile"]
+
+
+def test_one_process_has_no_parallelism_to_sweep() -> None:
+    value = _probe(probe, "--size", "tiny", "--nproc", "1", "2", "--parallel", "ddp", "fsdp")
+    assert value["configs"] == [
+        "tiny-ctx256-train-fp32", "tiny-ctx256-train-fp32-ddp2", "tiny-ctx256-train-fp32-fsdp2",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -13,12 +13,14 @@ from profkit.analysis.categories import CATEGORIES, categorize
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.presentation import display_tables, kernel_report_markdown
 from profkit.analysis.report import KernelReport, analyze
+from profkit.traces.schema import Trace
 
 __all__ = [
     "CATEGORIES",
     "Attribution",
     "KernelReport",
     "analyze",
+    "analyze_any",
     "attribute",
     "categorize",
     "display_tables",
@@ -34,8 +36,31 @@ def kernels(
     phase: str | None = None,
     range: str | None = None,
     nsys: str | os.PathLike[str] | None = None,
+    rank: int | None = None,
 ) -> KernelReport:
-    """Read the trace at ``path`` (any supported format) and build its kernel report."""
+    """Read the trace at ``path`` (any supported format) and build its kernel report.
+
+    A multi-process trace (several ranks) gives a :class:`~profkit.analysis.ranks.RankedReport`;
+    ``rank`` narrows its tables to one rank.
+    """
     from profkit.traces import load_trace
 
-    return analyze(load_trace(path, nsys=nsys), top=top, phase=phase, range=range)
+    return analyze_any(load_trace(path, nsys=nsys), top, phase, range, rank)
+
+
+def analyze_any(
+    trace: Trace,
+    top: int = 20,
+    phase: str | None = None,
+    range: str | None = None,
+    rank: int | None = None,
+) -> KernelReport:
+    """:func:`analyze` for one process; per rank and across ranks for several."""
+    from profkit.analysis.ranks import analyze_ranks, is_multi_rank
+    from profkit.errors import BadInput
+
+    if is_multi_rank(trace):
+        return analyze_ranks(trace, top=top, phase=phase, range=range, rank=rank)
+    if rank is not None:
+        raise BadInput("--rank needs a multi-rank trace (several processes, or per-rank traces)")
+    return analyze(trace, top=top, phase=phase, range=range)

@@ -56,6 +56,8 @@ class KernelReport:
     categories: pd.DataFrame
     top: int = 20
     notes: list[str] = field(default_factory=list)
+    selected: np.ndarray | None = None
+    """Which of the trace's activities these tables count (after ``phase``/``range``)."""
 
     def top_kernels(self, phase: str | None = None, n: int | None = None) -> pd.DataFrame:
         """The ``n`` (default ``top``; 0 = all) kernels with the most GPU time overall or in a phase."""
@@ -133,6 +135,7 @@ def analyze(
         top=top,
     )
     report.notes = _notes(att, frame, k, trace.meta)
+    report.selected = selected
     return report
 
 

@@ -23,7 +23,7 @@ import typer.core
 from profkit.cli.render import err_console
 from profkit.errors import BadInput, ProfkitError
 from profkit.files import check_writable
-from profkit.workload.config import ATTENTIONS, DEVICES, DTYPES, MODES, WorkloadConfig
+from profkit.workload.config import ATTENTIONS, DEVICES, DTYPES, MODES, PARALLELS, WorkloadConfig
 from profkit.workload.specs import SIZES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -186,6 +186,16 @@ _OPTIONS = (
         sweeps=False,
         filter_help=f"{' | '.join(d for d in DEVICES if d != 'auto')} (where the rows ran).",
     ),
+    _WorkloadOption(
+        "nproc",
+        ("--nproc",),
+        "Processes per run, one per GPU, started by torchrun (gloo on CPU); --batch is per "
+        "process.",
+        int,
+    ),
+    _WorkloadOption(
+        "parallel", ("--parallel",), f"With --nproc > 1: {' | '.join(PARALLELS)}.", str
+    ),
 )
 WORKLOAD_OPTIONS = tuple(option.name for option in _OPTIONS)
 """The workload options' parameter names, in the order ``--help`` lists them."""
@@ -225,6 +235,8 @@ class WorkloadOptions:
     warmup: tuple[int, ...]
     steps: tuple[int, ...]
     device: tuple[str, ...]
+    nproc: tuple[int, ...]
+    parallel: tuple[str, ...]
     given: tuple[str, ...] = ()
     """The options typed on the command line, in ``--help`` order (``bf16`` included)."""
 
@@ -238,7 +250,9 @@ class WorkloadOptions:
         """The cross product of the values, each validated by ``WorkloadConfig``."""
         values = self.values()
         grid = itertools.product(*values.values())
-        configs = [WorkloadConfig(**dict(zip(values, point, strict=True))) for point in grid]
+        configs = [
+            _one_process(WorkloadConfig(**dict(zip(values, point, strict=True)))) for point in grid
+        ]
         return list(dict.fromkeys(configs))  # drop duplicates, keep order
 
     def config(self, command_name: str) -> WorkloadConfig:
@@ -250,6 +264,14 @@ class WorkloadOptions:
                 "(give one value per option)"
             )
         return configs[0]
+
+
+def _one_process(config: WorkloadConfig) -> WorkloadConfig:
+    """One process has no parallelism to choose: ``--nproc 1 2 --parallel ddp fsdp`` runs
+    three configs, not four."""
+    if config.nproc == 1 and config.parallel != _CONFIG_DEFAULTS["parallel"]:
+        return config.replace(parallel=_CONFIG_DEFAULTS["parallel"])
+    return config
 
 
 def workload_options(*, filters: bool = False, **defaults: Any) -> Callable[[F], F]:

@@ -8,11 +8,14 @@ from typing import Annotated
 import typer
 
 from profkit import analysis
+from profkit.analysis.ranks import RankedReport, rank_tables
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console
 from profkit.errors import BadInput
 from profkit.formats import check_format, file_format, write_text
+from profkit.traces import Trace, load_trace
+from profkit.traces.ranks import is_rank_set, merge_rank_traces
 
 PathArg = Annotated[
     list[Path],
@@ -44,6 +47,22 @@ CompareOpt = Annotated[
         "times per step side by side, each against the first. Implied by two or more paths.",
     ),
 ]
+RankOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--rank",
+        help="Of a multi-rank trace (a multi-process nsys export, or per-rank torch traces "
+        "of one run), show this rank's tables only.",
+    ),
+]
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        help="Of a multi-rank trace: draw one step per rank as lanes (compute vs NCCL) and "
+        "per-rank phase bars into this PNG.",
+    ),
+]
 ToleranceOpt = Annotated[
     float,
     typer.Option("--tolerance", help="With --compare: agreement threshold in % (>= 0)."),
@@ -61,21 +80,31 @@ def kernels(
     nsys: NsysOpt = None,
     compare: CompareOpt = False,
     tolerance: ToleranceOpt = 5.0,
+    rank: RankOpt = None,
+    plot: PlotOpt = None,
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
-    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). Two or more traces are compared side by side (`--compare`).
+    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). A multi-GPU trace (one nsys report of torchrun, or the per-rank torch traces of one run) is reported per rank, with NCCL time and its overlap with compute (docs/MULTI_GPU.md). Other sets of traces are compared side by side (`--compare`).
     """
     check_format(fmt)
     if not tolerance >= 0:  # also catches nan
         raise BadInput(f"--tolerance must be >= 0 (a percentage); got {tolerance:g}")
     paths = list(path)
-    if compare or len(paths) > 1:
-        _compare(paths, top, phase, range_, nsys, tolerance, fmt, out)
+    traces = [_read(p, nsys) for p in paths]
+    if len(traces) > 1 and not compare and is_rank_set(traces):
+        traces, compare = [merge_rank_traces(traces)], False
+    if compare or len(traces) > 1:
+        _compare(paths, traces, top, phase, range_, tolerance, fmt, out)
         return
     single = paths[0]
-    with err_console.status(f"reading {single.name}"):
-        report = analysis.kernels(single, top=top, phase=phase, range=range_, nsys=nsys)
+    report = analysis.analyze_any(traces[0], top=top, phase=phase, range=range_, rank=rank)
+    if plot is not None:
+        if not isinstance(report, RankedReport):
+            raise BadInput("--plot draws the ranks of a multi-GPU trace; this one has one process")
+        from profkit.report.rank_plots import plot_ranks
+
+        err_console.print(f"wrote {plot_ranks(report, plot)}", highlight=False)
     fmt = file_format(fmt, out)
     if fmt == "md":
         text = analysis.kernel_report_markdown(report, title=f"Kernels of {single.name}")
@@ -85,18 +114,26 @@ def kernels(
             write_text(out, text)
             err_console.print(f"wrote {out}")
         return
-    emit_tables(analysis.display_tables(report), fmt, out, json_value=report.to_json())
+    tables = analysis.display_tables(report)
+    if isinstance(report, RankedReport):
+        tables = rank_tables(report) + tables
+    emit_tables(tables, fmt, out, json_value=report.to_json())
     if fmt == "table":
         for note in report.notes:
             console.print(f"[dim]• {note}[/]", highlight=False)
 
 
+def _read(path: Path, nsys: str | None) -> Trace:
+    with err_console.status(f"reading {path.name}"):
+        return load_trace(path, nsys=nsys)
+
+
 def _compare(
     paths: list[Path],
+    traces: list[Trace],
     top: int,
     phase: str | None,
     range_: str | None,
-    nsys: str | None,
     tolerance: float,
     fmt: str,
     out: Path | None,
@@ -106,9 +143,8 @@ def _compare(
     if len(paths) < 2:
         raise BadInput("--compare needs two or more traces (e.g. run.sqlite run.json.gz)")
     reports = []
-    for p in paths:
-        with err_console.status(f"reading {p.name}"):
-            report = analysis.kernels(p, top=top, phase=phase, range=range_, nsys=nsys)
+    for trace, p in zip(traces, paths, strict=True):
+        report = analysis.analyze(trace, top=top, phase=phase, range=range_)
         reports.append((BACKENDS.get(report.source.get("format", ""), p.stem), report.phases))
     # Short labels keep the table readable: the backend, numbered if two traces share one.
     labels = [label for label, _ in reports]

@@ -22,6 +22,7 @@ from profkit.torchprof import profile as torchprof
 from profkit.torchprof.report import TABLE_DIGITS
 from profkit.torchprof.result import TorchOptions
 from profkit.torchprof.tables import SORT_CHOICES
+from profkit.workload.config import WorkloadConfig
 
 RecordShapesOpt = Annotated[
     bool, typer.Option("--record-shapes", help="Record input shapes (torch.profiler).")
@@ -89,6 +90,9 @@ def torch_(
     """
     check_format(fmt)
     config = workload.config("torch")
+    if config.nproc > 1:
+        _ranks(config, name, out_dir, fmt, out)
+        return
     options = TorchOptions(
         record_shapes=record_shapes,
         with_stack=with_stack,
@@ -113,3 +117,25 @@ def torch_(
         err_console.print(f"[yellow]note:[/] {warning}", highlight=False)
     written = [str(run.trace_path) for run in result.runs] + [str(result.report_path)]
     err_console.print(f"wrote {', '.join(written)}", highlight=False, soft_wrap=True)
+
+
+def _ranks(
+    config: WorkloadConfig, name: str | None, out_dir: Path | None, fmt: str, out: Path | None
+) -> None:
+    """Several ranks: one trace per rank, then their per-rank kernel tables."""
+    from profkit.analysis import analyze_any, display_tables
+    from profkit.analysis.ranks import RankedReport, rank_tables
+    from profkit.files import output_dirs
+    from profkit.torchprof.ranks import profile_ranks
+    from profkit.traces import load_trace
+    from profkit.traces.ranks import merge_rank_traces
+
+    with err_console.status(f"torch.profiler on {config.nproc} ranks"):
+        run = profile_ranks(config, name or torchprof.default_name(config), output_dirs(out_dir)[0])
+        report = analyze_any(merge_rank_traces([load_trace(p) for p in run.traces]))
+    tables = display_tables(report)
+    if isinstance(report, RankedReport):
+        tables = rank_tables(report) + tables
+    emit_tables(tables, fmt, out, json_value=report.to_json())
+    written = ", ".join(str(p) for p in run.traces)
+    err_console.print(f"wrote {written}", highlight=False, soft_wrap=True)

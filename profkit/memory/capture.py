@@ -24,6 +24,7 @@ from profkit.run.child import run_child
 from profkit.run.environment import environment
 from profkit.run.recorder import DEFAULT_MAX_ENTRIES, STACKS
 from profkit.run.results import DEFAULT_DB, check_db, record
+from profkit.run.torchrun import rank_snapshot_path
 from profkit.workload.config import WorkloadConfig
 
 PHASE_COLUMNS = {
@@ -95,6 +96,8 @@ def capture(
         snapshot = out_dir / f"{snapshot_stem(config, name, len(configs) > 1)}.pickle"
         options = {"snapshot": str(snapshot), "max_entries": max_entries, "stacks": stacks}
         result = run_child(config, "memory", timeout_s=timeout_s, capture_options=options)
+        if config.nproc > 1:  # each rank wrote NAME-rankR.pickle; the row shows rank 0's
+            snapshot = rank_snapshot_path(snapshot, 0)
         row = result_row(result, snapshot)
         _write_sidecar(snapshot, result, row)
         record(db_path, "memory", {**row, **environment()})

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.run import results
+from profkit.run import results, torchrun
 from profkit.run.child import run_child
 from profkit.run.environment import environment, utc_now
 from profkit.workload import flops
@@ -30,7 +30,7 @@ PHASES = ("forward", "backward", "optimizer", "step")
 GIB = 1024**3
 CONFIG_FIELDS = (
     "size", "ctx", "batch", "mode", "dtype", "compile", "device",
-    "attention", "warmup", "steps",
+    "attention", "warmup", "steps", "nproc", "parallel",
 )  # fmt: skip
 # The DESIGN.md contract, in order; every row has every one of these keys.
 CONTRACT_FIELDS = (
@@ -44,7 +44,8 @@ BOOL_FIELDS = ("compile", "git_dirty", "tf32")
 # Column types for the DB, so a first row of nulls (an OOM) doesn't decide them.
 COLUMN_TYPES: dict[str, type] = {
     **{f: str for f in ("size", "mode", "dtype", "device", "attention", "status", "error")},
-    **{f: int for f in ("ctx", "batch", "compile", "warmup", "steps")},
+    **{f: int for f in ("ctx", "batch", "compile", "warmup", "steps", "nproc")},
+    "parallel": str,
     **{
         f"{p}_ms{suffix}": float
         for p in PHASES
@@ -99,11 +100,14 @@ def bench_row(
         for suffix in ("", "_std"):
             row[f"{phase}_ms{suffix}"] = stats[phase].get(suffix)
 
-    step_flops = flops.step_flops(config).step
+    # Several ranks: the step is the slowest rank's (the child merged them so); tokens and
+    # FLOPs count every rank, MFU is per GPU.
+    step_flops = flops.step_flops(config).step * config.nproc
     step_s = row["step_ms"] / 1e3 if row["step_ms"] else None
-    row["tokens_per_s"] = config.tokens_per_step / step_s if step_s else None
+    row["tokens_per_s"] = config.tokens_per_step * config.nproc / step_s if step_s else None
     row["tflops"] = step_flops / step_s / 1e12 if step_s else None
-    row["mfu"] = flops.mfu(row["tflops"], gpu_name, config.dtype, tf32) if on_cuda else None
+    per_gpu = row["tflops"] / config.nproc if row["tflops"] is not None else None
+    row["mfu"] = flops.mfu(per_gpu, gpu_name, config.dtype, tf32) if on_cuda else None
     peak_bytes = result.get("peak_memory_bytes")
     row["peak_memory_gib"] = peak_bytes / GIB if peak_bytes is not None else None
 
@@ -120,6 +124,11 @@ def bench_row(
         row[f"{phase}_times_ms"] = per_phase[phase]
     row["warmup_step_times_ms"] = [_step_ms(s) for s in result.get("warmup_steps") or []]
     row["model_build_s"] = result.get("model_build_s")
+    if result.get("ranks"):
+        row["ranks"] = [
+            {k: r.get(k) for k in ("rank", "status", "error", "pid", "step_ms")}
+            for r in result["ranks"]
+        ]
     row["wall_s"] = result.get("wall_s")
     detail = result.get("traceback") or result.get("stderr_tail")
     row["error_detail"] = detail or None
@@ -137,6 +146,11 @@ def decode_row(row: dict[str, Any]) -> Row:
     for name in BOOL_FIELDS:
         if out.get(name) is not None:
             out[name] = bool(out[name])
+    # Rows of several ranks list them; one-process rows never had the column's value.
+    if out.get("ranks") is None:
+        out.pop("ranks", None)
+    elif isinstance(out["ranks"], str):
+        out["ranks"] = json.loads(out["ranks"])
     return out
 
 
@@ -181,6 +195,8 @@ def bench(
     if not configs:
         raise BadInput("no configs to run")
     devices = resolve_devices(configs)
+    for config in configs:  # before any child starts: too few GPUs is one line
+        torchrun.check_nproc(config, devices[config.device])
     # Closed on the way out; a DB file that got no row (Ctrl-C first) is removed again.
     with results.opened(db_path) as db:
         env = environment()
@@ -233,7 +249,11 @@ ERROR_CHARS = 80
 def table(rows: Sequence[Row]) -> pd.DataFrame:
     """The results as a readable table: varying config columns, status, times and rates."""
     frame = pd.DataFrame(rows)
-    columns = [c for c in CONFIG_FIELDS if c in _ALWAYS_SHOWN or frame[c].astype(str).nunique() > 1]
+    columns = [
+        c
+        for c in CONFIG_FIELDS
+        if c in frame and (c in _ALWAYS_SHOWN or frame[c].astype(str).nunique() > 1)
+    ]
     out = frame[columns].copy()
     out["status"] = frame["status"]
     for label, field, scale in _DISPLAY:

@@ -10,7 +10,8 @@ Captures decide what the child does around the timed steps (``on_timed_start`` /
 ``on_timed_end``): ``none``; ``cuda-profiler-api`` (cudaProfilerStart/Stop, so that
 ``nsys --capture-range=cudaProfilerApi`` records only the timed steps); ``memory``
 (CUDA allocator history and a snapshot, see ``profkit.run.recorder``; its options
-come as JSON in ``--capture-options``).
+come as JSON in ``--capture-options``); ``torch-trace`` (a torch.profiler Chrome trace
+of the timed steps per rank, see ``profkit.run.trace_capture``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,11 +30,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from profkit.run import torchrun
 from profkit.run.proc import kill_tree
-from profkit.workload.config import WorkloadConfig
+from profkit.run.torchrun import rank_snapshot_path
+from profkit.workload.config import WorkloadConfig, resolve_device
 
 Hooks = tuple[Callable[[], None] | None, Callable[[], None] | None]
-CAPTURES = ("none", "cuda-profiler-api", "memory")
+CAPTURES = ("none", "cuda-profiler-api", "memory", "torch-trace")
 STDERR_TAIL_CHARS = 2_000
 
 
@@ -60,22 +64,37 @@ def run_config(
     """Run one config in this process and return its result; never raises for the run itself."""
     import torch
 
+    from profkit.workload import parallel
     from profkit.workload.step import Workload
 
     result: dict[str, Any] = {"config": config.to_dict(), "status": "ok", "error": None}
+    ranks = parallel.from_env()
+    if ranks.distributed:
+        result.update(rank=ranks.rank, world_size=ranks.world_size, pid=os.getpid())
+        result["host"] = socket.gethostname()
     started = time.perf_counter()
     recorder = None
     try:
         if capture == "memory":
             from profkit.run.recorder import MemoryRecorder
 
-            recorder = MemoryRecorder(**(capture_options or {}))
+            options = dict(capture_options or {})
+            if ranks.distributed:  # one snapshot per rank: NAME-rank0.pickle, ...
+                snapshot = Path(options["snapshot"])
+                options["snapshot"] = str(rank_snapshot_path(snapshot, ranks.rank))
+            recorder = MemoryRecorder(**options)
             recorder.begin()
         workload = Workload(config)
         result["device"] = str(workload.device)
         start, stop = _cuda_profiler_hooks() if capture == "cuda-profiler-api" else (None, None)
         if recorder is not None:
             start, stop = recorder.attach(workload)
+        if capture == "torch-trace":  # one Chrome trace per rank: {"stem": ...}
+            from profkit.run.trace_capture import RankTracer
+
+            tracer = RankTracer(str((capture_options or {})["stem"]))
+            start, stop = tracer.hooks(config, ranks.rank)
+            result["trace"] = str(tracer.path)
         run = workload.run(on_timed_start=start, on_timed_end=stop)
         result.update(run.to_dict())
     except torch.OutOfMemoryError as exc:
@@ -108,10 +127,17 @@ def child_argv(
     capture: str = "none",
     capture_options: dict[str, Any] | None = None,
 ) -> list[str]:
-    """The argv that runs ``config`` in a fresh interpreter (for nsys to wrap, say)."""
+    """The argv that runs ``config`` in a fresh interpreter (for nsys to wrap, say).
+
+    With ``config.nproc`` > 1, ``torchrun`` starts that many ranks of it.
+    """
     options = ["--capture-options", json.dumps(capture_options)] if capture_options else []
+    launcher = [sys.executable]
+    if config.nproc > 1:
+        torchrun.check_nproc(config, resolve_device(config.device))
+        launcher = torchrun.torchrun_prefix(config.nproc)
     return [
-        sys.executable,
+        *launcher,
         "-m",
         "profkit.run.child",
         "--config",
@@ -144,7 +170,7 @@ def run_child(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **(env or {})},
+            env=torchrun.child_env({**os.environ, **(env or {})}),
             start_new_session=True,  # Ctrl-C reaches us; we end the child's whole group
         )
         try:
@@ -166,8 +192,17 @@ def collect_result(
     """The result a finished child left at ``result_path``, or an ``error``/``oom`` row.
 
     ``output`` is the tail of the child's stderr (or of its whole output when a wrapper such
-    as nsys ran it), used to describe a child that died without writing a result.
+    as nsys ran it), used to describe a child that died without writing a result. Several
+    ranks (``config.nproc`` > 1) each left a file; their results are merged into one.
     """
+    if config.nproc > 1:
+        paths = [torchrun.rank_result_path(result_path, r) for r in range(config.nproc)]
+        found = [json.loads(p.read_text()) if p.exists() else None for p in paths]
+        died = _died(config, _describe_exit(returncode), output)
+        merged = torchrun.merge_results(config, found, died)
+        if returncode != 0 and merged["status"] == "ok":
+            merged.update(status="error", error=f"torchrun exited with {returncode}")
+        return merged
     if result_path.exists():
         result: dict[str, Any] = json.loads(result_path.read_text())
         if returncode != 0 and result["status"] == "ok":
@@ -209,7 +244,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capture-options", type=json.loads, default=None, help="JSON object")
     args = parser.parse_args(argv)
     config = WorkloadConfig.from_json(args.config)
-    _write_json(args.result, run_config(config, args.capture, args.capture_options))
+    from profkit.workload import parallel  # torch: only in the child
+
+    ranks = parallel.from_env()
+    result_path = args.result
+    if ranks.distributed:
+        result_path = torchrun.rank_result_path(args.result, ranks.rank)
+    result = run_config(config, args.capture, args.capture_options)
+    _write_json(result_path, result)
+    if not ranks.distributed:
+        return 0
+    if result["status"] != "ok":
+        return 1  # torchrun then ends the other ranks, which may wait in a collective
+    parallel.finish()
     return 0
 
 

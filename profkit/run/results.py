@@ -98,6 +98,8 @@ def config_key(config: WorkloadConfig, device: str, gpu_name: str | None = None)
     fields = {name: getattr(config, name) for name in KEY_FIELDS}
     fields["device"] = device
     fields["gpu_name"] = gpu_name
+    if config.nproc > 1:  # only then, so that one-process rows keep their earlier keys
+        fields.update(nproc=config.nproc, parallel=config.parallel)
     return json.dumps(fields, sort_keys=True)
 
 

@@ -184,6 +184,7 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
     gpu: list[tuple[str, str, float, float, int, int, int, str, str]] = []
     launches: list[tuple[int, float, int]] = []
     threads: dict[int, str] = {}
+    pid: int | None = None
     malformed = 0
     total = 0
     role_of = _ROLE.get
@@ -208,6 +209,8 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
             elif role == _META:
                 if ev.get("ph") == "M" and ev.get("name") == "thread_name":
                     threads[int(ev["tid"])] = str((ev.get("args") or {}).get("name", ""))
+                elif ev.get("name") == "process_labels" and _is_cpu(ev):
+                    pid = int(ev["pid"])  # the OS process id (GPU lanes use device numbers)
             else:
                 args = ev.get("args") or {}
                 gpu.append(
@@ -230,6 +233,7 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
         "gpu": _columns(gpu, 9),
         "launches": _columns(launches, 3),
         "threads": threads,
+        "pid": pid,
         "malformed": malformed,
         "events": total,
     }
@@ -240,6 +244,10 @@ def _columns(rows: list[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
     if not rows:
         return tuple([] for _ in range(width))
     return tuple(list(column) for column in zip(*rows, strict=True))
+
+
+def _is_cpu(ev: dict[str, Any]) -> bool:
+    return (ev.get("args") or {}).get("labels") == "CPU"
 
 
 def _int_or(value: Any, default: int) -> int:
@@ -290,13 +298,15 @@ def _meta(
         "events": collected["events"],
         "gpus": [d.get("name") for d in devices if isinstance(d, dict)],
         "threads": collected["threads"],
+        "pid": collected["pid"],
         "profiler_steps": steps,
         "base_time_ns": _int_or(header.get("baseTimeNanoseconds"), 0),
         "display_time_unit": header.get("displayTimeUnit"),
         "warnings": warnings,
     }
     for key in ("schemaVersion", "trace_id", "cuda_runtime_version", "cuda_driver_version",
-                "cupti_version", "record_shapes", "with_stack", "profile_memory"):  # fmt: skip
+                "cupti_version", "record_shapes", "with_stack", "profile_memory",
+                "distributedInfo"):  # fmt: skip
         if key in header:
             meta[key] = header[key]
     profkit = header.get("profkit")  # what profkit torch adds: command, version, config

@@ -22,6 +22,15 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 # alone would be batch * heads * ctx^2 floats).
 MAX_CTX = 65_536
 MAX_BATCH = 4_096
+MAX_NPROC = 1_024
+PARALLELS = ("ddp", "fsdp")  # profkit.workload.parallel implements them
+# NVLink multicast (NVLS) can take a shared host's GPUs out of service; every process
+# profkit starts keeps it off unless the user set these variables themselves.
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,10 @@ class WorkloadConfig:
     """Vocabulary size of the model and of the random batch."""
     seed: int = 0
     """Seed for weights and the random batch."""
+    nproc: int = 1
+    """Processes (one per GPU) started by ``torchrun``; ``batch`` is per process."""
+    parallel: str = "ddp"
+    """With ``nproc`` > 1: ``ddp`` (DistributedDataParallel) or ``fsdp`` (FSDP2)."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Free-form labels carried along into results (not part of a config's identity)."""
 
@@ -72,6 +85,9 @@ class WorkloadConfig:
             raise BadInput(f"--warmup must be 0 or more, got {self.warmup}")
         if self.steps < 1:
             raise BadInput(f"--steps must be at least 1, got {self.steps}")
+        _check_choice("parallel", self.parallel, PARALLELS)
+        if not 1 <= self.nproc <= MAX_NPROC:
+            raise BadInput(f"--nproc must be between 1 and {MAX_NPROC}, got {self.nproc}")
         if self.vocab_size < 2:
             raise BadInput(f"vocab size must be at least 2, got {self.vocab_size}")
 
@@ -96,6 +112,8 @@ class WorkloadConfig:
             parts.append(self.attention)
         if self.compile:
             parts.append("compiled")
+        if self.nproc > 1:
+            parts.append(f"{self.parallel}{self.nproc}")
         return "-".join(parts)
 
     def replace(self, **changes: Any) -> WorkloadConfig:

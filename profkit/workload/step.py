@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from profkit.workload import parallel
 from profkit.workload.annotate import phase
 from profkit.workload.config import WorkloadConfig, resolve_device
 from profkit.workload.model import BasicsTransformerLM, build_model
@@ -100,17 +101,23 @@ class Workload:
 
     def __init__(self, config: WorkloadConfig, device: str | None = None) -> None:
         self.config = config
-        self.device = torch.device(device or resolve_device(config.device))
-        torch.manual_seed(config.seed)
+        self.ranks, self.device = parallel.init(
+            torch.device(device or resolve_device(config.device))
+        )
+        torch.manual_seed(config.seed)  # the same weights on every rank
         started = time.perf_counter()
         self.model: BasicsTransformerLM = build_model(
             config.size, config.ctx, config.attention, config.vocab_size, self.device
         )
         self.model_build_s = time.perf_counter() - started
+        wrapped: torch.nn.Module = self.model
+        if self.ranks.distributed:
+            wrapped = parallel.wrap(self.model, config.parallel, self.device)
         self.forward_fn: Callable[[torch.Tensor], torch.Tensor] = (
-            torch.compile(self.model) if config.compile else self.model  # type: ignore[assignment]
+            torch.compile(wrapped) if config.compile else wrapped  # type: ignore[assignment]
         )
-        generator = torch.Generator(device="cpu").manual_seed(config.seed)
+        # Each rank its own batch (data parallel): the seed plus the rank.
+        generator = torch.Generator(device="cpu").manual_seed(config.seed + self.ranks.rank)
         shape = (config.batch, config.ctx)
         self.inputs = torch.randint(0, config.vocab_size, shape, generator=generator).to(
             self.device

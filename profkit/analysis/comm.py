@@ -1,0 +1,153 @@
+"""Communication on one GPU: NCCL kernels by collective, and how much of them compute hides.
+
+The rule (docs/MULTI_GPU.md): NCCL kernels are the kernels whose name starts with
+``nccl`` (every naming generation: ``ncclKernel_AllReduce_RING_LL_Sum_float``,
+``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclDevKernel_SendRecv``, ...). Compute is
+every other *kernel* on the same GPU; copies and memsets are not compute. Then
+
+- ``time_ms``: the NCCL kernels' summed durations;
+- ``overlapped_ms``: the length of the intersection of the union of the NCCL intervals
+  with the union of the compute intervals;
+- ``exposed_ms``: the NCCL union minus that overlap — the time the GPU does nothing but
+  communicate.
+
+Interval arithmetic is one sort of boundary events and a cumulative sum (no loop over
+kernels), so it costs O(n log n) on millions of kernels.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+NS_PER_MS = 1_000_000
+NCCL_PREFIX = re.compile(r"^\s*nccl", re.IGNORECASE)
+# Longest names first: "ReduceScatter" before "Reduce", "AllGather" before "Gather".
+COLLECTIVES = (
+    ("ReduceScatter", r"reduce_?scatter"),
+    ("AllReduce", r"all_?reduce"),
+    ("AllGather", r"all_?gather"),
+    ("AllToAll", r"all_?to_?all"),
+    ("Broadcast", r"broadcast|bcast"),
+    ("SendRecv", r"send_?recv|sendrecv|send|recv"),
+    ("Reduce", r"reduce"),
+)
+OTHER_COLLECTIVE = "Other"
+_COLLECTIVE_RE = [(label, re.compile(pattern, re.IGNORECASE)) for label, pattern in COLLECTIVES]
+
+
+def is_nccl(names: pd.Series | np.ndarray) -> np.ndarray:
+    """True for each kernel name of an NCCL kernel (any naming generation)."""
+    codes, distinct = pd.factorize(np.asarray(names, dtype=object))  # few distinct names
+    hits = np.array([bool(NCCL_PREFIX.match(str(n))) for n in distinct], dtype=bool)
+    return hits[codes] if len(distinct) else np.zeros(len(codes), dtype=bool)
+
+
+def collective(name: str) -> str:
+    """The collective an NCCL kernel runs: ``AllReduce``, ``ReduceScatter``, ... or ``Other``.
+
+    Only the part before the argument list counts (``ncclDevKernel_Generic(ncclDevComm*)``
+    names no collective: NCCL 2.19+'s generic kernel runs whatever work it is handed).
+    """
+    head = name.split("(", 1)[0]
+    for label, pattern in _COLLECTIVE_RE:
+        if pattern.search(head):
+            return label
+    return OTHER_COLLECTIVE
+
+
+def covered_ns(start: np.ndarray, end: np.ndarray) -> int:
+    """Length of the union of the intervals ``[start, end)``."""
+    return both_covered_ns(start, end, start, end)
+
+
+def both_covered_ns(
+    a_start: np.ndarray, a_end: np.ndarray, b_start: np.ndarray, b_end: np.ndarray
+) -> int:
+    """Length of (union of the A intervals) ∩ (union of the B intervals).
+
+    Boundary events (+1 at a start, -1 at an end) of each set are sorted together; between
+    two consecutive event times both counts are constant, and the time where both are
+    positive is summed. Ties need no order: the segment between equal times is empty.
+    """
+    if not len(a_start) or not len(b_start):
+        return 0
+    times = np.concatenate([a_start, a_end, b_start, b_end]).astype(np.int64)
+    na, nb = len(a_start), len(b_start)
+    delta_a = np.concatenate([np.ones(na), -np.ones(na), np.zeros(2 * nb)]).astype(np.int64)
+    delta_b = np.concatenate([np.zeros(2 * na), np.ones(nb), -np.ones(nb)]).astype(np.int64)
+    order = np.argsort(times, kind="stable")
+    times = times[order]
+    inside = (np.cumsum(delta_a[order]) > 0) & (np.cumsum(delta_b[order]) > 0)
+    return int(np.diff(times)[inside[:-1]].sum())
+
+
+@dataclass
+class CommStats:
+    """One GPU's (one rank's) communication; times in ms."""
+
+    kernels: int = 0
+    time_ms: float = 0.0
+    overlapped_ms: float = 0.0
+    exposed_ms: float = 0.0
+    by_collective: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kernels": self.kernels,
+            "time_ms": self.time_ms,
+            "overlapped_ms": self.overlapped_ms,
+            "exposed_ms": self.exposed_ms,
+            "by_collective": self.by_collective,
+        }
+
+
+def comm_stats(kernels: pd.DataFrame) -> CommStats:
+    """NCCL time, its overlap with compute and the exposed rest, for activities of one GPU.
+
+    ``kernels`` is a trace's kernels table (or the rows of one rank); rows of several
+    devices are measured per device and summed.
+    """
+    kind = kernels["kind"].to_numpy(dtype=object)
+    is_kernel = kind == "kernel"
+    nccl = is_kernel & is_nccl(kernels["name"])
+    compute = is_kernel & ~nccl
+    start = kernels["start"].to_numpy(np.int64)
+    end = kernels["end"].to_numpy(np.int64)
+    device = kernels["device"].to_numpy(np.int64)
+    union_ns = overlap_ns = 0
+    for dev in np.unique(device[nccl]):
+        n = nccl & (device == dev)
+        c = compute & (device == dev)
+        union_ns += covered_ns(start[n], end[n])
+        overlap_ns += both_covered_ns(start[n], end[n], start[c], end[c])
+    duration = (end - start).clip(min=0)
+    return CommStats(
+        kernels=int(nccl.sum()),
+        time_ms=int(duration[nccl].sum()) / NS_PER_MS,
+        overlapped_ms=overlap_ns / NS_PER_MS,
+        exposed_ms=(union_ns - overlap_ns) / NS_PER_MS,
+        by_collective=_by_collective(kernels["name"].to_numpy(dtype=object)[nccl], duration[nccl]),
+    )
+
+
+def _by_collective(names: np.ndarray, duration: np.ndarray) -> list[dict[str, Any]]:
+    if not len(names):
+        return []
+    codes, distinct = pd.factorize(names)
+    labels = np.array([collective(str(n)) for n in distinct], dtype=object)[codes]
+    frame = pd.DataFrame({"collective": labels, "duration": duration})
+    grouped = frame.groupby("collective", sort=False)["duration"].agg(["size", "sum"])
+    grouped = grouped.sort_values("sum", ascending=False, kind="stable")
+    return [
+        {
+            "collective": str(label),
+            "kernels": int(row["size"]),
+            "time_ms": int(row["sum"]) / NS_PER_MS,
+        }
+        for label, row in grouped.iterrows()
+    ]

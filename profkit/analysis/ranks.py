@@ -1,0 +1,206 @@
+"""Each rank of a multi-GPU trace apart, its communication, and the job across ranks.
+
+A multi-rank trace is a multi-process Nsight Systems export (one report of the whole
+``torchrun`` tree) or per-rank Chrome traces merged by :mod:`profkit.traces.ranks`. Ranks
+are processes that ran GPU activity. A Chrome trace names its rank (``distributedInfo``);
+an nsys export does not, so its processes are numbered in order of (device, pid) — the
+rank torchrun gives each local process when rank ``r`` drives GPU ``r``.
+
+:func:`analyze_ranks` returns a :class:`RankedReport`: the usual tables of the whole trace
+(or of one rank with ``rank=``), plus per rank its phases, top kernels, categories and
+:class:`~profkit.analysis.comm.CommStats`, and per step the slowest rank, the spread and
+the NCCL time each rank spent waiting for the last one to arrive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.analysis.attribution import UNATTRIBUTED
+from profkit.analysis.comm import CommStats, comm_stats
+from profkit.analysis.report import KernelReport, analyze
+from profkit.analysis.steps import RankSteps, job_summary, step_table
+from profkit.errors import BadInput
+from profkit.traces.schema import Trace
+
+PROCESS_SHIFT = 24
+PROCESS_MASK = (1 << 24) - 1  # globalTid: process id in bits 24-47 (nsys sets bits above)
+NS_PER_MS = 1_000_000
+RANK_FIELDS = ("rank", "device", "pid", "host")
+
+
+@dataclass
+class RankEntry:
+    """One rank: who it is, its tables and its communication."""
+
+    info: dict[str, Any]
+    report: KernelReport
+    comm: CommStats
+    totals: dict[str, Any]
+    trace: Trace
+    steps: RankSteps
+
+    def to_json(self) -> dict[str, Any]:
+        whole = self.report.to_json()
+        return {
+            **{key: self.info.get(key) for key in RANK_FIELDS},
+            **self.totals,
+            "phases": whole["phases"],
+            "kernels_top": [
+                {k: v for k, v in row.items() if k != "phase"}
+                for row in self.report.top_kernels().to_dict(orient="records")
+            ],
+            "categories": whole["categories"],
+            "comm": self.comm.to_json(),
+        }
+
+
+@dataclass
+class RankedReport(KernelReport):
+    """A :class:`KernelReport` plus ``ranks`` and the ``job`` across them."""
+
+    ranks: list[RankEntry] = field(default_factory=list)
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    world_size: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        base = super().to_json()
+        base["ranks"] = [entry.to_json() for entry in self.ranks]
+        base["job"] = job_summary(self.steps, self.world_size)
+        return base
+
+
+def rank_processes(trace: Trace) -> list[dict[str, Any]]:
+    """``{rank, world_size, device, pid, host}`` of each process that ran GPU activity."""
+    if trace.meta.get("ranks"):
+        return [dict(r) for r in trace.meta["ranks"]]
+    pids = kernel_processes(trace)
+    if not len(pids):
+        return []
+    frame = pd.DataFrame({"pid": pids, "device": trace.kernels["device"].to_numpy(np.int64)})
+    devices = frame.groupby("pid")["device"].agg(lambda d: int(d.value_counts().index[0]))
+    order = sorted(devices.items(), key=lambda item: (item[1], item[0]))
+    host = trace.meta.get("host")
+    return [
+        {"rank": i, "world_size": len(order), "device": dev, "pid": int(pid), "host": host}
+        for i, (pid, dev) in enumerate(order)
+    ]
+
+
+def kernel_processes(trace: Trace) -> np.ndarray:
+    """The process of each activity: its launching thread's, else its device's main one."""
+    k = trace.kernels
+    thread = k["launch_thread"].to_numpy(dtype=np.int64, na_value=-1)
+    pid = np.where(thread >= 0, (thread >> PROCESS_SHIFT) & PROCESS_MASK, -1)
+    device = k["device"].to_numpy(np.int64)
+    known = pid >= 0
+    if known.all() or not known.any():
+        return np.where(known, pid, 0) if not known.any() else pid
+    # An activity without a traced launch goes to the process that launched most on its GPU.
+    pairs = pd.DataFrame({"device": device[known], "pid": pid[known]})
+    main = pairs.groupby("device")["pid"].agg(lambda p: int(p.value_counts().index[0]))
+    fallback = pd.Series(device[~known]).map(main).fillna(-1).to_numpy(np.int64)
+    pid[~known] = fallback
+    return pid
+
+
+def is_multi_rank(trace: Trace) -> bool:
+    """True when more than one process ran GPU activity (or the trace says it has ranks)."""
+    if trace.meta.get("ranks"):
+        return len(trace.meta["ranks"]) > 1
+    return len(pd.unique(kernel_processes(trace))) > 1
+
+
+def rank_trace(trace: Trace, pid: int, processes: np.ndarray | None = None) -> Trace:
+    """The activities and ranges of one process, as a Trace of its own."""
+    processes = kernel_processes(trace) if processes is None else processes
+    k = trace.kernels[processes == pid].reset_index(drop=True)
+    threads = trace.ranges["thread"].to_numpy(np.int64)
+    r = trace.ranges[((threads >> PROCESS_SHIFT) & PROCESS_MASK) == pid].reset_index(drop=True)
+    return Trace(kernels=k, ranges=r, meta=trace.meta)
+
+
+def analyze_ranks(
+    trace: Trace,
+    top: int = 20,
+    phase: str | None = None,
+    range: str | None = None,
+    rank: int | None = None,
+) -> RankedReport:
+    """Tables of the whole trace (or of ``rank``), each rank's, and the job across ranks."""
+    processes = rank_processes(trace)
+    if rank is not None and rank not in [p["rank"] for p in processes]:
+        known = ", ".join(str(p["rank"]) for p in processes) or "none"
+        raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
+    pids = kernel_processes(trace)
+    entries = [
+        _rank_entry(rank_trace(trace, p["pid"], pids), p, top, phase, range) for p in processes
+    ]
+    chosen = [e for e in entries if rank is None or e.info["rank"] == rank]
+    whole = chosen[0].report if rank is not None else analyze(trace, top, phase, range)
+    report = RankedReport(**{f: getattr(whole, f) for f in KernelReport.__dataclass_fields__})
+    report.source = {**whole.source, "ranks": len(processes), "rank": rank}
+    report.ranks = chosen
+    report.steps = step_table([e.steps for e in entries])
+    report.world_size = max([p.get("world_size") or 0 for p in processes] + [len(processes)])
+    return report
+
+
+def _rank_entry(
+    trace: Trace, info: dict[str, Any], top: int, phase: str | None, range_: str | None
+) -> RankEntry:
+    report = analyze(trace, top, phase, range_)
+    mask = report.selected if report.selected is not None else slice(None)
+    selected = trace.kernels[mask]
+    is_kernel = selected["kind"].to_numpy(dtype=object) == "kernel"
+    duration = (selected["end"] - selected["start"]).clip(lower=0).to_numpy(np.int64)
+    totals = {
+        "kernels": int(is_kernel.sum()),
+        "kernel_time_ms": int(duration[is_kernel].sum()) / NS_PER_MS,
+        "gpu_time_ms": int(duration.sum()) / NS_PER_MS,
+    }
+    phases = [p for p in report.phases["phase"] if p != UNATTRIBUTED]
+    steps = RankSteps.of(int(info["rank"]), trace, phases[0] if phases else "")
+    return RankEntry(info, report, comm_stats(selected), totals, trace, steps)
+
+
+def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
+    """Display tables of the ranks: one row per rank, collectives, phases, steps."""
+    rows, collectives, phases = [], [], []
+    for entry in report.ranks:
+        who = {key: entry.info.get(key) for key in ("rank", "device", "pid")}
+        comm = entry.comm
+        rows.append(
+            {
+                **who,
+                **entry.totals,
+                "nccl_kernels": comm.kernels,
+                "nccl_ms": comm.time_ms,
+                "overlapped_ms": comm.overlapped_ms,
+                "exposed_ms": comm.exposed_ms,
+            }
+        )
+        collectives += [{"rank": who["rank"], **c} for c in comm.by_collective]
+        table = entry.report.phases[["phase", "kernels", "gpu_time_ms"]]
+        phases += [{"rank": who["rank"], **r} for r in table.to_dict(orient="records")]
+    tables = [(f"Ranks — world size {report.world_size}", pd.DataFrame(rows))]
+    if collectives:
+        tables.append(("NCCL kernels by collective, per rank", pd.DataFrame(collectives)))
+    tables.append(("Phases per rank", pd.DataFrame(phases)))
+    if not report.steps.empty:
+        title = "Steps across ranks — GPU span of each step; NCCL time waiting for the last rank"
+        tables.append((title, report.steps))
+    return tables
+
+
+def ranks_markdown(report: RankedReport) -> str:
+    """The rank tables as markdown sections (appended to the kernel report)."""
+    from profkit.formats import markdown_table
+
+    return "".join(
+        f"\n## {title}\n\n{markdown_table(table, 2)}\n" for title, table in rank_tables(report)
+    )

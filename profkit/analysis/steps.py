@@ -1,0 +1,159 @@
+"""The job across ranks, step by step: the slowest rank, the spread, the wait for the last.
+
+A rank's steps start at each instance of its first phase (``forward``) on the thread that
+holds most of them; an activity belongs to the step in which it was launched (its launch
+call's start, else its own start). Per (step, rank): ``step_ms`` is the GPU span (first
+kernel start to last kernel end), ``nccl_ms`` the NCCL kernels' time, ``nccl_wait_ms``
+the part of it spent waiting for the last rank to join (:func:`nccl_waits`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.analysis.comm import is_nccl
+from profkit.traces.schema import Trace
+
+NS_PER_MS = 1_000_000
+STEP_COLUMNS = ["step", "rank", "step_ms", "nccl_ms", "nccl_wait_ms"]
+
+
+@dataclass
+class RankSteps:
+    """One rank's activities with the step each belongs to (-1: before the first)."""
+
+    rank: int
+    step: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    nccl: np.ndarray
+    is_kernel: np.ndarray
+
+    @classmethod
+    def of(cls, rank: int, trace: Trace, first_phase: str) -> RankSteps:
+        k = trace.kernels
+        starts = step_starts(trace, first_phase)
+        start = k["start"].to_numpy(np.int64)
+        point = k["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
+        point = np.where(point >= 0, point, start)
+        step = np.searchsorted(starts, point, side="right") - 1
+        is_kernel = k["kind"].to_numpy(dtype=object) == "kernel"
+        nccl = is_kernel & is_nccl(k["name"]) if len(k) else np.zeros(0, dtype=bool)
+        return cls(rank, step, start, k["end"].to_numpy(np.int64), nccl, is_kernel)
+
+    def kernels_of(self, step: int) -> pd.DataFrame:
+        """``start``, ``end`` (ns) and ``nccl`` of the kernels of one step."""
+        chosen = (self.step == step) & self.is_kernel
+        return pd.DataFrame(
+            {"start": self.start[chosen], "end": self.end[chosen], "nccl": self.nccl[chosen]}
+        )
+
+    def table(self) -> pd.DataFrame:
+        """Per step: GPU span start/end and NCCL time."""
+        inside = self.step >= 0
+        frame = pd.DataFrame(
+            {
+                "step": self.step[inside],
+                "start": self.start[inside],
+                "end": self.end[inside],
+                "nccl_ns": np.where(self.nccl, self.end - self.start, 0)[inside],
+            }
+        )
+        out = frame.groupby("step").agg(
+            start=("start", "min"), end=("end", "max"), nccl_ns=("nccl_ns", "sum")
+        )
+        out["nccl_ms"] = out.pop("nccl_ns") / NS_PER_MS
+        return out.reset_index().assign(rank=self.rank)
+
+
+def step_starts(trace: Trace, first_phase: str) -> np.ndarray:
+    """Start of each instance of the first phase on the thread that holds most of them."""
+    r = trace.ranges[trace.ranges["name"] == first_phase]
+    if r.empty:
+        return np.empty(0, np.int64)
+    owner = r["thread"].value_counts().index[0]
+    return np.sort(r.loc[r["thread"] == owner, "start"].to_numpy(np.int64))
+
+
+def nccl_waits(ranks: list[RankSteps]) -> pd.DataFrame:
+    """Per (step, rank): NCCL time spent before the last rank's matching kernel started.
+
+    The k-th NCCL kernel of a step on each rank is taken to be one collective (ranks issue
+    collectives in the same order); it cannot finish before every rank has joined, so on
+    a rank that started it early, ``min(latest start - own start, duration)`` is waiting.
+    Only collectives every rank ran are counted.
+    """
+    frames = []
+    for r in ranks:
+        chosen = r.nccl & (r.step >= 0)
+        frame = pd.DataFrame(
+            {
+                "step": r.step[chosen],
+                "start": r.start[chosen],
+                "duration": (r.end - r.start)[chosen],
+                "rank": r.rank,
+            }
+        ).sort_values(["step", "start"], kind="stable")
+        frames.append(frame.assign(k=frame.groupby("step").cumcount()))
+    if len(frames) < 2:
+        return pd.DataFrame(columns=["step", "rank", "wait_ms"])
+    frame = pd.concat(frames, ignore_index=True)
+    frame = frame[frame.groupby(["step", "k"])["rank"].transform("nunique") == len(frames)]
+    latest = frame.groupby(["step", "k"])["start"].transform("max")
+    waiting = np.minimum(latest - frame["start"], frame["duration"]).clip(lower=0)
+    waits = frame.assign(wait_ns=waiting).groupby(["step", "rank"])["wait_ns"].sum()
+    return (waits / NS_PER_MS).rename("wait_ms").reset_index()
+
+
+def step_table(ranks: list[RankSteps]) -> pd.DataFrame:
+    """One row per (step, rank): ``step_ms`` (GPU span), ``nccl_ms``, ``nccl_wait_ms``."""
+    frames = [t for t in (r.table() for r in ranks) if not t.empty]
+    if not frames:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    table = pd.concat(frames, ignore_index=True)
+    table["step_ms"] = (table["end"] - table["start"]) / NS_PER_MS
+    table = table.merge(nccl_waits(ranks), on=["step", "rank"], how="left")
+    table["nccl_wait_ms"] = table.pop("wait_ms").fillna(0.0).astype(float)
+    return table[STEP_COLUMNS].sort_values(["step", "rank"]).reset_index(drop=True)
+
+
+def job_summary(steps: pd.DataFrame, world_size: int) -> dict[str, Any]:
+    """Per step: slowest and fastest rank, spread; per rank: mean step and NCCL wait."""
+    if steps.empty:
+        return {"world_size": world_size, "steps": [], "ranks": []}
+    per_step = [_step_record(int(step), group) for step, group in steps.groupby("step")]
+    by_rank = steps.groupby("rank").agg(
+        mean_step_ms=("step_ms", "mean"),
+        nccl_ms=("nccl_ms", "sum"),
+        nccl_wait_ms=("nccl_wait_ms", "sum"),
+    )
+    slowest = pd.Series([s["slowest_rank"] for s in per_step]).value_counts()
+    return {
+        "world_size": world_size,
+        "slowest_rank": int(slowest.index[0]),
+        "mean_spread_ms": float(np.mean([s["spread_ms"] for s in per_step])),
+        "steps": per_step,
+        "ranks": [
+            {"rank": int(rank), **{k: float(v) for k, v in row.items()}}
+            for rank, row in by_rank.iterrows()
+        ],
+    }
+
+
+def _step_record(step: int, group: pd.DataFrame) -> dict[str, Any]:
+    slow = group.loc[group["step_ms"].idxmax()]
+    fast = group.loc[group["step_ms"].idxmin()]
+    waits = zip(group["rank"], group["nccl_wait_ms"], strict=True)
+    return {
+        "step": step,
+        "slowest_rank": int(slow["rank"]),
+        "slowest_ms": float(slow["step_ms"]),
+        "fastest_rank": int(fast["rank"]),
+        "fastest_ms": float(fast["step_ms"]),
+        "spread_ms": float(slow["step_ms"] - fast["step_ms"]),
+        "nccl_wait_ms": {str(int(rank)): float(wait) for rank, wait in waits},
+    }

@@ -1,0 +1,77 @@
+"""Pictures of a multi-GPU trace: one step per rank as lanes, and per-rank phase bars.
+
+The lanes show, for each rank, its compute kernels and its NCCL kernels on one time
+axis (the ranks share a host clock), so that the all-reduce hidden behind the backward
+pass, the exposed rest, and a rank that arrives late can be seen at a glance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from profkit.analysis.ranks import RankedReport
+from profkit.errors import BadInput
+from profkit.report.plots import PHASE_COLORS, SERIES_COLORS, _pyplot, _save
+
+COMPUTE_COLOR = "#4e79a7"
+NCCL_COLOR = "#f28e2b"
+NS_PER_MS = 1e6
+
+
+def plot_ranks(report: RankedReport, out: Path, step: int | None = None) -> Path:
+    """Lanes of one step (default: the middle one) above per-rank phase bars; a PNG."""
+    steps = sorted(set(report.steps["step"])) if not report.steps.empty else []
+    if not steps:
+        raise BadInput("no steps to draw: the trace has no phase ranges (forward, ...)")
+    step = steps[len(steps) // 2] if step is None else step
+    if step not in steps:
+        raise BadInput(f"no step {step}; steps: {', '.join(map(str, steps))}")
+    plt = _pyplot()
+    fig, (lanes, bars) = plt.subplots(
+        2,
+        1,
+        figsize=(11, 2.5 + 1.1 * len(report.ranks)),
+        height_ratios=[3, 2],
+        layout="constrained",
+    )
+    _lanes(lanes, report, step)
+    _phase_bars(bars, report)
+    fig.suptitle(f"{report.source.get('path')}", fontsize=8)
+    return _save(fig, out)
+
+
+def _lanes(ax: object, report: RankedReport, step: int) -> None:
+    frames = {e.info["rank"]: e.steps.kernels_of(step) for e in report.ranks}
+    origin = min((f["start"].min() for f in frames.values() if len(f)), default=0)
+    labels = []
+    for row, (rank, frame) in enumerate(sorted(frames.items())):
+        for offset, nccl, color in ((0.0, False, COMPUTE_COLOR), (0.4, True, NCCL_COLOR)):
+            part = frame[frame["nccl"] == nccl]
+            spans = [
+                ((s - origin) / NS_PER_MS, (e - s) / NS_PER_MS)
+                for s, e in zip(part["start"], part["end"], strict=True)
+            ]
+            ax.broken_barh(spans, (row + offset, 0.35), facecolors=color)  # type: ignore[attr-defined]
+        labels.append((row + 0.375, f"rank {rank}"))
+    ax.set_yticks([y for y, _ in labels], [text for _, text in labels])  # type: ignore[attr-defined]
+    ax.invert_yaxis()  # type: ignore[attr-defined]
+    ax.set_xlabel(f"ms since the step's first kernel (step {step})")  # type: ignore[attr-defined]
+    ax.set_title("One step per rank: compute (blue, upper lane) and NCCL (orange, lower lane)")  # type: ignore[attr-defined]
+
+
+def _phase_bars(ax: object, report: RankedReport) -> None:
+    ranks = [e.info["rank"] for e in report.ranks]
+    left = [0.0] * len(ranks)
+    for index, entry in enumerate(report.ranks):
+        phases = entry.report.phases
+        for phase_index, (phase, ms) in enumerate(
+            zip(phases["phase"], phases["gpu_time_ms"], strict=True)
+        ):
+            color = PHASE_COLORS.get(phase, SERIES_COLORS[phase_index % len(SERIES_COLORS)])
+            first = index == 0
+            ax.barh(index, ms, left=left[index], color=color, label=phase if first else None)  # type: ignore[attr-defined]
+            left[index] += ms
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])  # type: ignore[attr-defined]
+    ax.invert_yaxis()  # type: ignore[attr-defined]
+    ax.set_xlabel("GPU time per phase, ms (all captured steps)")  # type: ignore[attr-defined]
+    ax.legend(loc="lower right", fontsize=8)  # type: ignore[attr-defined]

@@ -1,0 +1,81 @@
+"""torch.profiler inside the child: one Chrome trace per rank of the timed steps.
+
+``profkit torch --nproc N`` cannot profile in its own process as the one-GPU path does:
+every rank is a process of its own under torchrun. Each rank records its timed steps
+and writes ``STEM-rank{R}.json.gz`` (Kineto adds ``distributedInfo``: rank, world size,
+backend), with profkit's header (config, rank, pid, host) beside it, so that
+``profkit kernels STEM-rank*.json.gz`` reads them as the ranks of one run.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from profkit import __version__
+from profkit.workload.config import WorkloadConfig
+
+
+def rank_trace_path(stem: str | Path, rank: int) -> Path:
+    """``profiles/torch-small-ctx128-train-rank0.json.gz`` for stem ``...-train``."""
+    stem = Path(stem)
+    return stem.with_name(f"{stem.name}-rank{rank}.json.gz")
+
+
+class RankTracer:
+    """Start/stop hooks around the timed steps, then the trace written (gzip) per rank."""
+
+    def __init__(self, stem: str, config: dict[str, Any] | None = None) -> None:
+        self.stem = stem
+        self.config = config
+        self.profiler: Any = None
+        self.path: Path | None = None
+
+    def hooks(self, config: WorkloadConfig, rank: int) -> tuple[Any, Any]:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self.path = rank_trace_path(self.stem, rank)
+        self.config = config.to_dict()
+        self.profiler = profile(activities=activities)
+
+        def start() -> None:
+            self.profiler.__enter__()
+
+        def stop() -> None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.profiler.__exit__(None, None, None)
+            self._write(rank)
+
+        return start, stop
+
+    def _write(self, rank: int) -> None:
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="profkit-trace-") as tmp:
+            raw = Path(tmp) / "trace.json"
+            self.profiler.export_chrome_trace(str(raw))
+            doc = json.loads(raw.read_text())
+            doc["profkit"] = {
+                "command": "torch",
+                "version": __version__,
+                "config": self.config,
+                "rank": rank,
+                "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+            }
+            partial = self.path.with_name(self.path.name + ".tmp")
+            with gzip.open(partial, "wt") as out:
+                json.dump(doc, out)
+            shutil.move(partial, self.path)

@@ -1,0 +1,94 @@
+"""Per-rank traces of one distributed run, merged into one multi-process :class:`Trace`.
+
+torch.profiler writes one Chrome trace per process (``NAME-rank0.json.gz``, ...); each
+says its rank and world size in ``distributedInfo``. Nsight Systems, profiling the whole
+``torchrun`` tree, writes one report holding every process, with global thread ids
+(process id in bits 24-47). :func:`merge_rank_traces` makes the first look like the
+second: thread ids become ``pid << 24 | tid`` so that the ranges and launches of
+different processes never mix, and ``meta["ranks"]`` lists who is who.
+
+Times are kept as they are: ranks on one host share its clock. Traces of several hosts
+are compared on their own clocks, which can be offset (docs/MULTI_GPU.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from profkit.errors import BadInput
+from profkit.traces.schema import KERNEL_COLUMNS, RANGE_COLUMNS, Trace, conform
+
+PROCESS_SHIFT = 24  # as in an nsys globalTid: process bits above 24 thread bits
+THREAD_MASK = (1 << PROCESS_SHIFT) - 1
+
+
+def rank_info(trace: Trace) -> dict[str, Any] | None:
+    """``{rank, world_size, pid, host, device}`` of a per-rank trace, or None.
+
+    The rank and world size come from ``distributedInfo`` (torch.profiler writes it once
+    ``torch.distributed`` is initialised), else from profkit's own header.
+    """
+    meta = trace.meta
+    dist = meta.get("distributedInfo")
+    profkit: dict[str, Any] = meta["profkit"] if isinstance(meta.get("profkit"), dict) else {}
+    source = dist if isinstance(dist, dict) and "rank" in dist else profkit
+    if not isinstance(source, dict) or source.get("rank") is None:
+        return None
+    devices = trace.kernels["device"].value_counts()
+    return {
+        "rank": int(source["rank"]),
+        "world_size": int(source.get("world_size") or 0) or None,
+        "pid": meta.get("pid") if meta.get("pid") is not None else profkit.get("pid"),
+        "host": profkit.get("host"),
+        "device": int(devices.index[0]) if len(devices) else profkit.get("device"),
+        "path": meta.get("path"),
+    }
+
+
+def is_rank_set(traces: list[Trace]) -> bool:
+    """Whether these traces are the ranks of one run: each names a distinct rank."""
+    infos = [rank_info(t) for t in traces]
+    if len(traces) < 2 or any(i is None for i in infos):
+        return False
+    ranks = [i["rank"] for i in infos if i is not None]
+    return len(set(ranks)) == len(ranks)
+
+
+def merge_rank_traces(traces: list[Trace]) -> Trace:
+    """One Trace of every rank's activities and ranges, ``meta["ranks"]`` in rank order."""
+    infos = [rank_info(t) for t in traces]
+    if any(i is None for i in infos):
+        missing = [t.meta.get("path") for t, i in zip(traces, infos, strict=True) if i is None]
+        raise BadInput(f"{missing[0]} names no rank (no distributedInfo): not a per-rank trace")
+    order = sorted(range(len(traces)), key=lambda i: infos[i]["rank"])  # type: ignore[index]
+    kernels, ranges, ranks, threads = [], [], [], {}
+    for index in order:
+        trace, info = traces[index], dict(infos[index] or {})
+        process = int(info["pid"]) if info.get("pid") is not None else int(info["rank"]) + 1
+        info["pid"] = process
+        offset = process << PROCESS_SHIFT
+        k = trace.kernels.copy()
+        k["launch_thread"] = (k["launch_thread"] & THREAD_MASK) + offset
+        r = trace.ranges.copy()
+        r["thread"] = (r["thread"] & THREAD_MASK) + offset
+        kernels.append(k)
+        ranges.append(r)
+        ranks.append(info)
+        for tid, name in (trace.meta.get("threads") or {}).items():
+            threads[(int(tid) & THREAD_MASK) + offset] = f"rank {info['rank']} {name}"
+    first = traces[order[0]].meta
+    meta = {
+        **{k: v for k, v in first.items() if k not in ("pid", "threads", "profiler_steps")},
+        "path": ", ".join(str(traces[i].meta.get("path")) for i in order),
+        "paths": [traces[i].meta.get("path") for i in order],
+        "threads": threads,
+        "ranks": ranks,
+        "warnings": [w for i in order for w in traces[i].meta.get("warnings") or []],
+    }
+    return Trace(
+        kernels=conform(pd.concat(kernels, ignore_index=True), KERNEL_COLUMNS),
+        ranges=conform(pd.concat(ranges, ignore_index=True), RANGE_COLUMNS),
+        meta=meta,
+    )

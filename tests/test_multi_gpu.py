@@ -1,0 +1,346 @@
+"""Several ranks: NCCL interval arithmetic, per-rank reading, and real torchrun launches.
+
+The torchrun tests start real ``torch.distributed.run`` process groups over gloo on the
+tiny model (CPU). Real 2-GPU fixtures (an nsys export of two ranks, per-rank torch
+traces) are checked against plain SQL / plain JSON in ``test_multi_gpu_fixtures``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from nsys_data import Export
+from typer.testing import CliRunner
+
+from profkit.analysis.comm import both_covered_ns, collective, comm_stats, covered_ns, is_nccl
+from profkit.analysis.ranks import analyze_ranks, is_multi_rank
+from profkit.cli import app
+from profkit.errors import BadInput
+from profkit.run import bench as bench_lib
+from profkit.run import torchrun
+from profkit.run.child import run_child
+from profkit.run.proc import descendants
+from profkit.traces import load_trace
+from profkit.traces.schema import KERNEL_COLUMNS, RANGE_COLUMNS, Trace, conform
+from profkit.workload.config import WorkloadConfig
+
+TINY = {"size": "tiny", "ctx": 32, "device": "cpu", "warmup": 1, "steps": 2}
+runner = CliRunner()
+
+
+# --- interval arithmetic --------------------------------------------------------------
+
+
+def _brute_cover(intervals: list[tuple[int, int]], horizon: int) -> np.ndarray:
+    covered = np.zeros(horizon, dtype=bool)
+    for start, end in intervals:
+        covered[start:end] = True
+    return covered
+
+
+def test_union_and_intersection_match_a_time_grid() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        a = np.sort(rng.integers(0, 60, size=(rng.integers(0, 8), 2)), axis=1)
+        b = np.sort(rng.integers(0, 60, size=(rng.integers(0, 8), 2)), axis=1)
+        grid_a = _brute_cover([tuple(x) for x in a], 64)
+        grid_b = _brute_cover([tuple(x) for x in b], 64)
+        assert covered_ns(a[:, 0], a[:, 1]) == int(grid_a.sum())
+        assert both_covered_ns(a[:, 0], a[:, 1], b[:, 0], b[:, 1]) == int((grid_a & grid_b).sum())
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "AllReduce"),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "AllReduce"),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "ReduceScatter"),
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "AllGather"),
+        ("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclWorkElem)", "Broadcast"),
+        ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "SendRecv"),
+        ("ncclAllReduceRingLLKernel_sum_f32(ncclColl)", "AllReduce"),
+        ("ncclDevKernel_Generic_1(ncclDevKernelArgsStorage<4096ul>)", "Other"),
+    ],
+)  # fmt: skip
+def test_collectives_of_every_naming_generation(name: str, expected: str) -> None:
+    assert is_nccl(np.array([name])).tolist() == [True]
+    assert collective(name) == expected
+
+
+def test_gemm_is_not_nccl() -> None:
+    assert is_nccl(
+        np.array(["sm90_xmma_gemm_f32f32", "[CUDA memcpy Device-to-Device]"])
+    ).tolist() == [False, False]
+
+
+# --- per-rank analysis on a two-process trace -----------------------------------------
+
+
+def _two_ranks(slow_rank: int = 1) -> Trace:
+    """Two processes, three steps each; rank ``slow_rank``'s compute runs 50 µs longer."""
+    kernels, ranges = [], []
+    for rank in range(2):
+        pid = 1000 + rank
+        main, worker = (pid << 24) | pid, (pid << 24) | (pid + 1)
+        for step in range(3):
+            t = step * 1_000_000
+            for name, lo, hi in (
+                ("forward", 0, 200),
+                ("backward", 200, 600),
+                ("optimizer", 600, 700),
+            ):
+                ranges.append(
+                    dict(
+                        name=name,
+                        start=t + lo * 1000,
+                        end=t + hi * 1000,
+                        thread=main,
+                        depth=0,
+                        domain="",
+                    )
+                )
+            late = 50_000 if rank == slow_rank else 0
+            nccl_start = t + 350_000 + late  # the slow rank joins the all-reduce late
+            rows = [
+                ("sm90_gemm_a", "kernel", t + 10_000, t + 100_000 + late, main, t + 1_000),
+                ("sm90_gemm_b", "kernel", t + 250_000, t + 400_000 + late, worker, t + 210_000),
+                ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", "kernel", nccl_start, t + 500_000 + late, worker, t + 300_000),
+                ("[CUDA memcpy Device-to-Device]", "memcpy", t + 480_000, t + 520_000, main, t + 300_000),
+                ("multi_tensor_apply_kernel", "kernel", t + 610_000, t + 650_000 + late, main, t + 601_000),
+            ]  # fmt: skip
+            for name, kind, start, end, thread, launch in rows:
+                kernels.append(dict(name=name, short_name=name, kind=kind, start=start, end=end,
+                                    device=rank, stream=7, correlation_id=len(kernels), grid="",
+                                    block="", launch_start=launch, launch_thread=thread))  # fmt: skip
+    return Trace(
+        conform(pd.DataFrame(kernels), KERNEL_COLUMNS),
+        conform(pd.DataFrame(ranges), RANGE_COLUMNS),
+        {"path": "two-ranks", "format": "nsys-sqlite"},
+    )
+
+
+def test_each_rank_reports_its_own_nccl_overlap_and_exposed_time() -> None:
+    report = analyze_ranks(_two_ranks())
+    ranks = report.to_json()["ranks"]
+    assert [(r["rank"], r["device"], r["pid"]) for r in ranks] == [(0, 0, 1000), (1, 1, 1001)]
+    # rank 0: NCCL [350, 500) µs per step against compute [250, 400): 50 µs hidden, 100 µs
+    # exposed; the memcpy [480, 520) is not compute.
+    assert ranks[0]["comm"] == {
+        "kernels": 3, "time_ms": 0.45, "overlapped_ms": 0.15, "exposed_ms": 0.3,
+        "by_collective": [{"collective": "AllReduce", "kernels": 3, "time_ms": 0.45}],
+    }  # fmt: skip
+    # rank 1: NCCL [400, 550) against compute [250, 450): 50 µs hidden, 100 exposed.
+    assert ranks[1]["comm"]["overlapped_ms"] == 0.15
+    assert ranks[1]["comm"]["exposed_ms"] == 0.3
+    assert [r["kernels"] for r in ranks] == [12, 12]  # the memcpys are not kernels
+    assert [p["kernels"] for p in ranks[0]["phases"]] == [3, 9, 3]
+
+
+def test_the_job_names_the_slow_rank_and_the_time_the_fast_one_waits() -> None:
+    job = analyze_ranks(_two_ranks(slow_rank=1)).to_json()["job"]
+    assert job["world_size"] == 2
+    assert job["slowest_rank"] == 1
+    # Step span: rank 0 [10, 650) µs, rank 1 [10, 700) µs -> spread 50 µs.
+    assert [(s["slowest_rank"], s["slowest_ms"], s["fastest_ms"]) for s in job["steps"]] == [
+        (1, 0.69, 0.64)
+    ] * 3
+    assert [s["spread_ms"] for s in job["steps"]] == pytest.approx([0.05] * 3)
+    # Rank 0 starts each all-reduce 50 µs before rank 1 joins: 50 µs waiting per step.
+    assert [s["nccl_wait_ms"] for s in job["steps"]] == [{"0": 0.05, "1": 0.0}] * 3
+
+
+def test_rank_narrows_the_tables_to_one_rank() -> None:
+    report = analyze_ranks(_two_ranks(), rank=1)
+    assert [e.info["rank"] for e in report.ranks] == [1]
+    assert report.totals["kernels"] == 15  # that rank's activities alone
+    with pytest.raises(BadInput, match="no rank 4 in this trace; ranks: 0, 1"):
+        analyze_ranks(_two_ranks(), rank=4)
+
+
+def test_a_multi_process_nsys_export_is_read_per_process(tmp_path: Path) -> None:
+    export = Export(tmp_path / "two.sqlite")
+    for pid in (100, 200):
+        main = (1 << 48) | (pid << 24) | pid
+        export.range("forward", 0, 1_000, thread=main)
+        export.kernel("sm90_gemm", 2_000, 100, launch_at=100, thread=main, pid=pid)
+        export.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 2_050, 200, launch_at=200, thread=main, pid=pid)  # fmt: skip
+    trace = load_trace(export.save())
+    assert is_multi_rank(trace)
+    ranks = analyze_ranks(trace).to_json()["ranks"]
+    assert [(r["pid"], r["kernels"]) for r in ranks] == [(100, 2), (200, 2)]
+    # NCCL [2050, 2250) against the gemm [2000, 2100): 50 ns hidden, 150 exposed.
+    assert [(r["comm"]["overlapped_ms"], r["comm"]["exposed_ms"]) for r in ranks] == [
+        (0.00005, 0.00015)
+    ] * 2
+
+
+def test_single_process_output_has_no_ranks(data_dir: Path) -> None:
+    result = runner.invoke(
+        app, ["kernels", str(data_dir / "torch-small-ctx128-train.json.gz"), "-f", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "ranks" not in json.loads(result.stdout)
+
+
+def test_comm_stats_measure_each_device_apart() -> None:
+    k = _two_ranks().kernels  # both ranks' rows: the devices must not mix
+    stats = comm_stats(k)
+    assert (stats.kernels, stats.overlapped_ms, stats.exposed_ms) == (6, 0.3, 0.6)
+
+
+# --- the launch ------------------------------------------------------------------------
+
+
+def test_children_keep_multicast_off_unless_the_user_set_it() -> None:
+    env = torchrun.child_env({"NCCL_NVLS_ENABLE": "1", "PATH": "/bin"})
+    assert env["NCCL_NVLS_ENABLE"] == "1"
+    assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert env["NVSHMEM_DISABLE_NVLS"] == "1"
+
+
+def test_more_ranks_than_gpus_is_one_line() -> None:
+    import torch
+
+    found = torch.cuda.device_count()
+    asked = found + 2
+    with pytest.raises(
+        BadInput, match=f"--nproc {asked} needs {asked} GPUs; this machine has {found}"
+    ):
+        torchrun.check_nproc(WorkloadConfig(size="tiny", nproc=asked), "cuda")
+
+
+def test_the_job_step_is_the_slowest_ranks() -> None:
+    config = WorkloadConfig(size="tiny", nproc=2)
+    fast = {"forward_ms": 1.0, "backward_ms": 2.0, "optimizer_ms": 1.0}
+    slow = {"forward_ms": 2.0, "backward_ms": 2.5, "optimizer_ms": 1.0}
+    results = [
+        {"status": "ok", "error": None, "steps": [fast, slow], "peak_memory_bytes": 10},
+        {"status": "ok", "error": None, "steps": [slow, fast], "peak_memory_bytes": 30},
+    ]
+    merged = torchrun.merge_results(config, results, {"status": "error", "error": "x"})
+    assert merged["steps"] == [slow, slow]
+    assert merged["peak_memory_bytes"] == 30
+    assert merged["status"] == "ok"
+    merged = torchrun.merge_results(
+        config, [results[0], None], {"status": "error", "error": "killed"}
+    )
+    assert (merged["status"], merged["error"]) == (
+        "error",
+        "rank 1: rank 1 wrote no result: killed",
+    )
+
+
+def test_bench_two_gloo_ranks_make_one_row(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    result = runner.invoke(
+        app,
+        ["bench", "--size", "tiny", "--ctx", "32", "--device", "cpu", "--warmup", "1", "--steps", "2",
+         "--nproc", "2", "--parallel", "ddp", "fsdp", "--db", str(db), "-f", "json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["nproc"], r["parallel"], r["status"]) for r in rows] == [
+        (2, "ddp", "ok"),
+        (2, "fsdp", "ok"),
+    ]
+    for row in rows:
+        assert row["tokens_per_s"] == pytest.approx(2 * 4 * 32 / (row["step_ms"] / 1e3))
+        assert [r["rank"] for r in row["ranks"]] == [0, 1]
+    stored = bench_lib.load(db)  # the ranks survive the results DB
+    assert [[r["rank"] for r in row["ranks"]] for row in stored] == [[0, 1], [0, 1]]
+
+
+def test_torch_writes_one_trace_per_rank_and_kernels_reads_them_as_ranks(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        ["torch", "--size", "tiny", "--ctx", "32", "--device", "cpu", "--warmup", "1",
+         "--steps", "2", "--nproc", "2", "--out-dir", str(tmp_path), "-f", "json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    traces = sorted(tmp_path.glob("*-rank*.json.gz"))
+    assert [t.name for t in traces] == [
+        "torch-tiny-ctx32-train-rank0.json.gz",
+        "torch-tiny-ctx32-train-rank1.json.gz",
+    ]
+    read = runner.invoke(app, ["kernels", *map(str, traces), "-f", "json"])
+    assert read.exit_code == 0, read.output
+    ranks = json.loads(read.stdout)["ranks"]
+    for trace, entry in zip(traces, ranks, strict=True):
+        doc = json.loads(gzip.decompress(trace.read_bytes()))
+        pid = next(e["pid"] for e in doc["traceEvents"]
+                   if e.get("name") == "process_labels" and e["args"].get("labels") == "CPU")  # fmt: skip
+        forwards = sum(1 for e in doc["traceEvents"]
+                       if e.get("cat") == "user_annotation" and e.get("name") == "forward")  # fmt: skip
+        assert (entry["rank"], entry["pid"]) == (doc["distributedInfo"]["rank"], pid)
+        assert doc["distributedInfo"]["world_size"] == 2
+        phases = {p["phase"]: p for p in entry["phases"]}
+        assert forwards == 2 and set(phases) == {"forward", "backward", "optimizer"}
+    narrowed = runner.invoke(app, ["kernels", *map(str, traces), "--rank", "1", "-f", "json"])
+    assert [r["rank"] for r in json.loads(narrowed.stdout)["ranks"]] == [1]
+
+
+def _rank_process(rank: int) -> int | None:
+    for pid in descendants(os.getpid()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"profkit.run.child" in cmdline and f"RANK={rank}".encode() in environ and b"torch.distributed.run" not in cmdline:  # fmt: skip
+            return pid
+    return None
+
+
+def test_a_killed_rank_ends_the_group_and_becomes_an_error_result() -> None:
+    config = WorkloadConfig(**{**TINY, "steps": 400}, nproc=2)
+    got: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: got.update(run_child(config, timeout_s=180)))
+    thread.start()
+    deadline = time.monotonic() + 120
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        victim = _rank_process(1)
+    assert victim is not None, "rank 1 never started"
+    time.sleep(3)  # let it reach the steps (the process group is up)
+    os.kill(victim, signal.SIGKILL)
+    thread.join(timeout=180)
+    assert not thread.is_alive()
+    assert got["status"] == "error"
+    assert str(got["error"]).startswith("rank ")
+    ranks = got["ranks"]
+    assert isinstance(ranks, list) and [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[1]["status"] == "error"
+    assert _rank_process(0) is None  # no rank left behind
+
+
+def test_plot_draws_the_ranks_of_a_two_process_export(tmp_path: Path, data_dir: Path) -> None:
+    export = Export(tmp_path / "two.sqlite")
+    for pid in (100, 200):
+        main = (1 << 48) | (pid << 24) | pid
+        for step in range(2):
+            t = step * 10_000
+            export.range("forward", t, t + 1_000, thread=main)
+            export.range("backward", t + 1_000, t + 5_000, thread=main)
+            export.kernel("sm90_gemm", t + 2_000, 1_000, launch_at=t + 100, thread=main, pid=pid)
+            export.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", t + 2_500, 2_000,
+                          launch_at=t + 1_200, thread=main, pid=pid)  # fmt: skip
+    sqlite_path = export.save()
+    png = tmp_path / "ranks.png"
+    result = runner.invoke(app, ["kernels", str(sqlite_path), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    single = runner.invoke(
+        app, ["kernels", str(data_dir / "torch-small-ctx128-train.json.gz"), "--plot", str(png)]
+    )
+    assert single.exit_code == 2
+    assert "--plot draws the ranks of a multi-GPU trace" in single.output
