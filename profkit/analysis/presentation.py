@@ -13,6 +13,7 @@ import pandas as pd
 from profkit.analysis.report import KernelReport
 from profkit.analysis.tables import ALL_PHASES
 from profkit.formats import markdown_table
+from profkit.workload.config import RUN_FIELDS
 from profkit.workload.names import FINAL, SCORES, SOFTMAX
 
 KERNEL_VIEW = [
@@ -148,10 +149,6 @@ def _source_line(report: KernelReport) -> str:
     if filters:
         line += f" Only activities in {' and '.join(filters)}."
     return line
-
-
-RUN_FIELDS = ("size", "ctx", "batch", "mode", "dtype", "attention", "compile", "steps")
-"""The config fields a report's source line names (the rest are defaults nobody changes)."""
 
 
 def _percent(table: pd.DataFrame, column: str) -> pd.DataFrame:

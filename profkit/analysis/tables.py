@@ -30,7 +30,6 @@ KERNEL_COLUMNS = [
     "name", "short_name", "phase", "category", "kind", "instances", "total_ms", "share",
     "avg_us", "med_us", "min_us", "max_us", "std_us", "grid", "block",
 ]  # fmt: skip
-FLOP_RANGES = ATTENTION_RANGES
 KERNEL = KINDS.index("kernel")
 GRAPH = KINDS.index("graph")
 COUNT_COLUMNS = {"kernel": "kernels", "memcpy": "memcpy", "memset": "memset", "graph": "graphs"}
@@ -207,7 +206,9 @@ def range_table(
     if filtered:
         counted = [c for c in COUNT_COLUMNS.values() if c in table]
         table = table[table[counted].sum(axis=1) > 0]
-    flops = attention_flops(config) if config and table["range"].isin(FLOP_RANGES).any() else None
+    flops = (
+        attention_flops(config) if config and table["range"].isin(ATTENTION_RANGES).any() else None
+    )
     if flops:
         mflop = table["range"].map(flops) / 1e6
         table["mflop"] = mflop  # forward FLOPs of one call, analytic
