@@ -25,7 +25,7 @@ from profkit.run.environment import environment
 from profkit.run.recorder import DEFAULT_MAX_ENTRIES, STACKS
 from profkit.run.results import DEFAULT_DB, check_db, record
 from profkit.run.torchrun import rank_snapshot_path
-from profkit.workload.config import WorkloadConfig
+from profkit.workload.config import RUN_FIELDS, WorkloadConfig
 
 PHASE_COLUMNS = {
     "model_bytes": "after model creation",
@@ -35,7 +35,7 @@ PHASE_COLUMNS = {
     "peak_allocated_bytes": "peak allocated",
     "peak_reserved_bytes": "peak reserved",
 }
-CONFIG_FIELDS = ("size", "ctx", "batch", "mode", "dtype", "compile", "attention", "warmup", "steps")
+CONFIG_FIELDS = RUN_FIELDS
 
 
 def check_capture(configs: list[WorkloadConfig], max_entries: int, stacks: str) -> None:

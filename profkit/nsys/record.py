@@ -19,8 +19,8 @@ from typing import Any
 import pandas as pd
 
 from profkit.formats import markdown_table
+from profkit.workload.names import PHASES
 
-PHASES = ("forward", "backward", "optimizer")
 SIDECAR_SUFFIX = ".profkit.json"
 
 

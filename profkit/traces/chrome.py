@@ -37,7 +37,7 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.traces.chrome_tables import kernels_table, ranges_table, short_kernel_name, to_ns
+from profkit.traces.chrome_tables import kernel_function_name, kernels_table, ranges_table, to_ns
 from profkit.traces.schema import Trace
 
 _loads: Callable[[bytes], Any]
@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
     _loads = json.loads
     _DECODE_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
 
-__all__ = ["FORMAT", "is_chrome_trace", "read_chrome_trace", "short_kernel_name", "to_ns"]
+__all__ = ["FORMAT", "is_chrome_trace", "kernel_function_name", "read_chrome_trace", "to_ns"]
 
 FORMAT = "chrome"
 SNIFF_BYTES = 64 * 1024
