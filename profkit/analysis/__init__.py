@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from profkit.analysis.attribution import Attribution, attribute
+from profkit.analysis.attribution import Attribution, PhaseMode, attribute
 from profkit.analysis.categories import CATEGORIES, categorize
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.presentation import display_tables, kernel_report_markdown
@@ -34,8 +34,10 @@ def kernels(
     phase: str | None = None,
     range: str | None = None,
     nsys: str | os.PathLike[str] | None = None,
+    phases: PhaseMode = "auto",
 ) -> KernelReport:
     """Read the trace at ``path`` (any supported format) and build its kernel report."""
     from profkit.traces import load_trace
 
-    return analyze(load_trace(path, nsys=nsys), top=top, phase=phase, range=range)
+    trace = load_trace(path, nsys=nsys)
+    return analyze(trace, top=top, phase=phase, range=range, phases=phases)

@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.attribution import UNATTRIBUTED, Attribution, attribute
+from profkit.analysis.attribution import (
+    PHASE_MODES,
+    UNATTRIBUTED,
+    Attribution,
+    PhaseMode,
+    TraceHints,
+    attribute,
+    inference_note,
+)
 from profkit.analysis.categories import CATEGORIES, categorize
 from profkit.analysis.tables import (
     NS_PER_MS,
@@ -84,18 +92,22 @@ def analyze(
     phase: str | None = None,
     range: str | None = None,
     phase_domain: str | None = None,
+    phases: PhaseMode = "auto",
 ) -> KernelReport:
     """Attribute every activity of ``trace`` and build all tables in one pass.
 
     ``phase`` / ``range`` keep only the activities in that phase / enclosed by a range of
     that name (``domain:name`` for a range of another NVTX domain). ``top`` is how many
-    kernels the top-kernel views show (0 = all).
+    kernels the top-kernel views show (0 = all). ``phases`` (``auto``, ``annotated``,
+    ``inferred``) says where phases come from (docs/ATTRIBUTION.md).
     """
     if top < 0:
         raise BadInput(f"--top must be 0 (all) or more, got {top}")
     k, r = trace.kernels, trace.ranges
     duration = (k["end"].to_numpy(np.int64) - k["start"].to_numpy(np.int64)).clip(min=0)
-    att = attribute(k, r, phase_domain)
+    if phases not in PHASE_MODES:
+        raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
+    att = attribute(k, r, phase_domain, TraceHints.of(trace.meta), phases)
     labels = _range_labels(r)
     selected = np.ones(len(k), dtype=bool)
     if phase is not None:
@@ -123,7 +135,7 @@ def analyze(
     total_ns = int(frame["duration"].sum())
     per_phase, overall = kernel_tables(frame, k, names, category_names[categories], phase_names)
     report = KernelReport(
-        source=_source(trace, phase, range, top, config),
+        source={**_source(trace, phase, range, top, config), "phase_source": att.phase_source},
         totals={"kernels": len(frame), "gpu_time_ms": total_ns / NS_PER_MS},
         phases=phase_table(frame, att, r, phase_names, sidecar, phase is not None),
         ranges=range_table(att, r, labels, duration, selected, config, range or phase),
@@ -216,6 +228,7 @@ def _notes(
 ) -> list[str]:
     """Plain sentences on how the activities were attributed (for humans, not the JSON)."""
     notes = list(meta.get("warnings") or [])  # what the reader found odd about the source
+    notes += inference_note(att, frame.index.to_numpy(), meta)
     threads = meta.get("thread_names") or {}
     rows = frame.index.to_numpy()
     cross = att.cross_thread[rows]

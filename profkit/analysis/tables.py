@@ -104,9 +104,7 @@ def phase_table(
     n = len(phase_names)
     kernels = np.bincount(frame["phase"], minlength=n)
     gpu_ns = np.bincount(frame["phase"], weights=frame["duration"], minlength=n)
-    phase_ranges = ranges[att.is_phase_range]
-    cpu_ns = (phase_ranges["end"] - phase_ranges["start"]).groupby(phase_ranges["name"]).sum()
-    instances = phase_ranges.groupby("name").size()
+    instances, cpu_ns = att.phase_spans(ranges)
     total = gpu_ns.sum()
     table = pd.DataFrame(
         {
