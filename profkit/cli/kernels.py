@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
 from profkit import analysis
+from profkit.analysis.attribution import PHASE_MODES, PhaseMode
 from profkit.cli._common import FormatOpt, OutOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console
@@ -31,6 +32,14 @@ RangeOpt = Annotated[
     str | None,
     typer.Option(
         "--range", "-r", help="Only kernels inside ranges of this name ('domain:name' for others)."
+    ),
+]
+PhasesOpt = Annotated[
+    str,
+    typer.Option(
+        "--phases",
+        help="Where phases come from: auto (phase ranges where a step has them, else inferred "
+        "from autograd threads and optimizer kernels), annotated, or inferred.",
     ),
 ]
 TopOpt = Annotated[int, typer.Option("--top", "-n", help="Kernels per top table (0 = all).")]
@@ -65,21 +74,24 @@ def kernels(
     nsys: NsysOpt = None,
     compare: CompareOpt = False,
     tolerance: ToleranceOpt = 5.0,
+    phases: PhasesOpt = "auto",
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
-    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). Two or more traces are compared side by side (`--compare`).
+    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). Steps without forward/backward/optimizer ranges get their phases inferred, marked (inferred); `--phases` forces one source. Two or more traces are compared side by side (`--compare`).
     """
     check_format(fmt)
     if not tolerance >= 0:  # also catches nan
         raise BadInput(f"--tolerance must be >= 0 (a percentage); got {tolerance:g}")
     paths = list(path)
     if compare or len(paths) > 1:
-        _compare(paths, top, phase, range_, nsys, tolerance, fmt, out)
+        _compare(paths, top, phase, range_, nsys, tolerance, fmt, out, phases)
         return
     single = paths[0]
     with err_console.status(f"reading {single.name}"):
-        report = analysis.kernels(single, top=top, phase=phase, range=range_, nsys=nsys)
+        report = analysis.kernels(
+            single, top=top, phase=phase, range=range_, nsys=nsys, phases=_mode(phases)
+        )
     fmt = file_format(fmt, out)
     if fmt == "md":
         text = analysis.kernel_report_markdown(report, title=f"Kernels of {single.name}")
@@ -104,6 +116,7 @@ def _compare(
     tolerance: float,
     fmt: str,
     out: Path | None,
+    phases: str,
 ) -> None:
     from profkit.analysis.crosscheck import compare_phases, per_step
 
@@ -112,7 +125,9 @@ def _compare(
     reports = []
     for p in paths:
         with err_console.status(f"reading {p.name}"):
-            report = analysis.kernels(p, top=top, phase=phase, range=range_, nsys=nsys)
+            report = analysis.kernels(
+                p, top=top, phase=phase, range=range_, nsys=nsys, phases=_mode(phases)
+            )
         reports.append((BACKENDS.get(report.source.get("format", ""), p.stem), report.phases))
     # Short labels keep the table readable: the backend, numbered if two traces share one.
     labels = [label for label, _ in reports]
@@ -128,3 +143,9 @@ def _compare(
 
 
 BACKENDS = {"nsys-sqlite": "nsys", "chrome": "torch"}
+
+
+def _mode(phases: str) -> PhaseMode:
+    if phases not in PHASE_MODES:
+        raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
+    return cast(PhaseMode, phases)
