@@ -39,6 +39,7 @@ from profkit.analysis.inference import (
     lookup,
 )
 from profkit.analysis.intervals import PROCESS_SHIFT, Lanes, stab, union
+from profkit.analysis.names import matching
 from profkit.workload.names import PHASES
 
 KNOWN_PHASES = PHASES
@@ -277,7 +278,7 @@ def _phase_rows(
     thread = ranges["thread"].to_numpy(dtype=np.int64)[candidates]
     start = ranges["start"].to_numpy(dtype=np.int64)[candidates]
     end = ranges["end"].to_numpy(dtype=np.int64)[candidates]
-    known = ranges["name"].str.lower().isin(KNOWN_PHASES).to_numpy()[candidates]
+    known = _known(ranges)[candidates]
     owners = _owners(thread[known], end[known] - start[known])
     on_owner = np.isin(thread, list(owners.values()))
     step = inferred.step_of(thread, start)
@@ -292,7 +293,7 @@ def _outermost(ranges: pd.DataFrame, mask: np.ndarray, lanes: Lanes) -> np.ndarr
     thread = ranges["thread"].to_numpy(dtype=np.int64)
     start = lanes.key(thread, ranges["start"].to_numpy(dtype=np.int64))
     end = lanes.key(thread, ranges["end"].to_numpy(dtype=np.int64))
-    known = mask & ranges["name"].str.lower().isin(KNOWN_PHASES).to_numpy()
+    known = mask & _known(ranges)
     known_starts = np.sort(start[known])
     holds_known = np.searchsorted(known_starts, end, "left") > np.searchsorted(
         known_starts, start, "left"
@@ -307,6 +308,11 @@ def _outermost(ranges: pd.DataFrame, mask: np.ndarray, lanes: Lanes) -> np.ndarr
     outermost = np.ones(len(candidates), dtype=bool)
     outermost[1:] = c_start[1:] >= reach[:-1]
     return candidates[outermost]
+
+
+def _known(ranges: pd.DataFrame) -> np.ndarray:
+    """Per range: is it named forward, backward or optimizer (any case)?"""
+    return matching(ranges["name"], lambda name: name.lower() in KNOWN_PHASES)
 
 
 def _owners(threads: np.ndarray, durations: np.ndarray) -> dict[int, int]:

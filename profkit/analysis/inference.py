@@ -36,6 +36,7 @@ import pandas as pd
 
 from profkit.analysis.categories import categorize
 from profkit.analysis.intervals import PROCESS_SHIFT, Lanes, inside_any
+from profkit.analysis.names import factorize, matching
 from profkit.workload.names import PHASES
 
 AUTOGRAD_THREAD = re.compile(r"pt_autograd_\d+")
@@ -251,7 +252,7 @@ def kernel_roles(
     main_rows = rows[is_main]
     if not len(main_rows):
         return optimizer, fill
-    codes, uniques = pd.factorize(names.to_numpy(dtype=object)[main_rows])
+    codes, uniques = factorize(names.iloc[main_rows])
     text = [str(n) for n in uniques]
     optimizer[is_main] = np.array([categorize(n) == "optimizer" for n in text])[codes]
     fill[is_main] = np.array([SEED_FILL in n for n in text])[codes]
@@ -272,7 +273,8 @@ def _autograd_threads(hints: TraceHints, ranges: pd.DataFrame) -> np.ndarray:
     named = {t for t, name in hints.thread_names.items() if AUTOGRAD_THREAD.search(name)}
     # The thread that opens ProfilerStep or Optimizer ranges drives the loop: if it ran an
     # autograd op itself (a CPU-side node), that does not make it autograd's worker.
-    driving = set(ranges["thread"][ranges["name"].str.startswith(MAIN_ONLY)].tolist())
+    opens_main_only = matching(ranges["name"], lambda name: name.startswith(MAIN_ONLY))
+    driving = set(ranges["thread"][opens_main_only].tolist())
     driving |= {thread for thread, _ in hints.profiler_steps}
     return np.array(sorted(named | (set(hints.autograd_threads) - driving)), dtype=np.int64)
 
@@ -291,7 +293,7 @@ def _main_threads(thread: np.ndarray) -> dict[int, int]:
 
 def _profiler_steps(ranges: pd.DataFrame, hints: TraceHints) -> tuple[np.ndarray, np.ndarray]:
     """(thread, start) of every ``ProfilerStep#N``, from the ranges and the reader's hints."""
-    steps = ranges[ranges["name"].str.fullmatch(PROFILER_STEP.pattern).fillna(False)]
+    steps = ranges[matching(ranges["name"], lambda name: bool(PROFILER_STEP.fullmatch(name)))]
     thread = np.concatenate(
         [steps["thread"].to_numpy(np.int64), np.array([t for t, _ in hints.profiler_steps])]
     ).astype(np.int64)
@@ -303,7 +305,7 @@ def _profiler_steps(ranges: pd.DataFrame, hints: TraceHints) -> tuple[np.ndarray
 
 def _in_optimizer_step(ranges: pd.DataFrame, launches: Launches) -> np.ndarray:
     """Per launch: made inside an ``Optimizer.step#...`` range of its own thread?"""
-    steps = ranges[ranges["name"].str.startswith(OPTIMIZER_STEP)]
+    steps = ranges[matching(ranges["name"], lambda name: name.startswith(OPTIMIZER_STEP))]
     if steps.empty:
         return np.zeros(len(launches.rows), dtype=bool)
     thread = steps["thread"].to_numpy(np.int64)

@@ -24,6 +24,7 @@ from profkit.analysis.attribution import (
     inference_note,
 )
 from profkit.analysis.categories import CATEGORIES, categorize
+from profkit.analysis.names import factorize as _factorize
 from profkit.analysis.tables import (
     NS_PER_MS,
     category_table,
@@ -170,26 +171,6 @@ def _range_labels(ranges: pd.DataFrame) -> np.ndarray:
     return np.array(
         [f"{d}:{n}" if d else n for n, d in zip(names, domains, strict=True)], dtype=object
     )
-
-
-def _factorize(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes and distinct values of a string column, in order of first appearance.
-
-    Free for a categorical column. For strings, pandas' default path hashes each string's
-    characters (0.8 s for 3 M rows); readers give rows that share a few str objects, whose
-    hash Python caches, so an object hash table does the same in a sixth of the time.
-    """
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        codes = column.cat.codes.to_numpy(np.int64)
-        return codes, np.asarray(column.cat.categories, dtype=object)
-    values = column.to_numpy(dtype=object)
-    try:
-        from pandas._libs.hashtable import PyObjectHashTable
-
-        uniques, codes = PyObjectHashTable(max(len(values) // 64, 64)).factorize(values)
-    except (ImportError, AttributeError, TypeError):  # a pandas without it: the slow path
-        codes, uniques = pd.factorize(values)
-    return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
 
 
 def _first_rows(codes: np.ndarray) -> np.ndarray:
