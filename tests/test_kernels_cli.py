@@ -159,10 +159,11 @@ def test_nsys_and_torch_profiler_agree_on_the_same_config() -> None:
 def test_phases_forced_inferred_say_so(small: Path) -> None:
     value = json.loads(kernels(small, "--phases", "inferred", "-f", "json").stdout)
     assert value["source"]["phase_source"] == "inferred"
-    assert [(p["phase"], p["kernels"]) for p in value["phases"]] == [
-        ("forward", 1460), ("backward", 2456), ("optimizer", 112),
-    ]  # fmt: skip
-    assert json.loads(kernels(small, "-f", "json").stdout)["source"]["phase_source"] == "annotated"
+    annotated = json.loads(kernels(small, "-f", "json").stdout)
+    assert annotated["source"]["phase_source"] == "annotated"
+    # On this export inference finds exactly what the phase ranges say.
+    assert value["phases"] == annotated["phases"] and value["totals"] == annotated["totals"]
+    assert [p["phase"] for p in value["phases"]] == ["forward", "backward", "optimizer"]
     table = kernels(small, "--phases", "inferred", "--top", "3")
-    assert "Phases (inferred) — 4,028 GPU activities" in table.stdout
+    assert "Phases (inferred) — " in table.stdout
     assert "Top 3 kernels in backward (inferred)" in table.stdout
