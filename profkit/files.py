@@ -12,6 +12,23 @@ from pathlib import Path
 
 from profkit.errors import BadInput
 
+PROFILES_DIR = Path("profiles")
+"""Where runs write their artefacts (traces, exports, snapshots, the results DB) by default."""
+REPORTS_DIR = Path("reports")
+"""Where runs write their markdown reports by default. Committed results live elsewhere
+(``docs/results/``), so no command and no README example can overwrite them."""
+
+
+def output_dirs(out_dir: Path | None, reports_dir: Path | None = None) -> tuple[Path, Path]:
+    """``(artefacts dir, reports dir)`` of a run.
+
+    A directory the user named holds every file the command writes, its report included;
+    without one, artefacts go to ``profiles/`` and the report to ``reports/``.
+    """
+    if reports_dir is None:
+        reports_dir = out_dir if out_dir is not None else REPORTS_DIR
+    return (out_dir if out_dir is not None else PROFILES_DIR), reports_dir
+
 
 def _exists(path: Path) -> bool:
     try:

@@ -88,6 +88,12 @@ def test_nsys_dry_run_json_without_nsys(tmp_path: Path, monkeypatch: pytest.Monk
         "nsys profile --output=profiles/t.nsys-rep"
     )
     assert not (tmp_path / "profiles").exists() and not Path("profiles/t.sqlite").exists()
+    # --out-dir holds every file the run writes, its report too.
+    planned = invoke(
+        "nsys", "--dry-run", "--format", "json", "--out-dir", "o", "--", python, "t.py"
+    )
+    files = json.loads(planned.stdout)["files"]
+    assert {Path(f).parent for f in files.values()} == {Path("o")}
 
 
 # --- bad output paths are caught before the work ----------------------------------------------

@@ -52,7 +52,7 @@ def json_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("torch-json")
     out_dir = root / "traces"
     with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(root)  # reports/ lands here too
+        patch.chdir(root)  # nothing may land here: --out-dir holds every file
         result = runner.invoke(
             app, [*TINY, "--format", "json", "--out-dir", str(out_dir), "--row-limit", "5"]
         )
@@ -95,7 +95,9 @@ def test_json_output_is_the_contract(json_run: tuple[Path, dict]) -> None:
         times = [row["self_cpu_ms"] for row in run["rows"]]
         assert times == sorted(times, reverse=True)
         assert Path(run["trace_path"]).parent == root / "traces"
-    assert (root / "reports" / "torch-tiny-ctx16.md").exists()
+    # --out-dir is obeyed by every file the command writes, the report included.
+    assert (root / "traces" / "torch-tiny-ctx16.md").exists()
+    assert sorted(p.name for p in root.iterdir()) == ["traces"]
 
 
 def test_written_traces_read_back_with_phases_and_config(json_run: tuple[Path, dict]) -> None:

@@ -98,7 +98,13 @@ NsysArgOpt = Annotated[
     ),
 ]
 OutDirOpt = Annotated[
-    Path, typer.Option("--out-dir", help="Where the .nsys-rep, .sqlite, sidecar and log go.")
+    Path | None,
+    typer.Option(
+        "--out-dir",
+        help="Where every file goes, the report too "
+        "(default: profiles/, and the report in reports/).",
+        show_default=False,
+    ),
 ]
 FormatOpt = Annotated[
     str,
@@ -139,7 +145,7 @@ def nsys(
     sample: SampleOpt = False,
     capture_range: CaptureOpt = "auto",
     nsys_arg: NsysArgOpt = None,
-    out_dir: OutDirOpt = Path("profiles"),
+    out_dir: OutDirOpt = None,
     fmt: FormatOpt = "table",
     dry_run: DryRunOpt = False,
 ) -> None:
@@ -148,7 +154,7 @@ def nsys(
     `profkit nsys --size large --ctx 256` runs the built-in model (CUDA needed) and captures
     only its timed steps; `profkit nsys -- python train.py ARGS` profiles your own program
     (mark its phases with `profkit.phase("forward")`). Writes OUT_DIR/NAME.nsys-rep, .sqlite,
-    .profkit.json (config, Python phase times, timings) and .nsys.log, and reports/NAME.md.
+    .profkit.json (config, Python phase times, timings) and .nsys.log, and NAME.md (in reports/, or OUT_DIR when given).
     """
     if fmt not in FORMATS:
         raise BadInput(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")

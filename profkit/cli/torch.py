@@ -76,7 +76,13 @@ NameOpt = Annotated[
     ),
 ]
 OutDirOpt = Annotated[
-    Path, typer.Option("--out-dir", help="Where the Chrome traces (NAME-MODE.json.gz) go.")
+    Path | None,
+    typer.Option(
+        "--out-dir",
+        help="Where every file goes, the report too "
+        "(default: profiles/, and the report in reports/).",
+        show_default=False,
+    ),
 ]
 
 
@@ -100,13 +106,13 @@ def torch_(
     row_limit: RowLimitOpt = 25,
     group_by_shape: GroupByShapeOpt = False,
     name: NameOpt = None,
-    out_dir: OutDirOpt = Path("profiles"),
+    out_dir: OutDirOpt = None,
     fmt: FormatOpt = "table",
     out: OutOpt = None,
 ) -> None:
     """torch.profiler tables (key_averages) for a forward-only run and the full step.
 
-    Records only the timed steps (--steps, default 1 as in the course's tables) after the warm-up, prints both tables, and writes the Chrome traces OUT_DIR/NAME-forward.json.gz and OUT_DIR/NAME-MODE.json.gz (open them in ui.perfetto.dev or chrome://tracing, or read them with `profkit kernels`) and the report reports/NAME.md.
+    Records only the timed steps (--steps, default 1 as in the course's tables) after the warm-up, prints both tables, and writes the Chrome traces OUT_DIR/NAME-forward.json.gz and OUT_DIR/NAME-MODE.json.gz (open them in ui.perfetto.dev or chrome://tracing, or read them with `profkit kernels`) and the report NAME.md (in reports/, or OUT_DIR when given).
     """
     check_format(fmt)
     configs = workload_configs(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from profkit.errors import BadInput, MissingTool, ProfkitError
+from profkit.files import output_dirs
 from profkit.nsys.argv import (
     NsysOptions,
     RunFiles,
@@ -90,8 +91,8 @@ class Plan:
 def plan(
     target: Target,
     name: str | None = None,
-    out_dir: Path = Path("profiles"),
-    reports_dir: Path = Path("reports"),
+    out_dir: Path | None = None,
+    reports_dir: Path | None = None,
     options: NsysOptions | None = None,
     nsys: str | Path | None = None,
     result_path: Path | None = None,
@@ -105,7 +106,7 @@ def plan(
     options = options or NsysOptions()
     builtin = isinstance(target, WorkloadConfig)
     program = None if isinstance(target, WorkloadConfig) else check_program(target)
-    files = RunFiles(check_name(name or default_name(target)), out_dir, reports_dir)
+    files = RunFiles(check_name(name or default_name(target)), *output_dirs(out_dir, reports_dir))
     found = True
     try:
         exe = find_nsys(nsys)
@@ -126,8 +127,8 @@ def plan(
 def profile(
     target: Target,
     name: str | None = None,
-    out_dir: Path = Path("profiles"),
-    reports_dir: Path = Path("reports"),
+    out_dir: Path | None = None,
+    reports_dir: Path | None = None,
     options: NsysOptions | None = None,
     nsys: str | Path | None = None,
     progress: Callable[[str], None] | None = None,

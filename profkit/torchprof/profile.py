@@ -34,6 +34,7 @@ from typing import Any
 
 from profkit import __version__
 from profkit.errors import BadInput, ProfkitError
+from profkit.files import output_dirs
 from profkit.torchprof.report import report_markdown
 from profkit.torchprof.result import ProfiledRun, TorchOptions, TorchProfile
 from profkit.torchprof.tables import (
@@ -73,11 +74,15 @@ def profile_torch(
     config: WorkloadConfig,
     options: TorchOptions | None = None,
     name: str | None = None,
-    out_dir: Path = Path("profiles"),
-    reports_dir: Path = Path("reports"),
+    out_dir: Path | None = None,
+    reports_dir: Path | None = None,
     on_step: StepHook | None = None,
 ) -> TorchProfile:
-    """Profile ``config`` forward-only and as a full step; write traces and the report."""
+    """Profile ``config`` forward-only and as a full step; write traces and the report.
+
+    Traces go to ``out_dir`` and the report to ``reports_dir`` (see :func:`output_dirs`).
+    """
+    out_dir, reports_dir = output_dirs(out_dir, reports_dir)
     options = options or TorchOptions()
     result = TorchProfile(
         name=check_name(name or default_name(config)),
