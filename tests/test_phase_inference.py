@@ -256,10 +256,13 @@ def test_chrome_autograd_ops_find_the_worker_without_thread_names() -> None:
 
 ADAM = "void multi_tensor_apply_kernel<FusedAdamMathFunctor<float>>(T1)"
 SEED = "void vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)"
+ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096>)"
+ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096>)"
 
 
 def test_gradient_accumulation_and_two_processes(tmp_path: Path) -> None:
-    """Two micro-batches per optimizer step, in two processes (ranks) at once."""
+    """Two micro-batches per optimizer step, in two processes (ranks) at once, with
+    collectives from autograd's hooks (backward) and from the main thread (forward)."""
     rank1_main = (1 << 48) | (200 << 24) | 200
     rank1_worker = (1 << 48) | (200 << 24) | 201
     names = {MAIN: "python3", WORKER: "pt_autograd_0", rank1_main: "python3",
@@ -272,6 +275,10 @@ def test_gradient_accumulation_and_two_processes(tmp_path: Path) -> None:
             e.kernel(SEED, at + 50_100, 1, launch_at=at + 100, thread=main, pid=pid)
             e.kernel("bwd_gemm", at + 50_200, 20, launch_at=at + 200, thread=worker, pid=pid)
             e.kernel("bwd_gemm", at + 50_300, 20, launch_at=at + 300, thread=worker, pid=pid)
+            # DDP: a gradient bucket's all-reduce, launched by autograd's hook; FSDP-like
+            # all-gather of the next forward's weights, launched by the main thread.
+            e.kernel(ALL_REDUCE, at + 50_350, 30, launch_at=at + 310, thread=worker, pid=pid)
+            e.kernel(ALL_GATHER, at + 50_900, 30, launch_at=at + 900, thread=main, pid=pid)
             if micro % 2:
                 e.kernel(ADAM, at + 50_400, 5, launch_at=at + 400, thread=main, pid=pid)
             at += 1000
@@ -281,7 +288,8 @@ def test_gradient_accumulation_and_two_processes(tmp_path: Path) -> None:
     phase = np.array(att.phase_names)[att.kernel_phase]
     got = pd.Series(phase).groupby(trace.kernels["name"].to_numpy()).agg(set).to_dict()
     assert got == {"fwd_gemm": {"forward"}, SEED: {"backward"}, "bwd_gemm": {"backward"},
-                   ADAM: {"optimizer"}}  # fmt: skip
+                   ADAM: {"optimizer"}, ALL_REDUCE: {"backward"},
+                   ALL_GATHER: {"forward"}}  # fmt: skip
     assert att.phase_source == "inferred"
     instances, _ = att.phase_spans(trace.ranges)
     assert instances.to_dict() == {"forward": 8, "backward": 8, "optimizer": 4}
