@@ -402,16 +402,35 @@ def test_other_domains_are_ranges_not_phases(tmp_path: Path) -> None:
     assert report.ranges.set_index("range").at["mylib:lib call", "kernels"] == 2
 
 
-def test_top_level_user_ranges_are_phases(tmp_path: Path) -> None:
+def test_user_ranges_are_phases_only_beside_known_phases(tmp_path: Path) -> None:
     def build(e: Export) -> None:
         e.ranges([("load batch", 0, 100), ("train_step", 100, 1000), ("inner", 200, 300)])
         e.range("epoch", 0, 2000, kind=START_END)
         e.kernel("copy", 5000, 5, launch_at=50)
         e.kernel("gemm", 5100, 50, launch_at=250)
 
-    report = analyze(synthetic(tmp_path, build))
-    # "epoch" (start/end) encloses the others and holds no known phase: it is the phase.
-    assert report.phases.set_index("phase")["kernels"].to_dict() == {"epoch": 2}
+    trace = synthetic(tmp_path, build)
+    # No forward/backward/optimizer range anywhere: no range is promoted to a phase (it
+    # could as well be an op inside the model); the phases are inferred, all forward here.
+    report = analyze(trace)
+    assert report.phases.set_index("phase")["kernels"].to_dict() == {"forward": 2}
+    assert report.source["phase_source"] == "inferred"
+    assert report.ranges.set_index("range")["kernels"].to_dict() == {
+        "epoch": 2, "train_step": 1, "inner": 1, "load batch": 1,
+    }  # fmt: skip
+    forced = analyze(trace, phases="annotated")
+    assert forced.phases.set_index("phase")["kernels"].to_dict() == {"unattributed": 2}
+
+    def beside(e: Export) -> None:
+        e.ranges([("load batch", 0, 100), ("forward", 100, 1000), ("inner", 200, 300)])
+        e.kernel("copy", 5000, 5, launch_at=50)
+        e.kernel("gemm", 5100, 50, launch_at=250)
+
+    # Beside a known phase, the user's own top-level range is a phase too.
+    (tmp_path / "beside").mkdir()
+    report = analyze(synthetic(tmp_path / "beside", beside))
+    assert report.phases.set_index("phase")["kernels"].to_dict() == {"load batch": 1, "forward": 1}
+    assert report.source["phase_source"] == "annotated"
 
 
 def test_processes_have_their_own_owner_thread(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ def kernels(*args: str | Path) -> object:
 def test_help() -> None:
     result = kernels("--help")
     assert result.exit_code == 0
-    for option in ("--phase", "--range", "--top", "--format", "--out", "--nsys"):
+    for option in ("--phase", "--range", "--top", "--format", "--out", "--nsys", "--phases"):
         assert option in result.output
 
 
@@ -90,6 +90,7 @@ def test_probe_export() -> None:
         (["--top", "-1"], "--top must be 0 (all) or more"),
         (["--phase", "warmup"], "no phase 'warmup'"),
         (["--range", "attention"], "no range named 'attention'"),
+        (["--phases", "guess"], "--phases must be one of auto, annotated, inferred, got 'guess'"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(small: Path, args: list[str], message: str) -> None:
@@ -158,3 +159,16 @@ def test_nsys_and_torch_profiler_agree_on_the_same_config() -> None:
         ("total", 1929, 1929),
     ]
     assert all(abs(r["torch vs nsys %"]) < 0.5 for r in rows.values())
+
+
+def test_phases_forced_inferred_say_so(small: Path) -> None:
+    value = json.loads(kernels(small, "--phases", "inferred", "-f", "json").stdout)
+    assert value["source"]["phase_source"] == "inferred"
+    annotated = json.loads(kernels(small, "-f", "json").stdout)
+    assert annotated["source"]["phase_source"] == "annotated"
+    # On this export inference finds exactly what the phase ranges say.
+    assert value["phases"] == annotated["phases"] and value["totals"] == annotated["totals"]
+    assert [p["phase"] for p in value["phases"]] == ["forward", "backward", "optimizer"]
+    table = kernels(small, "--phases", "inferred", "--top", "3")
+    assert "Phases (inferred) — " in table.stdout
+    assert "Top 3 by GPU time (kernels, memcpy, memset) in backward (inferred)" in table.stdout

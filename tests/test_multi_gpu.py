@@ -142,7 +142,7 @@ def test_each_rank_reports_its_own_nccl_overlap_and_exposed_time() -> None:
     assert ranks[1]["comm"]["overlapped_ms"] == 0.15
     assert ranks[1]["comm"]["exposed_ms"] == 0.3
     assert [r["kernels"] for r in ranks] == [12, 12]  # the memcpys are not kernels
-    assert [p["kernels"] for p in ranks[0]["phases"]] == [3, 9, 3]
+    assert [p["kernels"] for p in ranks[0]["phases"]] == [3, 6, 3]  # backward: 3 memcpy apart
 
 
 def test_the_job_names_the_slow_rank_and_the_time_the_fast_one_waits() -> None:
@@ -161,7 +161,8 @@ def test_the_job_names_the_slow_rank_and_the_time_the_fast_one_waits() -> None:
 def test_rank_narrows_the_tables_to_one_rank() -> None:
     report = analyze_ranks(_two_ranks(), rank=1)
     assert [e.info["rank"] for e in report.ranks] == [1]
-    assert report.totals["kernels"] == 15  # that rank's activities alone
+    assert report.totals["kernels"] == 12  # that rank's kernels alone (15 activities)
+    assert report.totals["kernels"] + report.totals["memcpy"] + report.totals["memset"] == 15
     with pytest.raises(BadInput, match="no rank 4 in this trace; ranks: 0, 1"):
         analyze_ranks(_two_ranks(), rank=4)
 

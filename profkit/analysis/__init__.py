@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from profkit.analysis.attribution import Attribution, attribute
+from profkit.analysis.attribution import Attribution, PhaseMode, attribute
 from profkit.analysis.categories import CATEGORIES, categorize
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.presentation import display_tables, kernel_report_markdown
@@ -37,6 +37,7 @@ def kernels(
     range: str | None = None,
     nsys: str | os.PathLike[str] | None = None,
     rank: int | None = None,
+    phases: PhaseMode = "auto",
 ) -> KernelReport:
     """Read the trace at ``path`` (any supported format) and build its kernel report.
 
@@ -45,7 +46,7 @@ def kernels(
     """
     from profkit.traces import load_trace
 
-    return analyze_any(load_trace(path, nsys=nsys), top, phase, range, rank)
+    return analyze_any(load_trace(path, nsys=nsys), top, phase, range, rank, phases)
 
 
 def analyze_any(
@@ -54,13 +55,14 @@ def analyze_any(
     phase: str | None = None,
     range: str | None = None,
     rank: int | None = None,
+    phases: PhaseMode = "auto",
 ) -> KernelReport:
     """:func:`analyze` for one process; per rank and across ranks for several."""
     from profkit.analysis.ranks import analyze_ranks, is_multi_rank
     from profkit.errors import BadInput
 
     if is_multi_rank(trace):
-        return analyze_ranks(trace, top=top, phase=phase, range=range, rank=rank)
+        return analyze_ranks(trace, top=top, phase=phase, range=range, rank=rank, phases=phases)
     if rank is not None:
         raise BadInput("--rank needs a multi-rank trace (several processes, or per-rank traces)")
-    return analyze(trace, top=top, phase=phase, range=range)
+    return analyze(trace, top=top, phase=phase, range=range, phases=phases)

@@ -7,12 +7,15 @@ owner* (the thread whose phase ranges cover the most time: the main thread) also
 to the ranges open on the owner at that moment, and takes its phase from there. When
 worker threads hold no ranges that is the whole rule; when they do
 (``emit_nvtx``, a library's NVTX domain) their own ranges are kept as well.
-docs/ATTRIBUTION.md explains why Nsight Systems' own reports differ.
 
-Phases are the owner's outermost ranges, in the phase domain (the default NVTX domain),
-that do not merely wrap the known phases: ``forward``/``backward``/``optimizer`` are
-phases wherever they nest, a ``step`` range around them is not, and without known names
-the top-level ranges are the phases.
+Phase ranges are the owner's ranges, in the phase domain (the default NVTX domain), named
+``forward``/``backward``/``optimizer`` wherever they nest, plus the user's own outermost
+ranges beside them in a step that has one of those (``eager``, ``data``); a range that only
+wraps them (a ``step`` range) is not a phase. No other range is ever promoted to a phase:
+without those names, ``computing softmax`` or an ``aten::`` op range stays a range.
+
+Steps without phase ranges get their phases inferred (:mod:`profkit.analysis.inference`):
+annotated phases win per step, and :attr:`Attribution.phase_source` says which it was.
 
 Everything is sorts and binary searches over (thread, time) keys packed into int64, so the
 cost is O((kernels + ranges) log) whatever the nesting: no loop over ranges per kernel.
@@ -20,41 +23,42 @@ cost is O((kernels + ranges) log) whatever the nesting: no loop over ranges per 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
+from profkit.analysis.inference import (
+    NO_PHASE,
+    InferredPhases,
+    Launches,
+    TraceHints,
+    infer_phases,
+    lookup,
+)
+from profkit.analysis.intervals import PROCESS_SHIFT, Lanes, stab, union
+from profkit.analysis.names import matching
 from profkit.workload.names import PHASES
 
 KNOWN_PHASES = PHASES
 UNATTRIBUTED = "unattributed"
-PROCESS_SHIFT = 24  # globalTid >> 24 = process (and VM) bits; torch.profiler tids stay unique
+PhaseMode = Literal["auto", "annotated", "inferred"]
+PHASE_MODES: tuple[PhaseMode, ...] = ("auto", "annotated", "inferred")
+"""``auto``: annotated phases where a step has them, inferred elsewhere."""
 
-
-class _Lanes:
-    """Packs (thread, time) into one sortable int64: thread code * span + time offset."""
-
-    def __init__(self, threads: np.ndarray, times: list[np.ndarray]) -> None:
-        self.threads = np.unique(threads)
-        present = [t for t in times if len(t)]
-        self.base = int(min(t.min() for t in present)) if present else 0
-        top = int(max(t.max() for t in present)) if present else 0
-        self.span = top - self.base + 2
-        if (len(self.threads) + 2) * self.span >= 2**62:
-            raise ValueError("trace too long to pack thread and time into one key")
-
-    def codes(self, thread: np.ndarray) -> np.ndarray:
-        """Dense code per thread id; threads holding no range share the last code."""
-        index = np.searchsorted(self.threads, thread)
-        index = np.minimum(index, max(len(self.threads) - 1, 0))
-        known = (
-            (self.threads[index] == thread) if len(self.threads) else np.zeros(len(thread), bool)
-        )
-        return np.where(known, index, len(self.threads)).astype(np.int64)
-
-    def key(self, thread: np.ndarray, time: np.ndarray) -> np.ndarray:
-        return self.codes(thread) * self.span + (time - self.base)
+__all__ = [
+    "KNOWN_PHASES",
+    "PHASE_MODES",
+    "PROCESS_SHIFT",
+    "UNATTRIBUTED",
+    "Attribution",
+    "PhaseMode",
+    "TraceHints",
+    "attribute",
+    "inference_note",
+]
 
 
 @dataclass
@@ -72,9 +76,14 @@ class Attribution:
     is_phase_range: np.ndarray
     """True for the ranges (rows of ``trace.ranges``) that are phases."""
     owners: dict[int, int]
-    """Process -> its phase owner thread."""
+    """Process -> its phase owner thread (the main thread where no range says it)."""
     phase_domain: str
-    _lanes: _Lanes
+    inferred: np.ndarray
+    """True for the activities whose phase was inferred, not read from a range."""
+    phase_source: str
+    """``annotated``, ``inferred`` or ``mixed``: where the phases came from."""
+    inference: InferredPhases
+    _inferred_spans: dict[str, tuple[int, int]]  # phase -> (instances, summed span ns)
     _points: np.ndarray  # sorted keys: launch points, then owner-thread points
     _point_rows: np.ndarray  # activity row of each sorted point
     _range_start: np.ndarray
@@ -100,91 +109,191 @@ class Attribution:
         inside = np.zeros(n_kernels, dtype=bool)
         if not len(range_rows):
             return inside
-        starts, ends = _union(self._range_start[range_rows], self._range_end[range_rows])
-        hit = _stab(starts, ends, self._points) >= 0
+        starts, ends = union(self._range_start[range_rows], self._range_end[range_rows])
+        hit = stab(starts, ends, self._points) >= 0
         inside[self._point_rows[hit]] = True
         return inside
 
+    def phase_spans(self, ranges: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+        """Per phase name: instances and wall ns (its ranges', or inferred launch spans).
+
+        An inferred instance is one forward, backward pass or optimizer run; its wall time
+        is from its first launch to its last.
+        """
+        phase_ranges = ranges[self.is_phase_range]
+        wall = (phase_ranges["end"] - phase_ranges["start"]).groupby(phase_ranges["name"]).sum()
+        instances = phase_ranges.groupby("name").size()
+        extra = pd.DataFrame.from_dict(
+            self._inferred_spans, orient="index", columns=["instances", "wall"]
+        )
+        instances = instances.add(extra["instances"], fill_value=0).astype(np.int64)
+        wall = wall.add(extra["wall"], fill_value=0)
+        return instances, wall
+
 
 def attribute(
-    kernels: pd.DataFrame, ranges: pd.DataFrame, phase_domain: str | None = None
+    kernels: pd.DataFrame,
+    ranges: pd.DataFrame,
+    phase_domain: str | None = None,
+    hints: TraceHints | None = None,
+    phases: PhaseMode = "auto",
 ) -> Attribution:
-    """Place every activity of ``kernels`` in its phase and ranges (see the module doc)."""
-    n = len(kernels)
-    launch = kernels["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
-    thread = kernels["launch_thread"].to_numpy(dtype=np.int64, na_value=-1)
-    valid = (launch >= 0) & kernels["launch_start"].notna().to_numpy()
-    r_start = ranges["start"].to_numpy(dtype=np.int64)
-    r_end = ranges["end"].to_numpy(dtype=np.int64)
-    r_thread = ranges["thread"].to_numpy(dtype=np.int64)
-    domains = ranges["domain"].fillna("").astype(str)
+    """Place every activity of ``kernels`` in its phase and ranges (see the module doc).
+
+    ``hints`` (``TraceHints.of(trace.meta)``) name the threads for phase inference;
+    ``phases`` forces annotated or inferred phases everywhere. Any slice of the two
+    tables works (one rank's rows): processes are handled apart.
+    """
+    if phases not in PHASE_MODES:
+        raise ValueError(f"phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
+    launches = Launches.of(kernels)
+    inferred = infer_phases(kernels, ranges, hints, launches)
     if phase_domain is None:
+        domains = ranges["domain"].fillna("").astype(str)
         phase_domain = "" if (domains == "").any() or domains.empty else domains.mode().iloc[0]
-    lanes = _Lanes(r_thread, [r_start, r_end, launch[valid]])
-
-    candidates = _phase_rows(ranges, domains == phase_domain, lanes)
-    owners = _owners(r_thread[candidates], r_end[candidates] - r_start[candidates])
-    # Phases belong to the owner threads only: a worker's own top-level ranges (emit_nvtx's
-    # aten ops, say) are ranges of that worker, never phases.
-    phase_rows = candidates[np.isin(r_thread[candidates], list(owners.values()))]
-    is_phase = np.zeros(len(ranges), dtype=bool)
-    is_phase[phase_rows] = True
-    p_start = lanes.key(r_thread[phase_rows], r_start[phase_rows])
-    p_end = lanes.key(r_thread[phase_rows], r_end[phase_rows])
-    order = np.argsort(p_start, kind="stable")
-    phase_rows, p_start, p_end = phase_rows[order], p_start[order], p_end[order]
-    names = ranges["name"].to_numpy(dtype=object)[phase_rows]
-    phase_names = list(dict.fromkeys(names.tolist()))
-    name_code = {name: i for i, name in enumerate(phase_names)}
-    phase_code = np.append(np.array([name_code[x] for x in names], dtype=np.int64), -1)
-    phase_names.append(UNATTRIBUTED)
-    unattributed = len(phase_names) - 1
-    phase_code[-1] = unattributed  # _stab's -1 (no phase open) indexes this last slot
-
-    rows = np.flatnonzero(valid)
-    owner = _owner_of(thread[rows], owners)
-    self_keys = lanes.key(thread[rows], launch[rows])
-    same_thread = np.full(n, unattributed, dtype=np.int64)
-    same_thread[rows] = phase_code[_stab(p_start, p_end, self_keys)]
-    # Launched from another thread than its process's owner (an autograd worker): the
-    # phase, and the ranges too, are those open on the owner thread at launch time.
-    cross = (owner >= 0) & (owner != thread[rows])
-    cross_rows = rows[cross]
-    owner_keys = lanes.key(owner[cross], launch[cross_rows])
-    owner_phase = phase_code[_stab(p_start, p_end, owner_keys)]
-    kernel_phase = same_thread.copy()
-    kernel_phase[cross_rows] = owner_phase
+    annotated = _Annotated.of(ranges, phase_domain, launches, inferred, phases != "inferred")
+    use_inferred = _inferred_steps(annotated, inferred, launches, phases)
+    names, remap = _phase_names(annotated.names, inferred.phase[launches.rows][use_inferred])
+    unattributed = len(names) - 1
+    n = launches.count
+    inferred_code = remap[inferred.phase[launches.rows]]
+    launched = np.where(use_inferred, inferred_code, annotated.code)
+    kernel_phase = np.full(n, unattributed, dtype=np.int64)
+    kernel_phase[launches.rows] = np.where(launched >= 0, launched, unattributed)
+    same_thread = np.where(annotated.same_thread >= 0, annotated.same_thread, unattributed)
+    is_inferred = np.zeros(n, dtype=bool)
+    is_inferred[launches.rows[use_inferred]] = True
     cross_thread = np.zeros(n, dtype=bool)
-    cross_thread[cross_rows[owner_phase != unattributed]] = True
-
-    points = np.concatenate([self_keys, owner_keys])
-    point_rows = np.concatenate([rows, cross_rows])
-    order = np.argsort(points, kind="stable")
+    cross_thread[annotated.cross_rows] = True
+    cross_thread &= ~is_inferred & (kernel_phase != unattributed)
+    inferred_names = [names[r] if r >= 0 else p for r, p in zip(remap, PHASES, strict=False)]
     return Attribution(
-        phase_names=phase_names,
+        phase_names=names,
         kernel_phase=kernel_phase,
         same_thread_phase=same_thread,
         cross_thread=cross_thread,
-        is_phase_range=is_phase,
-        owners=owners,
+        is_phase_range=annotated.is_phase_range,
+        owners=annotated.owners,
         phase_domain=phase_domain,
-        _lanes=lanes,
-        _points=points[order],
-        _point_rows=point_rows[order],
-        _range_start=lanes.key(r_thread, r_start),
-        _range_end=lanes.key(r_thread, r_end),
+        inferred=is_inferred,
+        phase_source=_source(use_inferred, annotated, phases),
+        inference=inferred,
+        _inferred_spans=_inferred_spans(inferred, launches, use_inferred, inferred_names),
+        _points=annotated.points,
+        _point_rows=annotated.point_rows,
+        _range_start=annotated.range_start,
+        _range_end=annotated.range_end,
     )
 
 
-def _phase_rows(ranges: pd.DataFrame, in_domain: pd.Series, lanes: _Lanes) -> np.ndarray:
-    """Rows of the phase ranges: outermost in-domain ranges that do not wrap known phases."""
-    mask = in_domain.to_numpy()
+@dataclass
+class _Annotated:
+    """What the phase ranges say: per launch, the phase range open on the owner thread."""
+
+    names: list[str]
+    """Phase range names in order of first appearance."""
+    code: np.ndarray
+    """Per launch (``Launches`` order): index into ``names``, or -1 outside every phase."""
+    same_thread: np.ndarray
+    """Per activity: the phase on the launching thread alone, or -1."""
+    cross_rows: np.ndarray
+    """Activity rows launched from another thread than their process's owner."""
+    phase_thread: np.ndarray
+    phase_start: np.ndarray
+    is_phase_range: np.ndarray
+    owners: dict[int, int]
+    points: np.ndarray
+    point_rows: np.ndarray
+    range_start: np.ndarray
+    range_end: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        ranges: pd.DataFrame,
+        phase_domain: str,
+        launches: Launches,
+        inferred: InferredPhases,
+        use_phases: bool,
+    ) -> _Annotated:
+        r_start = ranges["start"].to_numpy(dtype=np.int64)
+        r_end = ranges["end"].to_numpy(dtype=np.int64)
+        r_thread = ranges["thread"].to_numpy(dtype=np.int64)
+        lanes = Lanes(r_thread, [r_start, r_end, launches.time])
+        in_domain = (ranges["domain"].fillna("").astype(str) == phase_domain).to_numpy()
+        phase_rows, owners = _phase_rows(ranges, in_domain & use_phases, lanes, inferred)
+        owners = {**inferred.main_threads, **owners}  # ranges' owner first, else main thread
+        is_phase = np.zeros(len(ranges), dtype=bool)
+        is_phase[phase_rows] = True
+        p_start = lanes.key(r_thread[phase_rows], r_start[phase_rows])
+        p_end = lanes.key(r_thread[phase_rows], r_end[phase_rows])
+        order = np.argsort(p_start, kind="stable")
+        phase_rows, p_start, p_end = phase_rows[order], p_start[order], p_end[order]
+        row_names = ranges["name"].to_numpy(dtype=object)[phase_rows]
+        names = list(dict.fromkeys(row_names.tolist()))
+        name_code = {name: i for i, name in enumerate(names)}
+        # _stab's -1 (no phase open) indexes the appended last slot, which stays -1.
+        phase_code = np.append(np.array([name_code[x] for x in row_names], dtype=np.int64), -1)
+
+        owner = lookup(owners, launches.thread >> PROCESS_SHIFT)
+        self_keys = lanes.key(launches.thread, launches.time)
+        own = phase_code[stab(p_start, p_end, self_keys)]
+        same_thread = np.full(launches.count, -1, dtype=np.int64)
+        same_thread[launches.rows] = own
+        # Launched from another thread than its process's owner (an autograd worker): the
+        # phase, and the ranges too, are those open on the owner thread at launch time.
+        cross = (owner >= 0) & (owner != launches.thread)
+        owner_keys = lanes.key(owner[cross], launches.time[cross])
+        code = own.copy()
+        code[cross] = phase_code[stab(p_start, p_end, owner_keys)]
+        points = np.concatenate([self_keys, owner_keys])
+        point_rows = np.concatenate([launches.rows, launches.rows[cross]])
+        order = np.argsort(points, kind="stable")
+        return cls(
+            names=names,
+            code=code,
+            same_thread=same_thread,
+            cross_rows=launches.rows[cross & (code >= 0)],
+            phase_thread=r_thread[phase_rows],
+            phase_start=r_start[phase_rows],
+            is_phase_range=is_phase,
+            owners=owners,
+            points=points[order],
+            point_rows=point_rows[order],
+            range_start=lanes.key(r_thread, r_start),
+            range_end=lanes.key(r_thread, r_end),
+        )
+
+
+def _phase_rows(
+    ranges: pd.DataFrame, in_domain: np.ndarray, lanes: Lanes, inferred: InferredPhases
+) -> tuple[np.ndarray, dict[int, int]]:
+    """Rows of the phase ranges, and each process's owner thread (most known-phase time).
+
+    Known phases (``forward``, ``backward``, ``optimizer``) count wherever they nest; the
+    owner's other outermost ranges count only in a step that holds a known one, so that a
+    trace without phase ranges never turns ``computing softmax`` into a "phase".
+    """
+    candidates = _outermost(ranges, in_domain, lanes)
+    thread = ranges["thread"].to_numpy(dtype=np.int64)[candidates]
+    start = ranges["start"].to_numpy(dtype=np.int64)[candidates]
+    end = ranges["end"].to_numpy(dtype=np.int64)[candidates]
+    known = _known(ranges)[candidates]
+    owners = _owners(thread[known], end[known] - start[known])
+    on_owner = np.isin(thread, list(owners.values()))
+    step = inferred.step_of(thread, start)
+    anchored = np.isin(step, step[known & on_owner])
+    return candidates[on_owner & (known | anchored)], owners
+
+
+def _outermost(ranges: pd.DataFrame, mask: np.ndarray, lanes: Lanes) -> np.ndarray:
+    """Rows of the outermost in-domain ranges that do not wrap known phases."""
     if not mask.any():
         return np.empty(0, dtype=np.int64)
     thread = ranges["thread"].to_numpy(dtype=np.int64)
     start = lanes.key(thread, ranges["start"].to_numpy(dtype=np.int64))
     end = lanes.key(thread, ranges["end"].to_numpy(dtype=np.int64))
-    known = mask & ranges["name"].str.lower().isin(KNOWN_PHASES).to_numpy()
+    known = mask & _known(ranges)
     known_starts = np.sort(start[known])
     holds_known = np.searchsorted(known_starts, end, "left") > np.searchsorted(
         known_starts, start, "left"
@@ -201,24 +310,9 @@ def _phase_rows(ranges: pd.DataFrame, in_domain: pd.Series, lanes: _Lanes) -> np
     return candidates[outermost]
 
 
-def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint intervals covering the same (thread, time) keys, sorted by start."""
-    order = np.argsort(start, kind="stable")
-    start, end = start[order], end[order]
-    reach = np.maximum.accumulate(end)
-    first = np.ones(len(start), dtype=bool)
-    first[1:] = start[1:] > reach[:-1]
-    last = np.append(np.flatnonzero(first)[1:] - 1, len(start) - 1)
-    return start[first], reach[last]
-
-
-def _stab(starts: np.ndarray, ends: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """Index of the interval (sorted, non-overlapping) holding each point, or -1."""
-    if not len(starts):
-        return np.full(len(points), -1, dtype=np.int64)
-    index = np.searchsorted(starts, points, side="right") - 1
-    inside = (index >= 0) & (points < ends[np.maximum(index, 0)])
-    return np.where(inside, index, -1)
+def _known(ranges: pd.DataFrame) -> np.ndarray:
+    """Per range: is it named forward, backward or optimizer (any case)?"""
+    return matching(ranges["name"], lambda name: name.lower() in KNOWN_PHASES)
 
 
 def _owners(threads: np.ndarray, durations: np.ndarray) -> dict[int, int]:
@@ -235,12 +329,85 @@ def _owners(threads: np.ndarray, durations: np.ndarray) -> dict[int, int]:
     return dict(zip(best["process"].tolist(), best["thread"].tolist(), strict=True))
 
 
-def _owner_of(thread: np.ndarray, owners: dict[int, int]) -> np.ndarray:
-    """The owner thread of each thread's process (-1 where its process has no phases)."""
-    if not owners:
-        return np.full(len(thread), -1, dtype=np.int64)
-    processes = np.array(sorted(owners), dtype=np.int64)
-    threads = np.array([owners[p] for p in processes], dtype=np.int64)
-    process = thread >> PROCESS_SHIFT
-    index = np.minimum(np.searchsorted(processes, process), len(processes) - 1)
-    return np.where(processes[index] == process, threads[index], -1)
+def _inferred_steps(
+    annotated: _Annotated, inferred: InferredPhases, launches: Launches, phases: PhaseMode
+) -> np.ndarray:
+    """Per launch: does its phase come from inference? (``auto``: its step has no phase range.)"""
+    if phases != "auto":
+        return np.full(len(launches.rows), phases == "inferred", dtype=bool)
+    steps = inferred.step_of(launches.thread, launches.time)
+    annotated_steps = inferred.step_of(annotated.phase_thread, annotated.phase_start)
+    return ~np.isin(steps, annotated_steps)
+
+
+def _phase_names(annotated: list[str], inferred: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """All phase names (annotated, then inferred ones not among them, then unattributed),
+    and the index of each inferred phase (``PHASES`` order) in that list."""
+    names = list(annotated)
+    lowered = {name.lower(): i for i, name in enumerate(names)}
+    remap = np.full(len(PHASES) + 1, -1, dtype=np.int64)  # the last slot maps NO_PHASE
+    present = set(np.unique(inferred).tolist())
+    for code, phase in enumerate(PHASES):
+        if code in present:
+            if phase not in lowered:
+                lowered[phase] = len(names)
+                names.append(phase)
+            remap[code] = lowered[phase]
+    names.append(UNATTRIBUTED)
+    return names, remap
+
+
+def _source(use_inferred: np.ndarray, annotated: _Annotated, phases: PhaseMode) -> str:
+    if phases != "auto":
+        return phases
+    if not len(use_inferred):
+        return "annotated" if len(annotated.names) else "inferred"
+    if use_inferred.all():
+        return "inferred"
+    return "mixed" if use_inferred.any() else "annotated"
+
+
+def _inferred_spans(
+    inferred: InferredPhases, launches: Launches, use: np.ndarray, names: list[str]
+) -> dict[str, tuple[int, int]]:
+    """Per phase: how many inferred instances hold activities, and their summed spans."""
+    frame = pd.DataFrame(
+        {
+            "instance": inferred.instance[launches.rows][use],
+            "phase": inferred.phase[launches.rows][use],
+            "time": launches.time[use],
+        }
+    )
+    frame = frame[frame["instance"] != NO_PHASE]
+    if frame.empty:
+        return {}
+    spans = frame.groupby("instance").agg(
+        lo=("time", "min"), hi=("time", "max"), phase=("phase", "first")
+    )
+    per_phase = (spans["hi"] - spans["lo"]).groupby(spans["phase"]).agg(["size", "sum"])
+    return {names[int(p)]: (int(row["size"]), int(row["sum"])) for p, row in per_phase.iterrows()}
+
+
+def inference_note(att: Attribution, rows: np.ndarray, meta: Mapping[str, Any]) -> list[str]:
+    """A sentence on the inferred phases among ``rows`` (none when all were annotated)."""
+    inferred = int(att.inferred[rows].sum())
+    if not inferred:
+        return []
+    names = TraceHints.of(meta).thread_names
+    threads = att.inference.autograd_threads.tolist()
+    workers = ", ".join(dict.fromkeys(names.get(t, f"thread {t}") for t in threads))
+    which = (
+        "every step has no forward/backward/optimizer range"
+        if att.phase_source == "inferred"
+        else f"{inferred:,} GPU activities lie in steps without phase ranges"
+    )
+    backward = (
+        f"backward = what autograd's threads ({workers}) launched"
+        if workers
+        else "no autograd thread (pt_autograd_N) is named in this trace, so none is backward"
+    )
+    return [
+        f"Phases inferred ({which}): {backward}; optimizer = the main thread's launches "
+        "after a backward pass up to its last optimizer kernel or Optimizer.step range; "
+        "forward = the rest (docs/ATTRIBUTION.md, 'Phases without annotations')."
+    ]

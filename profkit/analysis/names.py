@@ -5,11 +5,18 @@ std::array<char *, (unsigned long)3>>(int, T2, T3)`` becomes
 ``vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>``: namespaces, casts, parameter
 lists, lambdas and ``std::array`` plumbing go; the functor that tells kernels apart stays
 (nsys's own ``shortName`` would call every one of them ``vectorized_elementwise_kernel``).
+
+:func:`factorize` numbers the names of millions of rows, so that each distinct name is
+looked at once.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
 
 MAX_CHARS = 80
 
@@ -71,3 +78,31 @@ def _unwrap(text: str, wrapper: str) -> str:
         else:
             return text
     return text
+
+
+def factorize(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes and distinct values of a string column, in order of first appearance.
+
+    Free for a categorical column. For strings, pandas' default path hashes each string's
+    characters (0.8 s for 3 M rows); readers give rows that share a few str objects, whose
+    hash Python caches, so an object hash table does the same in a sixth of the time.
+    """
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes = column.cat.codes.to_numpy(np.int64)
+        return codes, np.asarray(column.cat.categories, dtype=object)
+    values = column.to_numpy(dtype=object)
+    try:
+        from pandas._libs.hashtable import PyObjectHashTable
+
+        uniques, codes = PyObjectHashTable(max(len(values) // 64, 64)).factorize(values)
+    except (ImportError, AttributeError, TypeError):  # a pandas without it: the slow path
+        codes, uniques = pd.factorize(values)
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
+
+
+def matching(column: pd.Series, predicate: Callable[[str], bool]) -> np.ndarray:
+    """Per row, ``predicate(name)``: evaluated once per distinct name, not per row."""
+    if not len(column):
+        return np.zeros(0, dtype=bool)
+    codes, uniques = factorize(column)
+    return np.array([bool(predicate(str(name))) for name in uniques], dtype=bool)[codes]

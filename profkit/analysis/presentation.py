@@ -34,13 +34,17 @@ def display_tables(report: KernelReport) -> list[tuple[str, pd.DataFrame]]:
             tables.append(("Ranges", _range_view(report)))
         return tables
     tables = [
-        (f"Phases — {counts_sentence(report.totals)}", _percent(report.phases, "share")),
+        (
+            f"Phases{_inferred(report)} — {counts_sentence(report.totals)}",
+            _percent(report.phases, "share"),
+        ),
         (f"{top}, all phases", _kernel_view(report.top_kernels())),
     ]
     phases = [p for p in report.phases["phase"] if p != ALL_PHASES]
     if len(phases) > 1:
         for phase in phases:
-            tables.append((f"{top} in {phase}", _kernel_view(report.top_kernels(phase))))
+            title = f"{top} in {phase}{_inferred(report)}"
+            tables.append((title, _kernel_view(report.top_kernels(phase))))
     if len(report.ranges):
         tables.append((RANGES_TITLE, _range_view(report)))
     tables.append(("GPU time by category (ms, kernels, memcpy and memset)", category_pivot(report)))
@@ -64,6 +68,14 @@ def counts_sentence(totals: dict[str, Any]) -> str:
         f"{counts}: {totals['gpu_time_ms']:,.2f} ms of GPU time, "
         f"{totals['kernel_time_ms']:,.2f} ms in kernels"
     )
+
+
+def _inferred(report: KernelReport) -> str:
+    """`` (inferred)`` after a phase title when the trace's phase ranges did not say it."""
+    source = report.source.get("phase_source")
+    if source == "inferred":
+        return " (inferred)"
+    return " (inferred in steps without phase ranges)" if source == "mixed" else ""
 
 
 def category_pivot(report: KernelReport) -> pd.DataFrame:
@@ -92,7 +104,7 @@ def kernel_report_markdown(report: KernelReport, title: str) -> str:
     ]
     tables = display_tables(report)
     _, phases = tables[0]
-    lines += ["## Phases", "", markdown_table(phases), ""]
+    lines += [f"## Phases{_inferred(report)}", "", markdown_table(phases), ""]
     if "python_ms" in phases:
         lines += [
             "`cpu_time_ms` is the wall time of the phase's NVTX ranges, `python_ms` the run's "

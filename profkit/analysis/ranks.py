@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.attribution import UNATTRIBUTED
+from profkit.analysis.attribution import UNATTRIBUTED, PhaseMode
 from profkit.analysis.comm import CommStats, comm_stats
 from profkit.analysis.report import KernelReport, analyze
 from profkit.analysis.steps import RankSteps, job_summary, step_table
@@ -130,6 +130,7 @@ def analyze_ranks(
     phase: str | None = None,
     range: str | None = None,
     rank: int | None = None,
+    phases: PhaseMode = "auto",
 ) -> RankedReport:
     """Tables of the whole trace (or of ``rank``), each rank's, and the job across ranks."""
     processes = rank_processes(trace)
@@ -138,10 +139,13 @@ def analyze_ranks(
         raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
     pids = kernel_processes(trace)
     entries = [
-        _rank_entry(rank_trace(trace, p["pid"], pids), p, top, phase, range) for p in processes
+        _rank_entry(rank_trace(trace, p["pid"], pids), p, top, phase, range, phases)
+        for p in processes
     ]
     chosen = [e for e in entries if rank is None or e.info["rank"] == rank]
-    whole = chosen[0].report if rank is not None else analyze(trace, top, phase, range)
+    whole = (
+        chosen[0].report if rank is not None else analyze(trace, top, phase, range, phases=phases)
+    )
     report = RankedReport(**{f: getattr(whole, f) for f in KernelReport.__dataclass_fields__})
     report.source = {**whole.source, "ranks": len(processes), "rank": rank}
     report.ranks = chosen
@@ -151,20 +155,19 @@ def analyze_ranks(
 
 
 def _rank_entry(
-    trace: Trace, info: dict[str, Any], top: int, phase: str | None, range_: str | None
+    trace: Trace,
+    info: dict[str, Any],
+    top: int,
+    phase: str | None,
+    range_: str | None,
+    phases: PhaseMode = "auto",
 ) -> RankEntry:
-    report = analyze(trace, top, phase, range_)
+    report = analyze(trace, top, phase, range_, phases=phases)
     mask = report.selected if report.selected is not None else slice(None)
     selected = trace.kernels[mask]
-    is_kernel = selected["kind"].to_numpy(dtype=object) == "kernel"
-    duration = (selected["end"] - selected["start"]).clip(lower=0).to_numpy(np.int64)
-    totals = {
-        "kernels": int(is_kernel.sum()),
-        "kernel_time_ms": int(duration[is_kernel].sum()) / NS_PER_MS,
-        "gpu_time_ms": int(duration.sum()) / NS_PER_MS,
-    }
-    phases = [p for p in report.phases["phase"] if p != UNATTRIBUTED]
-    steps = RankSteps.of(int(info["rank"]), trace, phases[0] if phases else "")
+    totals = {key: report.totals[key] for key in ("kernels", "kernel_time_ms", "gpu_time_ms")}
+    names = [p for p in report.phases["phase"] if p != UNATTRIBUTED]
+    steps = RankSteps.of(int(info["rank"]), trace, names[0] if names else "")
     return RankEntry(info, report, comm_stats(selected), totals, trace, steps)
 
 

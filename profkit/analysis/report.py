@@ -15,8 +15,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.attribution import UNATTRIBUTED, Attribution, attribute
+from profkit.analysis.attribution import (
+    PHASE_MODES,
+    UNATTRIBUTED,
+    Attribution,
+    PhaseMode,
+    TraceHints,
+    attribute,
+    inference_note,
+)
 from profkit.analysis.categories import CATEGORIES, categorize
+from profkit.analysis.names import factorize as _factorize
 from profkit.analysis.tables import (
     COUNT_COLUMNS,
     NS_PER_MS,
@@ -97,18 +106,22 @@ def analyze(
     phase: str | None = None,
     range: str | None = None,
     phase_domain: str | None = None,
+    phases: PhaseMode = "auto",
 ) -> KernelReport:
     """Attribute every activity of ``trace`` and build all tables in one pass.
 
     ``phase`` / ``range`` keep only the activities in that phase / enclosed by a range of
     that name (``domain:name`` for a range of another NVTX domain). ``top`` is how many
-    kernels the top-kernel views show (0 = all).
+    kernels the top-kernel views show (0 = all). ``phases`` (``auto``, ``annotated``,
+    ``inferred``) says where phases come from (docs/ATTRIBUTION.md).
     """
     if top < 0:
         raise BadInput(f"--top must be 0 (all) or more, got {top}")
     k, r = trace.kernels, trace.ranges
     duration = (k["end"].to_numpy(np.int64) - k["start"].to_numpy(np.int64)).clip(min=0)
-    att = attribute(k, r, phase_domain)
+    if phases not in PHASE_MODES:
+        raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
+    att = attribute(k, r, phase_domain, TraceHints.of(trace.meta), phases)
     labels = _range_labels(r)
     selected = np.ones(len(k), dtype=bool)
     if phase is not None:
@@ -134,7 +147,7 @@ def analyze(
         frame, k, names, category_names[categories], kinds, phase_names
     )
     report = KernelReport(
-        source=_source(trace, phase, range, top, config),
+        source={**_source(trace, phase, range, top, config), "phase_source": att.phase_source},
         totals=_totals(frame),
         phases=phase_table(frame, att, r, phase_names, sidecar, phase is not None),
         ranges=range_table(att, r, labels, frame, config, range or phase),
@@ -205,26 +218,6 @@ def _range_labels(ranges: pd.DataFrame) -> np.ndarray:
     )
 
 
-def _factorize(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes and distinct values of a string column, in order of first appearance.
-
-    Free for a categorical column. For strings, pandas' default path hashes each string's
-    characters (0.8 s for 3 M rows); readers give rows that share a few str objects, whose
-    hash Python caches, so an object hash table does the same in a sixth of the time.
-    """
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        codes = column.cat.codes.to_numpy(np.int64)
-        return codes, np.asarray(column.cat.categories, dtype=object)
-    values = column.to_numpy(dtype=object)
-    try:
-        from pandas._libs.hashtable import PyObjectHashTable
-
-        uniques, codes = PyObjectHashTable(max(len(values) // 64, 64)).factorize(values)
-    except (ImportError, AttributeError, TypeError):  # a pandas without it: the slow path
-        codes, uniques = pd.factorize(values)
-    return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
-
-
 def _first_rows(codes: np.ndarray) -> np.ndarray:
     """Row of each code's first occurrence (factorize numbers codes in order of appearance)."""
     if not len(codes):
@@ -261,6 +254,7 @@ def _notes(
 ) -> list[str]:
     """Plain sentences on how the activities were attributed (for humans, not the JSON)."""
     notes = list(meta.get("warnings") or [])  # what the reader found odd about the source
+    notes += inference_note(att, frame.index.to_numpy(), meta)
     threads = meta.get("thread_names") or {}
     rows = frame.index.to_numpy()
     cross = att.cross_thread[rows]

@@ -141,9 +141,7 @@ def phase_table(
     counts = activity_counts(
         frame["phase"].to_numpy(), frame["kind"].to_numpy(), frame["duration"].to_numpy(), n
     )
-    phase_ranges = ranges[att.is_phase_range]
-    cpu_ns = (phase_ranges["end"] - phase_ranges["start"]).groupby(phase_ranges["name"]).sum()
-    instances = phase_ranges.groupby("name").size()
+    instances, cpu_ns = att.phase_spans(ranges)
     gpu_ns = counts["gpu_ns"]
     total = gpu_ns.sum()
     table = pd.DataFrame(

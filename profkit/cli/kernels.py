@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
 from profkit import analysis
+from profkit.analysis.attribution import PHASE_MODES, PhaseMode
 from profkit.analysis.ranks import RankedReport, rank_tables
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
@@ -34,6 +35,14 @@ RangeOpt = Annotated[
     str | None,
     typer.Option(
         "--range", "-r", help="Only kernels inside ranges of this name ('domain:name' for others)."
+    ),
+]
+PhasesOpt = Annotated[
+    str,
+    typer.Option(
+        "--phases",
+        help="Where phases come from: auto (phase ranges where a step has them, else inferred "
+        "from autograd threads and optimizer kernels), annotated, or inferred.",
     ),
 ]
 TopOpt = Annotated[int, typer.Option("--top", "-n", help="Kernels per top table (0 = all).")]
@@ -82,10 +91,11 @@ def kernels(
     tolerance: ToleranceOpt = 5.0,
     rank: RankOpt = None,
     plot: PlotOpt = None,
+    phases: PhasesOpt = "auto",
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
-    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). A multi-GPU trace (one nsys report of torchrun, or the per-rank torch traces of one run) is reported per rank, with NCCL time and its overlap with compute (docs/MULTI_GPU.md). Other sets of traces are compared side by side (`--compare`).
+    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). A multi-GPU trace (one nsys report of torchrun, or the per-rank torch traces of one run) is reported per rank, with NCCL time and its overlap with compute (docs/MULTI_GPU.md). Steps without forward/backward/optimizer ranges get their phases inferred, marked (inferred); `--phases` forces one source. Other sets of traces are compared side by side (`--compare`).
     """
     check_format(fmt)
     if not tolerance >= 0:  # also catches nan
@@ -95,10 +105,12 @@ def kernels(
     if len(traces) > 1 and not compare and is_rank_set(traces):
         traces, compare = [merge_rank_traces(traces)], False
     if compare or len(traces) > 1:
-        _compare(paths, traces, top, phase, range_, tolerance, fmt, out)
+        _compare(paths, traces, top, phase, range_, tolerance, fmt, out, phases)
         return
     single = paths[0]
-    report = analysis.analyze_any(traces[0], top=top, phase=phase, range=range_, rank=rank)
+    report = analysis.analyze_any(
+        traces[0], top=top, phase=phase, range=range_, rank=rank, phases=_mode(phases)
+    )
     if plot is not None:
         if not isinstance(report, RankedReport):
             raise BadInput("--plot draws the ranks of a multi-GPU trace; this one has one process")
@@ -137,6 +149,7 @@ def _compare(
     tolerance: float,
     fmt: str,
     out: Path | None,
+    phases: str,
 ) -> None:
     from profkit.analysis.crosscheck import compare_phases, per_step
 
@@ -144,7 +157,7 @@ def _compare(
         raise BadInput("--compare needs two or more traces (e.g. run.sqlite run.json.gz)")
     reports = []
     for trace, p in zip(traces, paths, strict=True):
-        report = analysis.analyze(trace, top=top, phase=phase, range=range_)
+        report = analysis.analyze(trace, top=top, phase=phase, range=range_, phases=_mode(phases))
         reports.append((BACKENDS.get(report.source.get("format", ""), p.stem), report.phases))
     # Short labels keep the table readable: the backend, numbered if two traces share one.
     labels = [label for label, _ in reports]
@@ -163,3 +176,9 @@ def _compare(
 
 
 BACKENDS = {"nsys-sqlite": "nsys", "chrome": "torch"}
+
+
+def _mode(phases: str) -> PhaseMode:
+    if phases not in PHASE_MODES:
+        raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
+    return cast(PhaseMode, phases)

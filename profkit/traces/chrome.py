@@ -13,6 +13,9 @@ How Kineto events map to the two tables (see ``profkit.traces.schema``):
 - ``kernels`` come from ``kernel``, ``gpu_memcpy`` and ``gpu_memset`` events; each is tied
   to its launching ``cuda_runtime``/``cuda_driver`` call through ``args.correlation``,
   which gives ``launch_start`` and ``launch_thread``.
+- ``meta["threads"]`` names the threads (``thread 510 (pt_autograd_0)``) and
+  ``meta["autograd_threads"]`` lists those that ran ``autograd::engine::evaluate_function``
+  ops: what phase inference needs to find the backward pass without phase ranges.
 
 Timestamps: the Trace Event Format's ``ts``/``dur`` are microseconds whatever
 ``displayTimeUnit`` says (that key only sets the viewer's display). Kineto writes them
@@ -60,7 +63,10 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 # What each Kineto event category is to the reader (the capitalised names come from
 # older Kineto versions). GPU activities map to their ``kind``; metadata has no category.
-_LAUNCH, _RANGE, _META = "launch", "range", "meta"
+_LAUNCH, _RANGE, _META, _OP = "launch", "range", "meta", "op"
+# The op autograd runs each backward node in: its thread is autograd's worker (phase
+# inference uses it where thread names do not say pt_autograd_N).
+AUTOGRAD_OP = "autograd::engine::evaluate_function"
 _ROLE: dict[Any, str] = {
     "kernel": "kernel",
     "Kernel": "kernel",
@@ -75,6 +81,8 @@ _ROLE: dict[Any, str] = {
     "privateuse1_runtime": _LAUNCH,
     "privateuse1_driver": _LAUNCH,
     "user_annotation": _RANGE,
+    "cpu_op": _OP,
+    "Operator": _OP,
     None: _META,
 }
 
@@ -185,6 +193,7 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
     launches: list[tuple[int, float, int]] = []
     threads: dict[int, str] = {}
     pid: int | None = None
+    autograd_threads: set[int] = set()
     malformed = 0
     total = 0
     role_of = _ROLE.get
@@ -206,6 +215,9 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
                     ranges.append(
                         (str(ev["name"]), float(ev["ts"]), float(ev["dur"]), int(ev["tid"]))
                     )
+            elif role == _OP:
+                if str(ev.get("name", "")).startswith(AUTOGRAD_OP):
+                    autograd_threads.add(int(ev["tid"]))
             elif role == _META:
                 if ev.get("ph") == "M" and ev.get("name") == "thread_name":
                     threads[int(ev["tid"])] = str((ev.get("args") or {}).get("name", ""))
@@ -234,6 +246,7 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
         "launches": _columns(launches, 3),
         "threads": threads,
         "pid": pid,
+        "autograd_threads": sorted(autograd_threads),
         "malformed": malformed,
         "events": total,
     }
@@ -299,6 +312,7 @@ def _meta(
         "gpus": [d.get("name") for d in devices if isinstance(d, dict)],
         "threads": collected["threads"],
         "pid": collected["pid"],
+        "autograd_threads": collected["autograd_threads"],
         "profiler_steps": steps,
         "base_time_ns": _int_or(header.get("baseTimeNanoseconds"), 0),
         "display_time_unit": header.get("displayTimeUnit"),
