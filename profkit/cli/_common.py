@@ -14,7 +14,7 @@ import typer.core
 
 from profkit.cli.render import err_console
 from profkit.errors import ProfkitError
-from profkit.files import check_writable
+from profkit.files import check_output
 from profkit.workload.config import WorkloadConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -75,20 +75,40 @@ class ListOptionsCommand(typer.core.TyperCommand):
         return super().parse_args(ctx, rewritten)
 
 
-def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
+def _input_paths(kw: dict[str, Any], outputs: tuple[str, ...]) -> list[Path]:
+    """Every path-valued argument that is not an output: the files a command reads (and --db)."""
+    found: list[Path] = []
+    for name, value in kw.items():
+        if name in outputs:
+            continue
+        values = value if isinstance(value, list | tuple) else [value]
+        found += [v for v in values if isinstance(v, Path)]
+    return found
+
+
+def command(
+    app: typer.Typer,
+    name: str | None = None,
+    outputs: tuple[str, ...] = ("out",),
+    **kwargs: Any,
+) -> Callable[[F], F]:
     """Register a command with list options and the one error boundary.
 
     A :class:`ProfkitError` becomes one line on stderr and exit status 2; Ctrl-C becomes
-    exit status 130 with a short note (work already written stays written).
+    exit status 130 with a short note (work already written stays written). Before the
+    command runs, each of its ``outputs`` (parameter names) that is given is checked by
+    :func:`~profkit.files.check_output` against every other path argument (inputs, --db).
     """
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
-                # Every command's --out is checked before its work, not when it is written.
-                if isinstance(kw.get("out"), Path):
-                    check_writable(kw["out"])
+                # Every output is checked before the work, not when it is written.
+                for output in outputs:
+                    if isinstance(kw.get(output), Path):
+                        flag = "--" + output.replace("_", "-")
+                        check_output(kw[output], _input_paths(kw, outputs), flag)
                 return fn(*args, **kw)
             except ProfkitError as exc:
                 err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)

@@ -24,7 +24,7 @@ def _announce(index: int, total: int, step: demo_lib.DemoStep) -> None:
     err_console.print(f"[bold]demo {index + 1}/{total}:[/] {step.title}", highlight=False)
 
 
-@command(app)
+@command(app, outputs=("report",))
 def demo(
     profiles: ProfilesOpt = Path("profiles/demo"),
     report: ReportOpt = Path("reports/demo.md"),

@@ -160,7 +160,7 @@ def summarize(
     emit_tables(summary_tables(summary), fmt, out, json_value=summary)
 
 
-@command(memory_app, "plot")
+@command(memory_app, "plot", outputs=("output",))
 def plot(
     snapshot: SnapshotArg,
     output: Annotated[
