@@ -21,14 +21,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from profkit.run.proc import kill_tree
+from profkit.run.proc import child_env, die_with_parent, kill_tree, private_tempdir, watch_parent
 from profkit.workload.config import WorkloadConfig
 
 Hooks = tuple[Callable[[], None] | None, Callable[[], None] | None]
@@ -136,16 +135,17 @@ def run_child(
 
     Returns the child's result, or an ``error`` result when it died without writing one.
     """
-    with tempfile.TemporaryDirectory(prefix="profkit-") as tmp:
-        result_path = Path(tmp) / "result.json"
+    with private_tempdir("child") as tmp:
+        result_path = tmp / "result.json"
         argv = [*prefix, *child_argv(config, result_path, capture, capture_options)]
         proc = subprocess.Popen(
             argv,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **(env or {})},
+            env=child_env(env),
             start_new_session=True,  # Ctrl-C reaches us; we end the child's whole group
+            preexec_fn=die_with_parent(),  # and SIGKILL of us ends the child too
         )
         try:
             _, stderr = proc.communicate(timeout=timeout_s)
@@ -208,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capture", default="none", choices=CAPTURES)
     parser.add_argument("--capture-options", type=json.loads, default=None, help="JSON object")
     args = parser.parse_args(argv)
+    watch_parent(cleanup=args.result.parent)  # a killed sweep leaves no child running
     config = WorkloadConfig.from_json(args.config)
     _write_json(args.result, run_config(config, args.capture, args.capture_options))
     return 0

@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 
 import torch
 
+from profkit.run.proc import child_env, die_with_parent, kill_tree, private_tempdir, watch_parent
 from profkit.studies.attention import (
     AttentionSettings,
     Cell,
@@ -151,8 +150,8 @@ def _run_child(
 ) -> list[dict[str, Any]]:
     """One child for ``cells``: rows it wrote, plus a row for the cell it died in, if any."""
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="profkit-attention-") as tmp:
-        rows_path, stderr_path = Path(tmp) / "rows.jsonl", Path(tmp) / "stderr.txt"
+    with private_tempdir("attention") as tmp:
+        rows_path, stderr_path = tmp / "rows.jsonl", tmp / "stderr.txt"
         argv = [
             sys.executable,
             "-m",
@@ -168,7 +167,12 @@ def _run_child(
         with stderr_path.open("w") as stderr:
             # stderr to a file, not a pipe: Inductor can warn more than a pipe buffer holds.
             proc = subprocess.Popen(
-                argv, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+                argv,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=child_env(),
+                start_new_session=True,
+                preexec_fn=die_with_parent(),  # SIGKILL of this process ends the child too
             )
             try:
                 while proc.poll() is None:
@@ -176,8 +180,7 @@ def _run_child(
                         proc.wait(timeout=POLL_S)
                     _take_new_rows(rows_path, rows, cells, on_start, on_done)
             except BaseException:  # Ctrl-C included: leave no orphaned GPU process
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc)
                 proc.wait()
                 raise
         _take_new_rows(rows_path, rows, cells, on_start, on_done)
@@ -237,6 +240,7 @@ def _child_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cells", required=True, help="the cells to run, as a JSON list")
     parser.add_argument("--rows", required=True, type=Path, help="JSON-lines file to append to")
     args = parser.parse_args(argv)
+    watch_parent(cleanup=args.rows.parent)
     settings = AttentionSettings.from_dict(json.loads(args.settings))
     cells = [Cell(**c) for c in json.loads(args.cells)]
     with args.rows.open("a") as out:
