@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,40 +43,104 @@ POLL_S = 0.2
 STDERR_TAIL_CHARS = 2_000
 
 
+TABLE = "attention"
+# Stored cells a resumed grid reuses: measured (ok), out of memory or skipped by the host
+# memory guard (both would recur). ``error`` cells run again.
+REUSABLE = ("ok", "oom", "skipped")
+
+
 def run_attention(
     settings: AttentionSettings,
     on_start: OnStart | None = None,
     on_done: OnDone | None = None,
     db_path: Path | None = None,
+    resume: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every cell of the grid, one row each (``ok``, ``oom`` or ``error``), in grid order.
+    """Every cell of the grid, one row each (``ok``, ``oom``, ``skipped`` or ``error``), in grid order.
 
-    ``on_start(cell)`` and ``on_done(row)`` report progress. Raises ``MissingTool`` when
-    the device is not available, before running anything. On Ctrl-C the cells not yet
-    finished come back as ``interrupted`` rows (any running child is killed first).
+    Each finished cell is committed to the ``attention`` table of ``db_path`` as soon as it
+    finishes (as ``bench`` does), so a grid killed halfway keeps every finished cell; with
+    ``resume`` the cells the DB already holds (:data:`REUSABLE`) are not run again.
+    ``on_start(cell)`` and ``on_done(row)`` report progress (resumed rows included).
+    Raises ``MissingTool`` when the device is not available, before running anything. On
+    Ctrl-C or SIGTERM the cells not yet finished come back as ``interrupted`` rows (not
+    stored; any running child is killed first).
     """
     settings = settings.replace(device=resolve_device(settings.device))
     cells = settings.cells()
-    finished: list[dict[str, Any]] = []
+    stored = stored_rows(settings, db_path) if resume and db_path is not None else {}
+    finished: dict[Cell, dict[str, Any]] = {}
+    with _committer(db_path) as commit:
 
-    def done(row: dict[str, Any]) -> None:
-        finished.append(row)
-        if on_done:
-            on_done(row)
+        def done(row: dict[str, Any]) -> None:
+            finished[_cell_of(row)] = row
+            commit(row)
+            if on_done:
+                on_done(row)
 
-    try:
-        rows = run_cells(settings, cells, on_start, done)
-    except KeyboardInterrupt:
-        # Keep what finished: the rest become ``interrupted`` rows, the caller decides.
-        rows = finished + [
-            {**new_row(settings, cell, torch.device("cpu")), "status": "interrupted", "pid": None}
-            for cell in cells[len(finished) :]
-        ]
-        for row in rows[len(finished) :]:
-            row.update(device=settings.device, device_name=None)
-    if db_path is not None:
-        record_results(rows, db_path)
-    return rows
+        for cell in cells:
+            if cell in stored:
+                finished[cell] = stored[cell]
+                if on_done:
+                    on_done(stored[cell])
+        # On Ctrl-C keep what finished: the rest become ``interrupted`` rows below.
+        with contextlib.suppress(KeyboardInterrupt):
+            run_cells(settings, [c for c in cells if c not in stored], on_start, done)
+    return [finished.get(cell) or _interrupted_row(settings, cell) for cell in cells]
+
+
+def _cell_of(row: dict[str, Any]) -> Cell:
+    return Cell(row["impl"], bool(row["compile"]), row["dtype"], row["d_head"], row["seq"])
+
+
+def _interrupted_row(settings: AttentionSettings, cell: Cell) -> dict[str, Any]:
+    row = new_row(settings, cell, torch.device("cpu"))
+    row.update(status="interrupted", pid=None, device=settings.device, device_name=None)
+    return row
+
+
+@contextlib.contextmanager
+def _committer(db_path: Path | None) -> Iterator[OnDone]:
+    """A function that commits one finished row to the DB at once (a no-op without a DB).
+
+    Each row carries the environment (GPU, versions, commit) and a run id, as bench rows do.
+    """
+    if db_path is None:
+        yield lambda _row: None
+        return
+    from profkit.run.environment import environment
+    from profkit.run.results import insert, opened
+
+    env = environment()
+    run_id = uuid.uuid4().hex[:12]
+    with opened(db_path) as db:
+        yield lambda row: insert(db, TABLE, {**row, **env, "run_id": run_id})
+
+
+def _same_settings(row: dict[str, Any], settings: AttentionSettings) -> bool:
+    return (row["batch"], bool(row["causal"]), row["iters"], row["warmup"], row["device"]) == (
+        settings.batch,
+        settings.causal,
+        settings.iters,
+        settings.warmup,
+        settings.device,
+    )
+
+
+def stored_rows(settings: AttentionSettings, db_path: Path) -> dict[Cell, dict[str, Any]]:
+    """The cells of ``settings`` (a concrete device) the DB already holds, latest row each."""
+    from profkit.run import results
+
+    if not db_path.exists():
+        return {}
+    found: dict[Cell, dict[str, Any]] = {}
+    wanted = set(settings.cells())
+    for row in results.rows(db_path, TABLE):
+        if row.get("status") in REUSABLE and _same_settings(row, settings):
+            row = {**row, "compile": bool(row["compile"]), "causal": bool(row["causal"])}
+            if _cell_of(row) in wanted:
+                found[_cell_of(row)] = row
+    return found
 
 
 def run_cells(
@@ -94,21 +158,6 @@ def run_cells(
     if len(rows) < len(cells):
         rows += _run_in_children(settings, cells[len(rows) :], start, done, one_per_child=False)
     return rows
-
-
-def record_results(rows: list[dict[str, Any]], db_path: Path) -> None:
-    """Store every row (``ok``, ``oom``, ``error`` alike) in the ``attention`` table.
-
-    Each row carries the environment (GPU, versions, commit) and a run id, as bench rows do.
-    """
-    from profkit.run.environment import environment
-    from profkit.run.results import insert, opened
-
-    env = environment()
-    run_id = uuid.uuid4().hex[:12]
-    with opened(db_path) as db:
-        for row in rows:
-            insert(db, "attention", {**row, **env, "run_id": run_id})
 
 
 def run_here(
