@@ -167,3 +167,50 @@ def test_killed_report_run_leaves_no_child(tmp_path: Path, sig: signal.Signals) 
         # run removes what a dead owner left (and nothing of a live one).
         proc_lib.remove_stale_tempdirs(tmp_path)
         assert leftovers(tmp_path) == []
+
+
+def attention_rows(db: Path) -> list[tuple[int, str, int]]:
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as conn:
+        try:
+            query = "select seq, status, pid from attention order by rowid"
+            return [(int(s), str(st), int(p)) for s, st, p in conn.execute(query)]
+        except sqlite3.OperationalError:
+            return []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_attention_grid_keeps_finished_cells_and_resume_runs_the_rest(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    db = tmp_path / "r.db"
+    # Cells of growing cost: the first two take a fraction of a second, the last seconds.
+    grid = ["--d-head", "16", "--seq", "32", "48", "256", "--iters", "300", "--warmup", "0"]
+    argv = ["attention", *grid, "--device", "cpu", "--db", "r.db"]
+    parent = start(argv, tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while len(attention_rows(db)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        parent.send_signal(sig)
+        _, stderr = parent.communicate(timeout=60)
+    finally:
+        parent.kill()
+    if sig == signal.SIGTERM:  # as Ctrl-C: the table of what finished, then exit 130
+        assert parent.returncode == 130 and "Traceback" not in stderr
+    kept = attention_rows(db)
+    assert [(seq, status) for seq, status, _ in kept][:2] == [(32, "ok"), (48, "ok")]
+    assert len(kept) in (2, 3)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "profkit", *argv, "--resume", "--format", "json"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    after = attention_rows(db)
+    assert after[: len(kept)] == kept  # the finished cells were not run again
+    assert sorted(seq for seq, status, _ in after if status == "ok") == [32, 48, 256]

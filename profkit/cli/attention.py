@@ -55,6 +55,9 @@ def attention(
         str, typer.Option("--isolate", help="auto (shared process, OOM caught) | process.")
     ] = "auto",
     db: DbOpt = DEFAULT_DB,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Skip cells the DB already holds (ok, oom, skipped).")
+    ] = False,
     fmt: FormatOpt = "table",
     out: OutOpt = None,
 ) -> None:
@@ -99,7 +102,7 @@ def attention(
         def started(cell: Cell) -> None:
             progress.update(task, description=cell.label())
 
-        rows = run_attention(settings, started, lambda _row: progress.advance(task), db)
+        rows = run_attention(settings, started, lambda _row: progress.advance(task), db, resume)
     tables: list[tuple[str, pd.DataFrame]] = [
         (attention_tables.title(rows), attention_tables.cells_table(rows))
     ]
