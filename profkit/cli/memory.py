@@ -181,11 +181,11 @@ def plot(
     """The active-memory timeline as a picture, drawn locally (matplotlib, no browser)."""
     from profkit.memory.plot import plot_file
 
+    check_format(fmt)  # before the picture is drawn: a typo must not leave a PNG behind
     result = plot_file(snapshot, output, html, detail, sites, title)
     if fmt == "json":
         print(dumps(result))
         return
-    check_format(fmt)
     err_console.print(f"wrote {result['image']}")
     if result.get("html"):
         err_console.print(

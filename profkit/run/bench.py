@@ -187,6 +187,10 @@ def bench(
         tf32 = flops.tf32_enabled()
         run_id = f"{env['timestamp_utc']}-{uuid.uuid4().hex[:8]}"
         done = _done_rows(db) if resume else {}
+        # A DB that cannot take the rows says so now, not after the first config ran.
+        probe = bench_row(configs[0], {"status": "error", "error": "probe"}, env, tf32)
+        probe.update(config_key="", run_id=run_id, timeout_s=timeout_s)
+        results.probe_insert(db, TABLE, probe, COLUMN_TYPES)
         rows: list[Row] = []
         for index, config in enumerate(configs):
             device = devices[config.device]

@@ -204,6 +204,49 @@ def insert(
         raise BadInput(f"cannot write to the results database: {exc}") from None
 
 
+def probe_insert(
+    db: sqlite_utils.Database,
+    table: str,
+    row: Mapping[str, Any],
+    column_types: Mapping[str, type] | None = None,
+) -> None:
+    """Raise :class:`BadInput` now if ``row`` could not be stored in ``table``; stores nothing.
+
+    Run before the work, so a DB that cannot take the rows (a foreign ``bench`` table with
+    NOT NULL columns, a view of that name, a read-only file) is found before minutes of
+    measuring, not after. The row goes in and is rolled back.
+    """
+    kind = db.conn.execute(
+        "SELECT type FROM sqlite_master WHERE name = ? AND type != 'table'", [table]
+    ).fetchone()
+    if kind is not None:
+        raise BadInput(
+            f"{_path_of(db)} has a {kind[0]} named {table!r} where profkit keeps its "
+            f"{table} table; use another --db"
+        )
+    names = ", ".join(_quote(n) for n in row)
+    marks = ", ".join("?" for _ in row)
+    try:
+        db.conn.execute("BEGIN IMMEDIATE")
+        try:
+            ensure_table(db, table, row, column_types)
+            db.conn.execute(
+                f"INSERT INTO {_quote(table)} ({names}) VALUES ({marks})",
+                [_sql_value(v) for v in row.values()],
+            )
+        finally:
+            db.conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        raise BadInput(
+            f"{_path_of(db)} cannot take profkit's {table} rows: {exc} (use another --db)"
+        ) from None
+
+
+def _path_of(db: sqlite_utils.Database) -> str:
+    row = db.conn.execute("PRAGMA database_list").fetchone()
+    return str(row[2]) if row and row[2] else "the results database"
+
+
 def record(
     db_path: Path | str,
     table: str,

@@ -70,7 +70,7 @@ def run_attention(
     cells = settings.cells()
     stored = stored_rows(settings, db_path) if resume and db_path is not None else {}
     finished: dict[Cell, dict[str, Any]] = {}
-    with _committer(db_path) as commit:
+    with _committer(settings, db_path) as commit:
 
         def done(row: dict[str, Any]) -> None:
             finished[_cell_of(row)] = row
@@ -100,20 +100,23 @@ def _interrupted_row(settings: AttentionSettings, cell: Cell) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _committer(db_path: Path | None) -> Iterator[OnDone]:
+def _committer(settings: AttentionSettings, db_path: Path | None) -> Iterator[OnDone]:
     """A function that commits one finished row to the DB at once (a no-op without a DB).
 
     Each row carries the environment (GPU, versions, commit) and a run id, as bench rows do.
+    A DB that could not take the rows is refused here, before the first cell runs.
     """
     if db_path is None:
         yield lambda _row: None
         return
     from profkit.run.environment import environment
-    from profkit.run.results import insert, opened
+    from profkit.run.results import insert, opened, probe_insert
 
     env = environment()
     run_id = uuid.uuid4().hex[:12]
     with opened(db_path) as db:
+        probe = new_row(settings, settings.cells()[0], torch.device(settings.device))
+        probe_insert(db, TABLE, {**probe, **env, "run_id": run_id})
         yield lambda row: insert(db, TABLE, {**row, **env, "run_id": run_id})
 
 
