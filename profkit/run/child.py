@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.run.proc import child_env, die_with_parent, kill_tree, private_tempdir, watch_parent
+from profkit.run.threads import thread_env
 from profkit.workload.config import WorkloadConfig
 
 Hooks = tuple[Callable[[], None] | None, Callable[[], None] | None]
@@ -77,6 +78,7 @@ def run_config(
             start, stop = recorder.attach(workload)
         run = workload.run(on_timed_start=start, on_timed_end=stop)
         result.update(run.to_dict())
+        result["threads"] = torch.get_num_threads()
     except torch.OutOfMemoryError as exc:
         result.update(status="oom", error=_first_line(exc))
     except Exception as exc:  # the child reports every failure as data, never a traceback
@@ -138,6 +140,8 @@ def run_child(
     with private_tempdir("child") as tmp:
         result_path = tmp / "result.json"
         argv = [*prefix, *child_argv(config, result_path, capture, capture_options)]
+        if config.threads is not None:  # OpenMP reads it when torch loads, before any code
+            env = {**thread_env(config.threads), **(env or {})}
         proc = subprocess.Popen(
             argv,
             stdout=subprocess.DEVNULL,

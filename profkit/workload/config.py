@@ -22,6 +22,7 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 # alone would be batch * heads * ctx^2 floats).
 MAX_CTX = 65_536
 MAX_BATCH = 4_096
+MAX_THREADS = 1_024
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class WorkloadConfig:
     """Vocabulary size of the model and of the random batch."""
     seed: int = 0
     """Seed for weights and the random batch."""
+    threads: int | None = None
+    """Intra-op CPU threads (``torch.set_num_threads``); None: sweeps choose from the cores
+    free to the process (``profkit.run.threads``), an in-process run keeps torch's."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Free-form labels carried along into results (not part of a config's identity)."""
 
@@ -72,6 +76,8 @@ class WorkloadConfig:
             raise BadInput(f"--warmup must be 0 or more, got {self.warmup}")
         if self.steps < 1:
             raise BadInput(f"--steps must be at least 1, got {self.steps}")
+        if self.threads is not None and not 0 < self.threads <= MAX_THREADS:
+            raise BadInput(f"--threads must be between 1 and {MAX_THREADS}, got {self.threads}")
         if self.vocab_size < 2:
             raise BadInput(f"vocab size must be at least 2, got {self.vocab_size}")
 

@@ -100,6 +100,8 @@ class Workload:
 
     def __init__(self, config: WorkloadConfig, device: str | None = None) -> None:
         self.config = config
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
         self.device = torch.device(device or resolve_device(config.device))
         torch.manual_seed(config.seed)
         started = time.perf_counter()
