@@ -28,12 +28,14 @@ from typing import Any
 import torch
 
 from profkit.run.proc import child_env, die_with_parent, kill_tree, private_tempdir, watch_parent
+from profkit.run.threads import choose_threads
 from profkit.studies.attention import (
     AttentionSettings,
     Cell,
     measure_cell,
     new_row,
     prime_device,
+    warm_up_grid,
 )
 from profkit.workload.config import resolve_device
 
@@ -66,7 +68,9 @@ def run_attention(
     Ctrl-C or SIGTERM the cells not yet finished come back as ``interrupted`` rows (not
     stored; any running child is killed first).
     """
-    settings = settings.replace(device=resolve_device(settings.device))
+    # The thread count is chosen once, so every cell (and every child) runs with the same.
+    threads = choose_threads(settings.threads).threads
+    settings = settings.replace(device=resolve_device(settings.device), threads=threads)
     cells = settings.cells()
     stored = stored_rows(settings, db_path) if resume and db_path is not None else {}
     finished: dict[Cell, dict[str, Any]] = {}
@@ -168,7 +172,10 @@ def run_here(
 ) -> list[dict[str, Any]]:
     """Run cells in this process; stop after the first failure that is not an OOM."""
     device = torch.device(settings.device)
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
     prime_device(device, settings.dtypes)
+    warm_up_grid(settings, device)
     rows = []
     for cell in cells:
         on_start(cell)
