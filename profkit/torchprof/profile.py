@@ -34,6 +34,7 @@ from typing import Any
 
 from profkit import __version__
 from profkit.errors import BadInput, ProfkitError
+from profkit.run.threads import choose_threads
 from profkit.torchprof.report import report_markdown
 from profkit.torchprof.result import ProfiledRun, TorchOptions, TorchProfile
 from profkit.torchprof.tables import (
@@ -79,6 +80,8 @@ def profile_torch(
 ) -> TorchProfile:
     """Profile ``config`` forward-only and as a full step; write traces and the report."""
     options = options or TorchOptions()
+    if resolve_device(config.device) == "cpu":  # as many threads as cores are free (run.threads)
+        config = config.replace(threads=choose_threads(config.threads).threads)
     result = TorchProfile(
         name=check_name(name or default_name(config)),
         config=config,
