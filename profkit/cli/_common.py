@@ -139,6 +139,15 @@ AttentionOpt = Annotated[list[str], typer.Option("--attention", help="naive | sd
 WarmupOpt = Annotated[list[int], typer.Option("--warmup", help="Untimed warm-up steps.")]
 StepsOpt = Annotated[int, typer.Option("--steps", help="Timed steps.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | mps.")]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        help="Intra-op CPU threads (default: OMP_NUM_THREADS, else the cores free to the "
+        "process: its CPU affinity minus the load average).",
+        show_default=False,
+    ),
+]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table | md | csv | json.")]
 DbOpt = Annotated[
     Path,

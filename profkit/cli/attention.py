@@ -15,6 +15,7 @@ from profkit.cli._common import (
     DeviceOpt,
     FormatOpt,
     OutOpt,
+    ThreadsOpt,
     command,
     compile_values,
 )
@@ -61,6 +62,7 @@ def attention(
     ] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed passes before each.")] = 5,
     device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     isolate: Annotated[
         str, typer.Option("--isolate", help="auto (shared process, OOM caught) | process.")
     ] = "auto",
@@ -100,6 +102,7 @@ def attention(
         causal=causal,
         warmup=warmup,
         isolate=isolate,
+        threads=threads,
     )
     with Progress(
         TextColumn("[progress.description]{task.description}"),

@@ -21,6 +21,7 @@ from profkit.cli._common import (
     OutOpt,
     SizeOpt,
     StepsOpt,
+    ThreadsOpt,
     WarmupOpt,
     command,
     workload_configs,
@@ -63,6 +64,7 @@ def bench(
     warmup: WarmupOpt = [],  # noqa: B006
     steps: StepsOpt = 10,
     device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     db: DbOpt = DEFAULT_DB,
     resume: ResumeOpt = False,
     timeout: TimeoutOpt = None,
@@ -85,6 +87,7 @@ def bench(
     configs = workload_configs(
         size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
     )
+    configs = [c.replace(threads=threads) for c in configs]
     if compare is not None:  # a sweep with one dtype has nothing to compare: say so now
         compare_lib.check_sweep(compare, (getattr(c, compare, None) for c in configs))
     # `--device cuda` without CUDA, a corrupt DB: one line, before the bar or any child.

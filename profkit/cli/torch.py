@@ -28,6 +28,7 @@ from profkit.cli._common import (
     OutOpt,
     SizeOpt,
     StepsOpt,
+    ThreadsOpt,
     WarmupOpt,
     command,
     single_config,
@@ -93,6 +94,7 @@ def torch_(
     warmup: WarmupOpt = [],  # noqa: B006
     steps: StepsOpt = 1,
     device: DeviceOpt = "auto",
+    threads: ThreadsOpt = None,
     record_shapes: RecordShapesOpt = False,
     with_stack: WithStackOpt = False,
     profile_memory: ProfileMemoryOpt = False,
@@ -112,7 +114,7 @@ def torch_(
     configs = workload_configs(
         size, ctx, batch, mode, dtype, bf16, compile, attention, warmup, steps, device
     )
-    config = single_config(configs, "torch")
+    config = single_config(configs, "torch").replace(threads=threads)
     options = TorchOptions(
         record_shapes=record_shapes,
         with_stack=with_stack,
