@@ -359,3 +359,22 @@ def test_counting_saved_tensors_leaks_nothing() -> None:
     before = live_squares()
     assert measure_saved_bytes(fn, q, k, v) == batch * seq * seq * 4
     assert live_squares() - before == set()
+
+
+def test_cpu_defaults_finish_and_help_states_them() -> None:
+    cpu = AttentionSettings.with_defaults("cpu")
+    assert (cpu.d_heads, cpu.seqs, cpu.iters) == ((16, 32, 64, 128), (256, 512, 1024), 10)
+    given = AttentionSettings.with_defaults("cpu", seqs=(64,), iters=3)
+    assert (given.seqs, given.iters) == ((64,), 3)
+    text = runner.invoke(app, ["attention", "--help"], env={"COLUMNS": "300"}).stdout
+    assert "(CPU: 256 512 1024)" in text and "default 100 (CPU: 10)" in text
+
+
+def test_each_finished_cell_is_a_line_on_stderr_with_the_thread_count() -> None:
+    result = runner.invoke(app, ["attention", *SMALL, "--device", "cpu", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("[")]
+    assert [line.split()[0] for line in lines] == ["[1/2]", "[2/2]"]
+    assert "naive eager fp32 d_head 16 seq 64" in lines[0] and " ok " in lines[0]
+    rows = json.loads(result.stdout)
+    assert {r["threads"] for r in rows} == {1}  # OMP_NUM_THREADS=1 in the tests

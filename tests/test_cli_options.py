@@ -30,7 +30,7 @@ RUNS = {  # the command, and the defaults it changes
 COMMANDS = [*RUNS, ("compare",)]
 FLAGS = [
     "--size", "--ctx", "--batch", "--mode", "--dtype", "--bf16", "--compile", "--attention",
-    "--warmup", "--steps", "--device", "--nproc", "--parallel",
+    "--warmup", "--steps", "--device", "--nproc", "--parallel", "--threads",
 ]  # fmt: skip
 
 
@@ -82,6 +82,7 @@ def test_defaults_come_from_workload_config(path: tuple[str, ...]) -> None:
         "device": "auto",
         "nproc": [1],
         "parallel": ["ddp"],
+        "threads": None,
     }
 
 
@@ -93,7 +94,7 @@ def test_compare_filters_have_no_defaults_and_all_take_lists() -> None:
     }
     assert [p.name for p in params if p.multiple] == [
         "size", "ctx", "batch", "mode", "dtype", "attention", "warmup", "steps", "device",
-        "nproc", "parallel",
+        "nproc", "parallel", "threads",
     ]  # fmt: skip
 
 

@@ -202,7 +202,9 @@ def test_comm_stats_measure_each_device_apart() -> None:
 
 
 def test_children_keep_multicast_off_unless_the_user_set_it() -> None:
-    env = torchrun.child_env({"NCCL_NVLS_ENABLE": "1", "PATH": "/bin"})
+    from profkit.run.proc import child_env
+
+    env = child_env({"NCCL_NVLS_ENABLE": "1", "PATH": "/bin"})
     assert env["NCCL_NVLS_ENABLE"] == "1"
     assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert env["NVSHMEM_DISABLE_NVLS"] == "1"

@@ -191,7 +191,11 @@ def test_cpu_sweep_report(minimal_run: tuple[Path, Path, Any]) -> None:
         f"| bf16 autocast vs fp32 | tiny · warmup 1 | train step | {fp32['step_ms']:,.2f} |"
         in comparisons
     )
-    assert f"| {speedup:,.2f} |" in comparisons
+    # Two timed steps are too few to know the spread: the ratio is printed as "unstable",
+    # not as a speed-up finding, and the section says why.
+    assert speedup > 0 and f"| {speedup:,.2f} |" not in comparisons
+    assert f"| {fp32['step_ms']:,.2f} | {bf16['step_ms']:,.2f} | unstable |" in comparisons
+    assert "speed-ups rest on unstable timings" in comparisons
     assert "_Skipped: no memory rows, snapshots or peak memory" in section(text, "Memory")
     pictures = sorted(p.name for p in out.parent.glob("*.png"))
     assert pictures == ["report-speedups.png", "report-step-time.png"]

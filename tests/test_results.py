@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +82,39 @@ def test_environment_record() -> None:
     assert env["profkit_version"]
     if env["git_commit"] is not None:  # run from a checkout
         assert len(env["git_commit"]) == 40
+
+
+CONCURRENT_WRITER = """
+import sys, time
+from profkit.run import results
+db, index, start_at = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+time.sleep(max(0.0, start_at - time.time()))  # every writer starts at the same instant
+for k in range(3):
+    results.record(db, "bench", {"writer": index, "k": k, "step_ms": 1.5 * index, "extra_%d" % index: k})
+"""
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_concurrent_processes_creating_one_new_db_lose_no_row(tmp_path: Path, trial: int) -> None:
+    """Six real processes record their first rows into one new DB at the same moment."""
+    db = tmp_path / "results.db"
+    writers = 6
+    start_at = time.time() + 2.0  # time for every interpreter to import and wait
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_WRITER, str(db), str(i), repr(start_at)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(writers)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * writers, errors
+    got = results.rows(db, "bench")
+    assert sorted((r["writer"], r["k"]) for r in got) == [
+        (i, k) for i in range(writers) for k in range(3)
+    ]
+    # Every writer's own column was added, and holds its values in its own rows.
+    for row in got:
+        assert row[f"extra_{row['writer']}"] == row["k"]
+        assert row["step_ms"] == 1.5 * row["writer"]

@@ -52,9 +52,11 @@ def test_nsys_phases_are_inferred_from_the_autograd_thread(nsys_export: Path) ->
     assert report["source"]["phase_source"] == "inferred"
     phases = {p["phase"]: p for p in report["phases"]}
     assert list(phases) == ["forward", "backward", "optimizer"]  # nothing unattributed
-    assert report["totals"]["kernels"] == _sql(
-        nsys_export, "select count(*) from CUPTI_ACTIVITY_KIND_KERNEL"
-    )[0] == 504
+    assert (
+        report["totals"]["kernels"]
+        == _sql(nsys_export, "select count(*) from CUPTI_ACTIVITY_KIND_KERNEL")[0]
+        == 504
+    )
     # backward = every kernel launched from autograd's worker thread, plus the one seed fill
     # (ones_like of the loss) launched on the main thread right before each of the 3 passes.
     autograd, _ = _sql(nsys_export, AUTOGRAD_KERNELS)

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import BadInput
+from profkit.run.stability import unstable
 from profkit.workload.config import ATTENTIONS, DTYPES, MODES, RUN_FIELDS
 from profkit.workload.names import BACKWARD, FORWARD, OPTIMIZER
 from profkit.workload.specs import SIZES
@@ -149,6 +150,7 @@ def _times(row: Row, phase: str) -> list[float]:
 def _cell(value: Any, row: Row | None, phase: str) -> dict[str, Any]:
     cell: dict[str, Any] = {"value": value, "status": "missing"}
     cell.update(dict.fromkeys(("mean_ms", "std_ms", "median_ms", "first_ms"), None))
+    cell["unstable"] = False
     if row is None:
         return cell
     if phase not in MODE_PHASES.get(row["mode"], ()):
@@ -161,6 +163,8 @@ def _cell(value: Any, row: Row | None, phase: str) -> dict[str, Any]:
         cell["std_ms"] = statistics.stdev(times) if len(times) > 1 else 0.0
         cell["median_ms"] = statistics.median(times)
         cell["first_ms"] = times[0]
+        # The config's whole-step times decide (too few, or too spread): not a finding.
+        cell["unstable"] = unstable(list(row.get("step_times_ms") or times))
     return cell
 
 
@@ -265,8 +269,13 @@ def table(comparison: Comparison) -> pd.DataFrame:
             suffix = f" {name}" if several else ""
             record[f"Δ ms{suffix}"] = cell["delta_ms"]
             record[f"Δ %{suffix}"] = cell["change_pct"]
+        shaky = [n for n, c in zip(names, block.cells, strict=True) if c["unstable"]]
+        record["stability"] = f"unstable: {', '.join(shaky)}" if shaky else None
         lines.append(record)
-    return _numeric(pd.DataFrame(lines))
+    frame = pd.DataFrame(lines)
+    if frame["stability"].isna().all():
+        frame = frame.drop(columns="stability")
+    return _numeric(frame)
 
 
 def warmup_table(comparison: Comparison) -> pd.DataFrame:
@@ -315,7 +324,13 @@ def tables(comparison: Comparison) -> list[tuple[str, pd.DataFrame]]:
     """:func:`table` split into one titled table per phase (forward, forward+backward, ...)."""
     frame = table(comparison)
     return [
-        (title(comparison, phase), part.drop(columns="phase").reset_index(drop=True))
+        (title(comparison, phase), _drop_empty_stability(part.drop(columns="phase")))
         for phase in PHASES
         if not (part := frame[frame["phase"] == phase]).empty
     ]
+
+
+def _drop_empty_stability(part: pd.DataFrame) -> pd.DataFrame:
+    if "stability" in part and part["stability"].isna().all():
+        part = part.drop(columns="stability")
+    return part.reset_index(drop=True)

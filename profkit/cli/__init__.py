@@ -31,4 +31,7 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
+    from profkit.run.proc import install_terminate_as_interrupt
+
+    install_terminate_as_interrupt()  # `kill PID` ends a sweep as Ctrl-C does, nothing lost
     app()

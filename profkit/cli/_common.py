@@ -22,7 +22,7 @@ import typer.core
 
 from profkit.cli.render import err_console
 from profkit.errors import BadInput, ProfkitError
-from profkit.files import check_writable
+from profkit.files import check_output
 from profkit.workload.config import ATTENTIONS, DEVICES, DTYPES, MODES, PARALLELS, WorkloadConfig
 from profkit.workload.specs import SIZES
 
@@ -84,18 +84,36 @@ class ListOptionsCommand(typer.core.TyperCommand):
         return super().parse_args(ctx, rewritten)
 
 
-def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
+def _input_paths(kw: dict[str, Any], outputs: tuple[str, ...]) -> list[Path]:
+    """Every path-valued argument that is not an output: the files a command reads (and --db)."""
+    found: list[Path] = []
+    for name, value in kw.items():
+        if name in outputs:
+            continue
+        values = value if isinstance(value, list | tuple) else [value]
+        found += [v for v in values if isinstance(v, Path)]
+    return found
+
+
+def command(
+    app: typer.Typer,
+    name: str | None = None,
+    outputs: tuple[str, ...] = ("out",),
+    **kwargs: Any,
+) -> Callable[[F], F]:
     """Register a command with list options and the one error boundary.
 
     A :class:`ProfkitError` becomes one line on stderr and exit status 2; Ctrl-C becomes
-    exit status 130 with a short note (work already written stays written).
+    exit status 130 with a short note (work already written stays written). Before the
+    command runs, each of its ``outputs`` (parameter names) that is given is checked by
+    :func:`~profkit.files.check_output` against every other path argument (inputs, --db).
     """
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
-                _check_shared_options(kw)
+                _check_shared_options(kw, outputs)
                 return fn(*args, **kw)
             except ProfkitError as exc:
                 err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
@@ -109,10 +127,17 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
     return decorate
 
 
-def _check_shared_options(kw: dict[str, Any]) -> None:
-    """Options several commands share are checked here, before any work starts."""
-    if isinstance(kw.get("out"), Path):  # not when it is written, after the work
-        check_writable(kw["out"])
+def _check_shared_options(kw: dict[str, Any], outputs: tuple[str, ...]) -> None:
+    """Options several commands share are checked here, before any work starts.
+
+    Each of the command's ``outputs`` that is given is checked by
+    :func:`~profkit.files.check_output` against every other path argument (its inputs, its
+    ``--db``): an output never overwrites what the command reads.
+    """
+    for output in outputs:
+        if isinstance(kw.get(output), Path):
+            flag = "--" + output.replace("_", "-")
+            check_output(kw[output], _input_paths(kw, outputs), flag)
     timeout = kw.get("timeout")
     if timeout is not None and not timeout > 0:  # also catches nan
         raise BadInput(f"--timeout must be positive, got {timeout:g}")
@@ -196,6 +221,14 @@ _OPTIONS = (
     _WorkloadOption(
         "parallel", ("--parallel",), f"With --nproc > 1: {' | '.join(PARALLELS)}.", str
     ),
+    _WorkloadOption(
+        "threads",
+        ("--threads",),
+        "Intra-op CPU threads (default: OMP_NUM_THREADS, else the cores free to the process: "
+        "its CPU affinity minus the load average).",
+        int,
+        sweeps=False,
+    ),
 )
 WORKLOAD_OPTIONS = tuple(option.name for option in _OPTIONS)
 """The workload options' parameter names, in the order ``--help`` lists them."""
@@ -206,6 +239,9 @@ DEFAULT_COMPILE = "yes" if _CONFIG_DEFAULTS["compile"] else "no"
 # For commands that run something other than the built-in model on a device (attention, demo).
 DeviceOpt = Annotated[str, typer.Option("--device", help=_BY_NAME["device"].help)]
 CompileOpt = Annotated[str, typer.Option("--compile", help=_BY_NAME["compile"].help)]
+ThreadsOpt = Annotated[
+    int | None, typer.Option("--threads", help=_BY_NAME["threads"].help, show_default=False)
+]
 
 
 def compile_values(value: str) -> tuple[bool, ...]:
@@ -237,6 +273,7 @@ class WorkloadOptions:
     device: tuple[str, ...]
     nproc: tuple[int, ...]
     parallel: tuple[str, ...]
+    threads: tuple[int | None, ...]
     given: tuple[str, ...] = ()
     """The options typed on the command line, in ``--help`` order (``bf16`` included)."""
 
@@ -248,7 +285,11 @@ class WorkloadOptions:
 
     def configs(self) -> list[WorkloadConfig]:
         """The cross product of the values, each validated by ``WorkloadConfig``."""
-        values = self.values()
+        # An option whose default is None ("profkit chooses", --threads) stays None unless typed.
+        values = {
+            k: v or ((None,) if _CONFIG_DEFAULTS.get(k, 0) is None else v)
+            for k, v in self.values().items()
+        }
         grid = itertools.product(*values.values())
         configs = [
             _one_process(WorkloadConfig(**dict(zip(values, point, strict=True)))) for point in grid
@@ -331,8 +372,9 @@ def _parameter(
         annotation, default = str, "yes" if default else "no"
     elif option.sweeps:
         annotation, default = list[option.kind], [default]  # type: ignore[name-defined]
-    else:
-        annotation = option.kind
+    else:  # a single value; None (threads) means "let profkit choose"
+        annotation = option.kind if default is not None else option.kind | None
+        show = default is not None
     text = (option.filter_help or option.help) if filters else option.help
     info = typer.Option(*option.flags, help=text, show_default=show)
     return inspect.Parameter(

@@ -14,7 +14,7 @@ from profkit.cli._common import command
 from profkit.cli.app import app
 from profkit.cli.render import err_console, progress_bar
 from profkit.errors import BadInput
-from profkit.run.results import check_writable
+from profkit.files import check_output, check_writable
 
 if TYPE_CHECKING:
     from profkit.report.plan import Piece
@@ -71,7 +71,7 @@ def report(
     from profkit.report import build_report
 
     db_path = db if db is not None else profiles / "results.db"
-    check_writable(out)
+    check_output(out, [db_path])
     if plan != "auto" and not run:
         raise BadInput("--plan chooses what --run measures; add --run")
     if run:

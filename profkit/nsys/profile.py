@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from profkit.nsys.argv import (
 )
 from profkit.nsys.record import new_record, run_section, write_sidecar
 from profkit.run.child import child_argv, collect_result
-from profkit.run.proc import Outcome, describe_exit, run_logged
+from profkit.run.proc import Outcome, describe_exit, private_tempdir, run_logged
 from profkit.run.tools import export_sqlite, find_nsys, nsys_version
 from profkit.workload.config import WorkloadConfig
 
@@ -148,8 +147,8 @@ def profile(
         require_cuda(target)
     else:
         check_program(target)
-    with tempfile.TemporaryDirectory(prefix="profkit-nsys-") as tmp:
-        result_path = Path(tmp) / "result.json"
+    with private_tempdir("nsys") as tmp:
+        result_path = tmp / "result.json"
         run = plan(target, name, out_dir, reports_dir, options, nsys, result_path)
         files = run.files
         _clear_earlier_run(files, say)

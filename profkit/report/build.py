@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profkit.errors import BadInput, ProfkitError
+from profkit.files import check_output
 from profkit.formats import write_text
 from profkit.report import figures, plots
 from profkit.report.collect import Inventory, collect
@@ -22,7 +23,6 @@ from profkit.report.sections import (
     sizes_section,
 )
 from profkit.report.traces import nsys_section, torch_section
-from profkit.run.results import check_writable
 
 DEFAULT_PROFILES = Path("profiles")
 DEFAULT_OUT = Path("reports/REPORT.md")
@@ -53,7 +53,7 @@ def build_report(
     """
     say = progress or (lambda _message: None)
     db_path = db_path if db_path is not None else profiles_dir / "results.db"
-    check_writable(out)
+    check_output(out, [db_path])
     say("reading the results DB")
     inv = collect(profiles_dir, db_path)
     if inv.empty:

@@ -99,6 +99,8 @@ class Speedup:
     variant: str
     baseline_ms: float
     variant_ms: float
+    unstable: bool = False
+    """Either time is unstable (``profkit.run.stability``): the ratio is not a finding."""
 
     @property
     def speedup(self) -> float:
@@ -160,6 +162,7 @@ def _panel(comparison: compare_lib.Comparison) -> SpeedupPanel:
                         label,
                         base["mean_ms"],
                         cell["mean_ms"],
+                        bool(base["unstable"] or cell["unstable"]),
                     )
                 )
     return panel

@@ -113,15 +113,23 @@ def _speedup_panel(ax: Any, panel: SpeedupPanel) -> None:
     top = max(b.speedup for b in panel.bars)
     for k, (measure, variant) in enumerate(series):
         name = f"{variant} {measure}" if several_variants else measure
-        xs, ys = [], []
+        xs, ys, shaky = [], [], []
         for i, config in enumerate(configs):
             for bar in panel.bars:
                 if (bar.label, bar.measure, bar.variant) == (config, measure, variant):
                     xs.append(i + (k - (len(series) - 1) / 2) * width)
                     ys.append(bar.speedup)
-        ax.bar(xs, ys, width * 0.92, label=name, color=SERIES_COLORS[k % len(SERIES_COLORS)])
-        for x, y in zip(xs, ys, strict=True):
-            ax.annotate(f"{y:.2f}×", (x, y), xytext=(0, 2), textcoords="offset points",
+                    shaky.append(bar.unstable)
+        drawn = ax.bar(
+            xs, ys, width * 0.92, label=name, color=SERIES_COLORS[k % len(SERIES_COLORS)]
+        )
+        for patch, unstable in zip(drawn, shaky, strict=True):
+            if unstable:  # not a finding: drawn hollow, labelled as such
+                patch.set_alpha(0.35)
+                patch.set_hatch("//")
+        for x, y, unstable in zip(xs, ys, shaky, strict=True):
+            text = f"{y:.2f}× unstable" if unstable else f"{y:.2f}×"
+            ax.annotate(text, (x, y), xytext=(0, 2), textcoords="offset points",
                         ha="center", va="bottom", fontsize=8,
                         bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none"})  # fmt: skip
     ax.axhline(1.0, color="black", linewidth=0.9, linestyle="--")

@@ -235,19 +235,10 @@ def _attention(piece: Piece, where: Where, item: Item, advance: Advance) -> tupl
 
 
 def _attention_done(settings: Any, db_path: Path) -> bool:
-    """Whether the DB holds a finished row (ok or oom) for every cell of ``settings``."""
-    from profkit.run import results
+    """Whether the DB holds a finished row (ok, oom, skipped) for every cell of ``settings``."""
+    from profkit.studies.attention_runner import stored_rows
 
-    if not db_path.exists():
-        return False
-    finished = {
-        (r["impl"], bool(r["compile"]), r["dtype"], r["d_head"], r["seq"])
-        for r in results.rows(db_path, "attention")
-        if r["status"] in ("ok", "oom")
-        and (r["batch"], bool(r["causal"]), r["iters"], r["warmup"], r["device"])
-        == (settings.batch, settings.causal, settings.iters, settings.warmup, settings.device)
-    }
-    return all((c.impl, c.compile, c.dtype, c.d_head, c.seq) in finished for c in settings.cells())
+    return len(stored_rows(settings, db_path)) == len(settings.cells())
 
 
 RUNNERS: dict[str, Callable[[Piece, Where, Item, Advance], tuple[str, str]]] = {

@@ -23,6 +23,7 @@ from profkit.formats import markdown_table
 from profkit.report.collect import Inventory, Row, group_by, where
 from profkit.report.figures import SpeedupPanel
 from profkit.run import bench as bench_lib
+from profkit.run.stability import MIN_STABLE_STEPS, UNSTABLE_CV
 from profkit.workload import specs
 from profkit.workload.config import DTYPES, MODES
 
@@ -199,12 +200,23 @@ def _speedup_table(panels: list[SpeedupPanel]) -> str:
             "timed": bar.measure,
             "baseline ms": bar.baseline_ms,
             "variant ms": bar.variant_ms,
-            "speed-up ×": bar.speedup,
+            # An unstable timing gives a ratio, not a finding: say so instead of printing it.
+            "speed-up ×": "unstable" if bar.unstable else bar.speedup,
         }
         for panel in panels
         for bar in panel.bars
     ]
-    return markdown_table(pd.DataFrame(records)) if records else ""
+    if not records:
+        return ""
+    shaky = sum(bar.unstable for panel in panels for bar in panel.bars)
+    note = (
+        f"\n\n_{shaky} of {len(records)} speed-ups rest on unstable timings (step times "
+        f"spread more than {UNSTABLE_CV:.0%}, or fewer than {MIN_STABLE_STEPS} timed steps): "
+        "they are not findings; measure again with more steps on a quieter machine._"
+        if shaky
+        else ""
+    )
+    return markdown_table(pd.DataFrame(records)) + note
 
 
 def memory_section(inv: Inventory, pictures: Pictures) -> Section:

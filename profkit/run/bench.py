@@ -22,6 +22,13 @@ from profkit.errors import BadInput
 from profkit.run import results, torchrun
 from profkit.run.child import run_child
 from profkit.run.environment import environment, utc_now
+from profkit.run.stability import (
+    MIN_STABLE_STEPS,
+    UNSTABLE_CV,
+    coefficient_of_variation,
+    unstable,
+)
+from profkit.run.threads import choose_threads
 from profkit.workload import flops
 from profkit.workload.config import RUN_FIELDS, WorkloadConfig, resolve_device
 from profkit.workload.names import PHASES as STEP_PHASES
@@ -41,7 +48,8 @@ CONTRACT_FIELDS = (
     "tokens_per_s", "tflops", "mfu", "peak_memory_gib",
 )  # fmt: skip
 LIST_FIELDS = (*(f"{p}_times_ms" for p in PHASES), "warmup_step_times_ms")
-BOOL_FIELDS = ("compile", "git_dirty", "tf32")
+BOOL_FIELDS = ("compile", "git_dirty", "tf32", "unstable")
+
 # Column types for the DB, so a first row of nulls (an OOM) doesn't decide them.
 COLUMN_TYPES: dict[str, type] = {
     **{f: str for f in ("size", "mode", "dtype", "device", "attention", "status", "error")},
@@ -54,7 +62,9 @@ COLUMN_TYPES: dict[str, type] = {
     },
     **{f: float for f in ("tokens_per_s", "tflops", "mfu", "peak_memory_gib", "peak_tflops")},
     **{f: float for f in ("model_build_s", "wall_s", "timeout_s")},
-    **{f: int for f in ("flops_per_step", "git_dirty", "tf32")},
+    **{f: int for f in ("flops_per_step", "git_dirty", "tf32", "threads", "unstable")},
+    "step_cv": float,
+    "threads_source": str,
     **{f: str for f in LIST_FIELDS},
 }
 
@@ -123,6 +133,9 @@ def bench_row(
     for phase in PHASES:
         row[f"{phase}_times_ms"] = per_phase[phase]
     row["warmup_step_times_ms"] = [_step_ms(s) for s in result.get("warmup_steps") or []]
+    row["threads"] = result.get("threads") or config.threads
+    row["step_cv"] = coefficient_of_variation(per_phase["step"]) if ok else None
+    row["unstable"] = unstable(per_phase["step"]) if ok else None
     row["model_build_s"] = result.get("model_build_s")
     if result.get("ranks"):
         row["ranks"] = [
@@ -203,10 +216,17 @@ def bench(
         tf32 = flops.tf32_enabled()
         run_id = f"{env['timestamp_utc']}-{uuid.uuid4().hex[:8]}"
         done = _done_rows(db) if resume else {}
+        # A DB that cannot take the rows says so now, not after the first config ran.
+        probe = bench_row(configs[0], {"status": "error", "error": "probe"}, env, tf32)
+        probe.update(config_key="", run_id=run_id, timeout_s=timeout_s)
+        results.probe_insert(db, TABLE, probe, COLUMN_TYPES)
         rows: list[Row] = []
+        # Chosen once, so every config of the sweep runs with the same count.
+        chosen = choose_threads() if any(c.threads is None for c in configs) else None
         for index, config in enumerate(configs):
             device = devices[config.device]
-            concrete = config.replace(device=device)
+            threads = config.threads or (chosen.threads if chosen else None)
+            concrete = config.replace(device=device, threads=threads)
             gpu = env["gpu_name"] if device == "cuda" else None
             key = results.config_key(concrete, device, gpu)
             if key in done:
@@ -219,6 +239,7 @@ def bench(
             result = run_child(concrete, timeout_s=timeout_s)
             row = bench_row(concrete, result, env, tf32)
             row.update(config_key=key, run_id=run_id, timeout_s=timeout_s)
+            row["threads_source"] = "--threads" if config.threads else (chosen and chosen.reason)
             results.insert(db, TABLE, row, COLUMN_TYPES)
             rows.append(row)
             if on_row:
@@ -265,6 +286,11 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
     if "TFLOP/s" in out and out["TFLOP/s"].max() < 1:  # tiny models on a CPU
         out = out.rename(columns={"TFLOP/s": "GFLOP/s"})
         out["GFLOP/s"] *= 1e3
+    if "threads" in frame and frame["threads"].astype(str).nunique() > 1:
+        out.insert(len(columns), "threads", frame["threads"].astype("Int64"))
+    notes = [stability_note(row) for row in rows]
+    if any(notes):
+        out["stability"] = notes
     if (frame["status"] != "ok").any():
         out["error"] = frame["error"].map(
             lambda e: (
@@ -274,6 +300,20 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
     return out
 
 
+def stability_note(row: Row) -> str | None:
+    """``unstable: cv 23%`` / ``unstable: 2 steps`` for an ``ok`` row not to be read as a
+    finding (:func:`unstable`), else None. Worked out from the stored step times, so rows
+    recorded before the rule existed are judged the same way."""
+    if row.get("status") != "ok":
+        return None
+    times = list(row.get("step_times_ms") or [])
+    if not unstable(times):
+        return None
+    if len(times) < MIN_STABLE_STEPS:
+        return f"unstable: {len(times)} step{'s' if len(times) != 1 else ''}"
+    return f"unstable: cv {coefficient_of_variation(times):.0%}"
+
+
 def title(rows: Sequence[Row]) -> str:
     """A one-line caption: where it ran, with what, and how it was timed."""
     first = rows[0]
@@ -281,7 +321,15 @@ def title(rows: Sequence[Row]) -> str:
     warmups = sorted({r["warmup"] for r in rows})
     steps = sorted({r["steps"] for r in rows})
     timing = f"{'/'.join(map(str, warmups))} warm-up + {'/'.join(map(str, steps))} timed steps"
-    return (
-        f"bench · {where} · torch {first.get('torch_version', '?')} · {timing} · "
-        "times are means (ms) ± std over the timed steps"
+    threads = sorted({r["threads"] for r in rows if r.get("threads")})
+    on = f" · {'/'.join(map(str, threads))} CPU thread{'s' if threads != [1] else ''}"
+    caption = (
+        f"bench · {where} · torch {first.get('torch_version', '?')} · {timing}"
+        f"{on if threads else ''} · times are means (ms) ± std over the timed steps"
     )
+    if any(stability_note(r) for r in rows):
+        caption += (
+            f" · unstable: step times spread > {UNSTABLE_CV:.0%} (cv) or fewer than "
+            f"{MIN_STABLE_STEPS} steps; not a finding"
+        )
+    return caption

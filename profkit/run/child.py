@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -31,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from profkit.run import torchrun
-from profkit.run.proc import kill_tree
+from profkit.run.proc import child_env, die_with_parent, kill_tree, private_tempdir, watch_parent
+from profkit.run.threads import thread_env
 from profkit.run.torchrun import rank_snapshot_path
 from profkit.workload.config import WorkloadConfig, resolve_device
 
@@ -97,6 +97,7 @@ def run_config(
             result["trace"] = str(tracer.path)
         run = workload.run(on_timed_start=start, on_timed_end=stop)
         result.update(run.to_dict())
+        result["threads"] = torch.get_num_threads()
     except torch.OutOfMemoryError as exc:
         result.update(status="oom", error=_first_line(exc))
     except Exception as exc:  # the child reports every failure as data, never a traceback
@@ -162,16 +163,19 @@ def run_child(
 
     Returns the child's result, or an ``error`` result when it died without writing one.
     """
-    with tempfile.TemporaryDirectory(prefix="profkit-") as tmp:
-        result_path = Path(tmp) / "result.json"
+    with private_tempdir("child") as tmp:
+        result_path = tmp / "result.json"
         argv = [*prefix, *child_argv(config, result_path, capture, capture_options)]
+        if config.threads is not None:  # OpenMP reads it when torch loads, before any code
+            env = {**thread_env(config.threads), **(env or {})}
         proc = subprocess.Popen(
             argv,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=torchrun.child_env({**os.environ, **(env or {})}),
+            env=child_env(env),
             start_new_session=True,  # Ctrl-C reaches us; we end the child's whole group
+            preexec_fn=die_with_parent(),  # and SIGKILL of us ends the child too
         )
         try:
             _, stderr = proc.communicate(timeout=timeout_s)
@@ -243,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capture", default="none", choices=CAPTURES)
     parser.add_argument("--capture-options", type=json.loads, default=None, help="JSON object")
     args = parser.parse_args(argv)
+    watch_parent(cleanup=args.result.parent)  # a killed sweep leaves no child running
     config = WorkloadConfig.from_json(args.config)
     from profkit.workload import parallel  # torch: only in the child
 

@@ -5,29 +5,183 @@ of their process group: nsys 2025.3 starts it in a session of its own (seen on t
 so ending only the child's group would leave the real workload running and holding the GPU. :func:`kill_tree` ends every descendant too; :func:`run_logged`
 runs a command in its own session with its whole output saved to a log file (and echoed,
 if asked), and ends the tree on Ctrl-C or timeout.
+
+A child must also die when its parent is killed outright (SIGKILL, the OOM killer), which
+no handler in the parent can see. Every child profkit starts gets ``PR_SET_PDEATHSIG``
+(:func:`die_with_parent`, Linux: the kernel sends SIGKILL when the parent dies), and
+profkit's own children also watch the sweep's pid (:func:`watch_parent`), which covers a
+child that a wrapper such as nsys started, out of the kernel's reach. Temporary
+directories are named after their owner's pid (:func:`private_tempdir`): SIGINT and
+SIGTERM remove them on the way out; after a SIGKILL the child that notices removes its
+own, and the next run removes any whose owner is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from profkit.errors import MissingTool
+from profkit.workload.config import MULTICAST_OFF
 
 TAIL_CHARS = 4_000
 _ERROR_WORDS = re.compile(
     r"error|unrecogni[sz]ed|not found|no such|failed|invalid|denied|exception|killed",
     re.IGNORECASE,
 )
+
+
+PARENT_PID_ENV = "PROFKIT_PARENT_PID"
+"""The pid of the profkit process a child works for; the child exits when it is gone."""
+WATCH_INTERVAL_S = 0.25
+_PR_SET_PDEATHSIG = 1
+_TEMP_NAME = re.compile(r"^profkit-(?:[a-z]+-)?(\d+)-")
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up now, in the parent: a preexec function must not load libraries after fork.
+_PRCTL = _load_prctl()
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only)."""
+    return _PRCTL is not None and _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` for Popen: the child gets SIGKILL when this process dies.
+
+    If this process died between fork and the prctl call, the child exits at once.
+    """
+    parent = os.getpid()
+
+    def preexec() -> None:
+        set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of every child: ours, ``env`` on top, our pid for :func:`watch_parent`,
+    and NVLink multicast off unless the user set those variables (it can take a shared
+    host's GPUs out of service)."""
+    merged = {**os.environ, **(env or {}), PARENT_PID_ENV: str(os.getpid())}
+    for key, value in MULTICAST_OFF.items():
+        merged.setdefault(key, value)
+    return merged
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed parent nobody has reaped yet is a zombie: gone all the same
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def watch_parent(cleanup: Path | None = None) -> None:
+    """In a child: exit as soon as the profkit process in ``$PROFKIT_PARENT_PID`` is gone.
+
+    Called first thing by profkit's child processes, before torch starts threads. The
+    direct parent's death also arrives as ``PR_SET_PDEATHSIG`` (SIGTERM, taken by the
+    watcher); polling the pid covers a child whose direct parent is a wrapper (nsys). ``cleanup`` (the child's private temporary
+    directory) is removed before exiting, since the dead parent cannot remove it.
+    """
+    pid_text = os.environ.get(PARENT_PID_ENV, "")
+    if not pid_text.isdigit():
+        return
+    parent = int(pid_text)
+    # Direct child: the kernel's death signal becomes SIGTERM, blocked here and taken by the
+    # watcher thread (threads started later inherit the mask), so the child can remove its
+    # temporary directory first. Until this runs, the SIGKILL set before exec stands.
+    direct = parent == os.getppid() and hasattr(signal, "sigtimedwait")
+    if direct:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        set_parent_death_signal(signal.SIGTERM)
+
+    def watch() -> None:
+        while _alive(parent):
+            if not direct:
+                time.sleep(WATCH_INTERVAL_S)
+            elif signal.sigtimedwait({signal.SIGTERM}, WATCH_INTERVAL_S) is not None:
+                break  # the parent died (or someone ended us): clean up all the same
+        if cleanup is not None and _TEMP_NAME.match(cleanup.name):
+            shutil.rmtree(cleanup, ignore_errors=True)
+        os._exit(137)  # as if killed: the parent is not there to read a result anyway
+
+    threading.Thread(target=watch, name="profkit-parent-watch", daemon=True).start()
+
+
+def remove_stale_tempdirs(root: Path | None = None) -> list[Path]:
+    """Remove ``profkit-*-PID-*`` temporary directories whose owner PID is gone."""
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            match = _TEMP_NAME.match(entry.name)
+            if match and entry.is_dir() and not _alive(int(match.group(1))):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def private_tempdir(kind: str) -> Iterator[Path]:
+    """A temporary directory ``profkit-KIND-PID-…`` for one child, removed on the way out.
+
+    Stale ones that killed runs left are removed first (see :func:`remove_stale_tempdirs`).
+    """
+    remove_stale_tempdirs()
+    with tempfile.TemporaryDirectory(prefix=f"profkit-{kind}-{os.getpid()}-") as tmp:
+        yield Path(tmp)
+
+
+def install_terminate_as_interrupt() -> None:
+    """For the whole process: SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does.
+
+    So ``kill PID``, ``timeout``, a batch scheduler or a closed terminal end a sweep the
+    way Ctrl-C does: the running child's tree is killed, finished rows stay committed and
+    temporary directories are removed. Called once by the ``profkit`` entry point.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
 
 
 def descendants(pid: int) -> list[int]:
@@ -162,8 +316,9 @@ def _spawn(
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
-            env={**os.environ, **(env or {})},
+            env=child_env(env),
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
     except OSError as exc:  # not a program this system can run (format, permission)
         raise MissingTool(f"cannot run {argv[0]}: {exc.strerror or exc}") from None

@@ -100,7 +100,15 @@ def config_key(config: WorkloadConfig, device: str, gpu_name: str | None = None)
     return json.dumps(fields, sort_keys=True)
 
 
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number it holds (sqlite3 binds only the latter)."""
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        return value.item()
+    return value
+
+
 def _column_type(value: Any) -> type:
+    value = _plain(value)
     if value is None:
         # BLOB affinity stores values as given; TEXT (sqlite-utils' default for None) would
         # turn the numbers of later rows into strings.
@@ -112,23 +120,63 @@ def _column_type(value: Any) -> type:
     return str  # str, and lists/dicts that sqlite-utils stores as JSON text
 
 
+_SQL_TYPES = {int: "INTEGER", float: "REAL", str: "TEXT", bytes: "BLOB"}
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_value(value: Any) -> Any:
+    value = _plain(value)
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(value)  # as sqlite-utils stores them: JSON text
+    return value
+
+
+@contextmanager
+def write_transaction(db: sqlite_utils.Database) -> Iterator[None]:
+    """One exclusive write: ``BEGIN IMMEDIATE`` (waits up to the busy timeout for other
+    writers) ... ``COMMIT``, rolled back on any error.
+
+    Taking the write lock first makes "does the table exist, which columns has it, insert"
+    one step: processes recording their first rows into one new DB at once cannot both
+    create the table (the loser used to fail with ``table already exists`` and lose its row).
+    """
+    conn = db.conn
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 def ensure_table(
     db: sqlite_utils.Database,
     table: str,
     row: Mapping[str, Any],
     column_types: Mapping[str, type] | None = None,
 ) -> None:
-    """Create ``table`` or add the columns ``row`` brings, typed by ``column_types`` or value."""
+    """Create ``table`` or add the columns ``row`` brings, typed by ``column_types`` or value.
+
+    Call it inside :func:`write_transaction` so no other process changes the schema between
+    the look and the change.
+    """
     column_types = column_types or {}
     wanted = {**{k: _column_type(v) for k, v in row.items()}, **column_types}
-    existing = db.table(table)
-    if not existing.exists():
-        db.create_table(table, wanted)
+    conn = db.conn
+    have = {r[1] for r in conn.execute(f"PRAGMA table_info({_quote(table)})")}
+    if not have:
+        columns = ", ".join(f"{_quote(n)} {_SQL_TYPES[k]}" for n, k in wanted.items())
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {_quote(table)} ({columns})")
         return
-    have = set(existing.columns_dict)
     for name, kind in wanted.items():
         if name not in have:
-            existing.add_column(name, kind)
+            conn.execute(
+                f"ALTER TABLE {_quote(table)} ADD COLUMN {_quote(name)} {_SQL_TYPES[kind]}"
+            )
 
 
 def insert(
@@ -137,12 +185,65 @@ def insert(
     row: Mapping[str, Any],
     column_types: Mapping[str, type] | None = None,
 ) -> None:
-    """Insert one row and commit it at once (so Ctrl-C later loses nothing finished)."""
+    """Insert one row and commit it at once (so Ctrl-C later loses nothing finished).
+
+    Safe with other processes writing the same DB: schema and row go in one
+    :func:`write_transaction`, which waits for the others (``BUSY_TIMEOUT_S``).
+    """
+    names = ", ".join(_quote(n) for n in row)
+    marks = ", ".join("?" for _ in row)
     try:
-        ensure_table(db, table, row, column_types)
-        db.table(table).insert(dict(row))  # sqlite-utils commits the insert on return
+        with write_transaction(db):
+            ensure_table(db, table, row, column_types)
+            db.conn.execute(
+                f"INSERT INTO {_quote(table)} ({names}) VALUES ({marks})",
+                [_sql_value(v) for v in row.values()],
+            )
     except sqlite3.Error as exc:
         raise BadInput(f"cannot write to the results database: {exc}") from None
+
+
+def probe_insert(
+    db: sqlite_utils.Database,
+    table: str,
+    row: Mapping[str, Any],
+    column_types: Mapping[str, type] | None = None,
+) -> None:
+    """Raise :class:`BadInput` now if ``row`` could not be stored in ``table``; stores nothing.
+
+    Run before the work, so a DB that cannot take the rows (a foreign ``bench`` table with
+    NOT NULL columns, a view of that name, a read-only file) is found before minutes of
+    measuring, not after. The row goes in and is rolled back.
+    """
+    kind = db.conn.execute(
+        "SELECT type FROM sqlite_master WHERE name = ? AND type != 'table'", [table]
+    ).fetchone()
+    if kind is not None:
+        raise BadInput(
+            f"{_path_of(db)} has a {kind[0]} named {table!r} where profkit keeps its "
+            f"{table} table; use another --db"
+        )
+    names = ", ".join(_quote(n) for n in row)
+    marks = ", ".join("?" for _ in row)
+    try:
+        db.conn.execute("BEGIN IMMEDIATE")
+        try:
+            ensure_table(db, table, row, column_types)
+            db.conn.execute(
+                f"INSERT INTO {_quote(table)} ({names}) VALUES ({marks})",
+                [_sql_value(v) for v in row.values()],
+            )
+        finally:
+            db.conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        raise BadInput(
+            f"{_path_of(db)} cannot take profkit's {table} rows: {exc} (use another --db)"
+        ) from None
+
+
+def _path_of(db: sqlite_utils.Database) -> str:
+    row = db.conn.execute("PRAGMA database_list").fetchone()
+    return str(row[2]) if row and row[2] else "the results database"
 
 
 def record(

@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 
 from profkit.errors import BadInput, MissingTool
+from profkit.files import export_path
+from profkit.run.proc import die_with_parent
 
 INSTALL_HINT = (
     "install Nsight Systems (https://developer.nvidia.com/nsight-systems) and put `nsys` "
@@ -54,20 +56,35 @@ def export_sqlite(
     """Export ``report`` (``.nsys-rep``) to SQLite beside it, reusing a fresh export.
 
     The export is cached as ``<stem>.sqlite``; it is redone when the report is newer or
-    ``force`` is set.
+    ``force`` is set. nsys writes to a temporary name in the same directory, renamed into
+    place only when the export succeeded: a failed or interrupted export leaves no
+    half-written ``.sqlite`` that a later run would take for a fresh one.
     """
     if not report.is_file():
         raise BadInput(f"no such file: {report}")
-    target = report.with_suffix(".sqlite")
+    target = export_path(report)
     if target.exists() and not force and target.stat().st_mtime >= report.stat().st_mtime:
         return target
     exe = find_nsys(nsys)
+    partial = target.with_name(f".{target.stem}.partial-{os.getpid()}.sqlite")
     argv = [
         str(exe), "export", "--type", "sqlite", "--force-overwrite", "true",
-        "--output", str(target), str(report),
+        "--output", str(partial), str(report),
     ]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    if proc.returncode != 0 or not target.exists():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise BadInput(f"nsys export of {report} failed ({proc.returncode}): {tail[0]}")
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, preexec_fn=die_with_parent())
+        if proc.returncode != 0 or not _is_sqlite(partial):
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise BadInput(f"nsys export of {report} failed ({proc.returncode}): {tail[0]}")
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
     return target
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False

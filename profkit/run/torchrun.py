@@ -13,14 +13,12 @@ its last rank does), the worst status, the largest peak memory, and a ``ranks`` 
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from profkit.errors import BadInput
-from profkit.workload.config import MULTICAST_OFF, WorkloadConfig
+from profkit.workload.config import WorkloadConfig
 
 STATUS_ORDER = ("ok", "oom", "error")  # the merged status is the worst a rank reached
 
@@ -37,17 +35,6 @@ def torchrun_prefix(nproc: int) -> list[str]:
         "--max-restarts",
         "0",
     ]
-
-
-def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of every child: ``base`` (default: ours) with NVLink multicast off.
-
-    A variable the user set keeps the user's value.
-    """
-    env = dict(os.environ if base is None else base)
-    for key, value in MULTICAST_OFF.items():
-        env.setdefault(key, value)
-    return env
 
 
 def check_nproc(config: WorkloadConfig, device: str) -> None:

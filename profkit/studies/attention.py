@@ -49,6 +49,11 @@ IMPLS = ("naive", "sdpa")
 ISOLATIONS = ("auto", "process")
 DEFAULT_D_HEADS = (16, 32, 64, 128)
 DEFAULT_SEQS = (256, 1024, 4096, 8192, 16384)
+DEFAULT_ITERS = 100
+# On a CPU the handout's grid would run for hours (seq 8192 alone is ~0.3 TFLOP a pass):
+# these finish in well under a minute on one core and still show the quadratic growth.
+CPU_SEQS = (256, 512, 1024)
+CPU_ITERS = 10
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ class AttentionSettings:
     isolate: str = "auto"
     """``auto``: cells share a process, OOM caught and freed; after any other failure the
     rest run in fresh child processes. ``process``: every cell in its own child."""
+    threads: int | None = None
+    """Intra-op CPU threads; None: the cores free to the process (``profkit.run.threads``)."""
     memory_guard: bool = True
     """On a CPU, skip cells whose count exceeds the memory available: Linux would grant
     the allocation and its OOM killer would then end the whole run, not one cell."""
@@ -113,6 +120,31 @@ class AttentionSettings:
             raise BadInput(f"--iters must be at least 1, got {self.iters}")
         if self.warmup < 0:
             raise BadInput(f"--warmup must be 0 or more, got {self.warmup}")
+        if self.threads is not None and self.threads < 1:
+            raise BadInput(f"--threads must be at least 1, got {self.threads}")
+
+    @classmethod
+    def with_defaults(
+        cls,
+        device: str = "auto",
+        d_heads: tuple[int, ...] = (),
+        seqs: tuple[int, ...] = (),
+        iters: int | None = None,
+        **given: Any,
+    ) -> AttentionSettings:
+        """Settings with the defaults of the device it will run on for what is not given.
+
+        The handout's grid (seq up to 16,384, 100 passes) on a GPU; on a CPU seq
+        256/512/1024 and 10 passes (:data:`CPU_SEQS`, :data:`CPU_ITERS`), which finish.
+        """
+        on_cpu = resolve_device(device) == "cpu"
+        return cls(
+            d_heads=d_heads or DEFAULT_D_HEADS,
+            seqs=seqs or (CPU_SEQS if on_cpu else DEFAULT_SEQS),
+            iters=iters if iters is not None else (CPU_ITERS if on_cpu else DEFAULT_ITERS),
+            device=device,
+            **given,
+        )
 
     def cells(self) -> list[Cell]:
         """The grid, shape-major so eager and compiled (or naive and sdpa) run side by side."""
@@ -266,6 +298,7 @@ def new_row(settings: AttentionSettings, cell: Cell, device: torch.device) -> di
         "causal": settings.causal,
         "iters": settings.iters,
         "warmup": settings.warmup,
+        "threads": settings.threads,
         "device": device.type,
         "device_name": name,
         "status": "ok",
@@ -351,3 +384,15 @@ def prime_device(device: torch.device, dtypes: tuple[str, ...]) -> None:
         (a @ a).sum().backward()
     synchronize(device)
     release(device)
+
+
+def warm_up_grid(settings: AttentionSettings, device: torch.device) -> None:
+    """Once per process, before the first cell: every impl and dtype of the grid forward and
+    backward on a small shape. The first call of a process pays for lazy set-up (the
+    autograd engine's threads, kernel dispatch, library handles); without this the first
+    cell measured that, up to 100x slower than its neighbours. Per-cell warm-up passes
+    (``warmup``) still run for each shape."""
+    small = settings.replace(iters=1, warmup=1, memory_guard=False)
+    for impl in settings.impls:
+        for dtype in settings.dtypes:
+            measure_cell(small, Cell(impl, False, dtype, min(settings.d_heads), 16), device)

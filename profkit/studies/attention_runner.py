@@ -17,24 +17,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from profkit.run.proc import child_env, die_with_parent, kill_tree, private_tempdir, watch_parent
+from profkit.run.threads import choose_threads
 from profkit.studies.attention import (
     AttentionSettings,
     Cell,
     measure_cell,
     new_row,
     prime_device,
+    warm_up_grid,
 )
 from profkit.workload.config import resolve_device
 
@@ -44,40 +45,109 @@ POLL_S = 0.2
 STDERR_TAIL_CHARS = 2_000
 
 
+TABLE = "attention"
+# Stored cells a resumed grid reuses: measured (ok), out of memory or skipped by the host
+# memory guard (both would recur). ``error`` cells run again.
+REUSABLE = ("ok", "oom", "skipped")
+
+
 def run_attention(
     settings: AttentionSettings,
     on_start: OnStart | None = None,
     on_done: OnDone | None = None,
     db_path: Path | None = None,
+    resume: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every cell of the grid, one row each (``ok``, ``oom`` or ``error``), in grid order.
+    """Every cell of the grid, one row each (``ok``, ``oom``, ``skipped`` or ``error``), in grid order.
 
-    ``on_start(cell)`` and ``on_done(row)`` report progress. Raises ``MissingTool`` when
-    the device is not available, before running anything. On Ctrl-C the cells not yet
-    finished come back as ``interrupted`` rows (any running child is killed first).
+    Each finished cell is committed to the ``attention`` table of ``db_path`` as soon as it
+    finishes (as ``bench`` does), so a grid killed halfway keeps every finished cell; with
+    ``resume`` the cells the DB already holds (:data:`REUSABLE`) are not run again.
+    ``on_start(cell)`` and ``on_done(row)`` report progress (resumed rows included).
+    Raises ``MissingTool`` when the device is not available, before running anything. On
+    Ctrl-C or SIGTERM the cells not yet finished come back as ``interrupted`` rows (not
+    stored; any running child is killed first).
     """
-    settings = settings.replace(device=resolve_device(settings.device))
+    # The thread count is chosen once, so every cell (and every child) runs with the same.
+    threads = choose_threads(settings.threads).threads
+    settings = settings.replace(device=resolve_device(settings.device), threads=threads)
     cells = settings.cells()
-    finished: list[dict[str, Any]] = []
+    stored = stored_rows(settings, db_path) if resume and db_path is not None else {}
+    finished: dict[Cell, dict[str, Any]] = {}
+    with _committer(settings, db_path) as commit:
 
-    def done(row: dict[str, Any]) -> None:
-        finished.append(row)
-        if on_done:
-            on_done(row)
+        def done(row: dict[str, Any]) -> None:
+            finished[_cell_of(row)] = row
+            commit(row)
+            if on_done:
+                on_done(row)
 
-    try:
-        rows = run_cells(settings, cells, on_start, done)
-    except KeyboardInterrupt:
-        # Keep what finished: the rest become ``interrupted`` rows, the caller decides.
-        rows = finished + [
-            {**new_row(settings, cell, torch.device("cpu")), "status": "interrupted", "pid": None}
-            for cell in cells[len(finished) :]
-        ]
-        for row in rows[len(finished) :]:
-            row.update(device=settings.device, device_name=None)
-    if db_path is not None:
-        record_results(rows, db_path)
-    return rows
+        for cell in cells:
+            if cell in stored:
+                finished[cell] = stored[cell]
+                if on_done:
+                    on_done(stored[cell])
+        # On Ctrl-C keep what finished: the rest become ``interrupted`` rows below.
+        with contextlib.suppress(KeyboardInterrupt):
+            run_cells(settings, [c for c in cells if c not in stored], on_start, done)
+    return [finished.get(cell) or _interrupted_row(settings, cell) for cell in cells]
+
+
+def _cell_of(row: dict[str, Any]) -> Cell:
+    return Cell(row["impl"], bool(row["compile"]), row["dtype"], row["d_head"], row["seq"])
+
+
+def _interrupted_row(settings: AttentionSettings, cell: Cell) -> dict[str, Any]:
+    row = new_row(settings, cell, torch.device("cpu"))
+    row.update(status="interrupted", pid=None, device=settings.device, device_name=None)
+    return row
+
+
+@contextlib.contextmanager
+def _committer(settings: AttentionSettings, db_path: Path | None) -> Iterator[OnDone]:
+    """A function that commits one finished row to the DB at once (a no-op without a DB).
+
+    Each row carries the environment (GPU, versions, commit) and a run id, as bench rows do.
+    A DB that could not take the rows is refused here, before the first cell runs.
+    """
+    if db_path is None:
+        yield lambda _row: None
+        return
+    from profkit.run.environment import environment
+    from profkit.run.results import insert, opened, probe_insert
+
+    env = environment()
+    run_id = uuid.uuid4().hex[:12]
+    with opened(db_path) as db:
+        probe = new_row(settings, settings.cells()[0], torch.device(settings.device))
+        probe_insert(db, TABLE, {**probe, **env, "run_id": run_id})
+        yield lambda row: insert(db, TABLE, {**row, **env, "run_id": run_id})
+
+
+def _same_settings(row: dict[str, Any], settings: AttentionSettings) -> bool:
+    return (row["batch"], bool(row["causal"]), row["iters"], row["warmup"], row["device"]) == (
+        settings.batch,
+        settings.causal,
+        settings.iters,
+        settings.warmup,
+        settings.device,
+    )
+
+
+def stored_rows(settings: AttentionSettings, db_path: Path) -> dict[Cell, dict[str, Any]]:
+    """The cells of ``settings`` (a concrete device) the DB already holds, latest row each."""
+    from profkit.run import results
+
+    if not db_path.exists():
+        return {}
+    found: dict[Cell, dict[str, Any]] = {}
+    wanted = set(settings.cells())
+    for row in results.rows(db_path, TABLE):
+        if row.get("status") in REUSABLE and _same_settings(row, settings):
+            row = {**row, "compile": bool(row["compile"]), "causal": bool(row["causal"])}
+            if _cell_of(row) in wanted:
+                found[_cell_of(row)] = row
+    return found
 
 
 def run_cells(
@@ -97,27 +167,15 @@ def run_cells(
     return rows
 
 
-def record_results(rows: list[dict[str, Any]], db_path: Path) -> None:
-    """Store every row (``ok``, ``oom``, ``error`` alike) in the ``attention`` table.
-
-    Each row carries the environment (GPU, versions, commit) and a run id, as bench rows do.
-    """
-    from profkit.run.environment import environment
-    from profkit.run.results import insert, opened
-
-    env = environment()
-    run_id = uuid.uuid4().hex[:12]
-    with opened(db_path) as db:
-        for row in rows:
-            insert(db, "attention", {**row, **env, "run_id": run_id})
-
-
 def run_here(
     settings: AttentionSettings, cells: Sequence[Cell], on_start: OnStart, on_done: OnDone
 ) -> list[dict[str, Any]]:
     """Run cells in this process; stop after the first failure that is not an OOM."""
     device = torch.device(settings.device)
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
     prime_device(device, settings.dtypes)
+    warm_up_grid(settings, device)
     rows = []
     for cell in cells:
         on_start(cell)
@@ -151,8 +209,8 @@ def _run_child(
 ) -> list[dict[str, Any]]:
     """One child for ``cells``: rows it wrote, plus a row for the cell it died in, if any."""
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="profkit-attention-") as tmp:
-        rows_path, stderr_path = Path(tmp) / "rows.jsonl", Path(tmp) / "stderr.txt"
+    with private_tempdir("attention") as tmp:
+        rows_path, stderr_path = tmp / "rows.jsonl", tmp / "stderr.txt"
         argv = [
             sys.executable,
             "-m",
@@ -168,7 +226,12 @@ def _run_child(
         with stderr_path.open("w") as stderr:
             # stderr to a file, not a pipe: Inductor can warn more than a pipe buffer holds.
             proc = subprocess.Popen(
-                argv, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+                argv,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=child_env(),
+                start_new_session=True,
+                preexec_fn=die_with_parent(),  # SIGKILL of this process ends the child too
             )
             try:
                 while proc.poll() is None:
@@ -176,8 +239,7 @@ def _run_child(
                         proc.wait(timeout=POLL_S)
                     _take_new_rows(rows_path, rows, cells, on_start, on_done)
             except BaseException:  # Ctrl-C included: leave no orphaned GPU process
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc)
                 proc.wait()
                 raise
         _take_new_rows(rows_path, rows, cells, on_start, on_done)
@@ -237,6 +299,7 @@ def _child_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cells", required=True, help="the cells to run, as a JSON list")
     parser.add_argument("--rows", required=True, type=Path, help="JSON-lines file to append to")
     args = parser.parse_args(argv)
+    watch_parent(cleanup=args.rows.parent)
     settings = AttentionSettings.from_dict(json.loads(args.settings))
     cells = [Cell(**c) for c in json.loads(args.cells)]
     with args.rows.open("a") as out:

@@ -41,7 +41,21 @@ def title(rows: list[dict[str, Any]]) -> str:
         parts.append("causal")
     parts.append(f"{first['iters']} timed passes")
     parts.append(first["device_name"] or first["device"])
+    if first.get("device") == "cpu" and first.get("threads"):
+        parts.append(f"{first['threads']} thread{'s' if first['threads'] != 1 else ''}")
     return "Attention: " + ", ".join(p for p in parts if p)
+
+
+def progress_line(done: int, total: int, row: dict[str, Any]) -> str:
+    """``[3/12] naive eager fp32 d_head 16 seq 1,024  ok  fwd 0.41 ms  bwd 1.20 ms``."""
+    label = (
+        f"{row['impl']} {'compiled' if row['compile'] else 'eager'} {row['dtype']} "
+        f"d_head {row['d_head']} seq {row['seq']:,}"
+    )
+    head = f"[{done}/{total}] {label:<40}"
+    if row["status"] == "ok":
+        return f"{head} ok   fwd {row['forward_ms']:,.2f} ms  bwd {row['backward_ms']:,.2f} ms"
+    return f"{head} {row['status']}  {row.get('error') or ''}".rstrip()
 
 
 def cells_table(rows: list[dict[str, Any]]) -> pd.DataFrame:

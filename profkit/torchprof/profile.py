@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from profkit import __version__
 from profkit.errors import BadInput, ProfkitError
 from profkit.files import output_dirs
+from profkit.run.threads import choose_threads
 from profkit.torchprof.report import report_markdown
 from profkit.torchprof.result import ProfiledRun, TorchOptions, TorchProfile
 from profkit.torchprof.tables import (
@@ -87,6 +88,8 @@ def profile_torch(
     """
     out_dir, reports_dir = output_dirs(out_dir, reports_dir)
     options = options or TorchOptions()
+    if resolve_device(config.device) == "cpu":  # as many threads as cores are free (run.threads)
+        config = config.replace(threads=choose_threads(config.threads).threads)
     result = TorchProfile(
         name=check_name(name or default_name(config)),
         config=config,

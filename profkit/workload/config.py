@@ -31,6 +31,7 @@ MULTICAST_OFF = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+MAX_THREADS = 1_024
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class WorkloadConfig:
     """Processes (one per GPU) started by ``torchrun``; ``batch`` is per process."""
     parallel: str = "ddp"
     """With ``nproc`` > 1: ``ddp`` (DistributedDataParallel) or ``fsdp`` (FSDP2)."""
+    threads: int | None = None
+    """Intra-op CPU threads (``torch.set_num_threads``); None: sweeps choose from the cores
+    free to the process (``profkit.run.threads``), an in-process run keeps torch's."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Free-form labels carried along into results (not part of a config's identity)."""
 
@@ -88,6 +92,8 @@ class WorkloadConfig:
         _check_choice("parallel", self.parallel, PARALLELS)
         if not 1 <= self.nproc <= MAX_NPROC:
             raise BadInput(f"--nproc must be between 1 and {MAX_NPROC}, got {self.nproc}")
+        if self.threads is not None and not 0 < self.threads <= MAX_THREADS:
+            raise BadInput(f"--threads must be between 1 and {MAX_THREADS}, got {self.threads}")
         if self.vocab_size < 2:
             raise BadInput(f"vocab size must be at least 2, got {self.vocab_size}")
 

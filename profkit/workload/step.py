@@ -101,6 +101,8 @@ class Workload:
 
     def __init__(self, config: WorkloadConfig, device: str | None = None) -> None:
         self.config = config
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
         self.ranks, self.device = parallel.init(
             torch.device(device or resolve_device(config.device))
         )
