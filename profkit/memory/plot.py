@@ -291,9 +291,9 @@ def plot_file(
     The picture goes to ``out``, by default beside the snapshot as ``NAME.png``; the
     sidecar, when there is one, names the config in the title and places the phases.
     """
-    from profkit.memory.snapshot import load_snapshot, sidecar_path
-    from profkit.memory.summary import read_sidecar
+    from profkit.memory.snapshot import load_snapshot
     from profkit.memory.timeline import reconstruct
+    from profkit.sidecar import read_sidecar, sidecar_path
 
     if detail < 1 or sites < 0:
         raise BadInput("--detail must be at least 1 and --sites at least 0")

@@ -7,7 +7,6 @@ workload config, the allocator's own peak counters, phase marks) into the plain 
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -18,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.memory.snapshot import load_snapshot, sidecar_path
+from profkit.memory.snapshot import load_snapshot
 from profkit.memory.timeline import Allocation, Timeline, reconstruct
+from profkit.sidecar import read_sidecar
 
 GIB = 1024**3
 MIB = 1024**2
@@ -79,18 +79,6 @@ def group_by_site(
         group["largest_bytes"] = max(group["largest_bytes"], alloc.size)
     rows = [{"site": site, **values} for site, values in groups.items()]
     return sorted(rows, key=lambda r: (-r["size_bytes"], r["site"]))
-
-
-def read_sidecar(snapshot_path: Path) -> dict[str, Any] | None:
-    """The capture's metadata beside a snapshot, if profkit wrote one."""
-    path = sidecar_path(Path(snapshot_path))
-    if not path.is_file():
-        return None
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # a broken sidecar only costs the extras, never the summary
-    return value if isinstance(value, dict) else None
 
 
 def phase_spans(timeline: Timeline, marks: Sequence[dict[str, Any]]) -> list[tuple[str, int, int]]:
