@@ -131,7 +131,9 @@ def reading(path: Path | str) -> Iterator[None]:
         yield
     except _STREAM_ERRORS as exc:
         detail = str(exc) or type(exc).__name__
-        raise BadInput(f"{path} is truncated or corrupt ({detail})") from None
+        kind = compression_of(Path(path))
+        what = f"a truncated or corrupt {kind} file" if kind else "truncated or corrupt"
+        raise BadInput(f"{path} is {what} ({detail})") from None
 
 
 def read_input(path: Path | str, what: str) -> bytes:

@@ -59,8 +59,8 @@ _SCHEMA: dict[str, Any] = {
 _ROOT = "the sidecar"
 
 
-class _Broken(ValueError):
-    """Where a sidecar breaks the schema (the message names the field)."""
+class BrokenSidecar(ValueError):
+    """Where a sidecar (or a record of the same shape) breaks the schema; names the field."""
 
 
 def sidecar_path(artefact: Path | str) -> Path:
@@ -100,39 +100,39 @@ def read_sidecar(artefact: Path | str) -> dict[str, Any] | None:
     path = sidecar_path(artefact)
     try:
         return load_sidecar(path)
-    except _Broken as exc:
+    except BrokenSidecar as exc:
         warn(f"ignored {path}: {exc}; the analysis goes on without its extras")
         return None
 
 
 def load_sidecar(path: Path) -> dict[str, Any] | None:
-    """Read and validate the sidecar file ``path`` (None if absent); raises ``_Broken``."""
+    """Read and validate the sidecar file ``path`` (None if absent); raises :class:`BrokenSidecar`."""
     try:
         info = path.stat()
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise _Broken(exc.strerror or str(exc)) from None
+        raise BrokenSidecar(exc.strerror or str(exc)) from None
     if not stat.S_ISREG(info.st_mode):
-        raise _Broken("not a regular file")
+        raise BrokenSidecar("not a regular file")
     if info.st_size > MAX_BYTES:
-        raise _Broken(f"{info.st_size:,} bytes is too big for a sidecar")
+        raise BrokenSidecar(f"{info.st_size:,} bytes is too big for a sidecar")
     try:
         value = json.loads(path.read_bytes(), parse_constant=_no_constant)
     except (OSError, ValueError, RecursionError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise _Broken(f"not valid JSON ({detail})") from None
+        raise BrokenSidecar(f"not valid JSON ({detail})") from None
     validate(value)
     return value  # type: ignore[no-any-return]
 
 
 def validate(record: Any) -> None:
-    """Raise ``_Broken`` unless ``record`` has the types profkit reads (see the schema)."""
+    """Raise :class:`BrokenSidecar` unless ``record`` has the types profkit reads."""
     try:
         _check_finite(record, _ROOT)  # extras are passed on: none may be inf/nan
         _check(record, _SCHEMA, _ROOT)
     except RecursionError:
-        raise _Broken("nested too deeply") from None
+        raise BrokenSidecar("nested too deeply") from None
 
 
 def _no_constant(name: str) -> Any:
@@ -150,18 +150,18 @@ def _check(value: Any, spec: Any, where: str) -> None:
             _scalar(value, spec, where)
     elif isinstance(spec, dict):
         if not isinstance(value, dict):
-            raise _Broken(f"{where} is {_show(value)}, not an object")
+            raise BrokenSidecar(f"{where} is {_show(value)}, not an object")
         for key, inner in spec.items():
             if key in value:
                 _check(value[key], inner, _field(where, key))
     elif spec[0] == "map":
         if not isinstance(value, dict):
-            raise _Broken(f"{where} is {_show(value)}, not an object")
+            raise BrokenSidecar(f"{where} is {_show(value)}, not an object")
         for key, inner in value.items():
             _check(inner, spec[1], f"{where}.{key}")
     else:  # (spec,): a list
         if not isinstance(value, list):
-            raise _Broken(f"{where} is {_show(value)}, not a list")
+            raise BrokenSidecar(f"{where} is {_show(value)}, not a list")
         for index, item in enumerate(value):
             _check(item, spec[0], f"{where}[{index}]")
 
@@ -190,12 +190,12 @@ def _scalar(value: Any, kind: str, where: str) -> None:
             "count+": "a whole number >= 1",
             "scalar": "a finite number, text, true/false or null",
         }[kind]
-        raise _Broken(f"{where} is {_show(value)}, not {wanted}")
+        raise BrokenSidecar(f"{where} is {_show(value)}, not {wanted}")
 
 
 def _check_finite(value: Any, where: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
-        raise _Broken(f"{where} is {value}, not a finite number")
+        raise BrokenSidecar(f"{where} is {value}, not a finite number")
     if isinstance(value, dict):
         for key, inner in value.items():
             _check_finite(inner, _field(where, key))

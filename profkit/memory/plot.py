@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from profkit.errors import BadInput
+from profkit.files import check_writable
 from profkit.memory.summary import (
     GIB,
     fmt_bytes,
@@ -301,6 +302,8 @@ def plot_file(
     base = stem_path.with_name(stem_path.name.removesuffix(".profkit.json"))
     out = out if out is not None else base.with_suffix(".png")
     check_image_path(out)
+    for written in (out, out.with_suffix(".html")) if html else (out,):
+        check_writable(written)  # before the work: "its parent is a file", not "File exists"
     snapshot = load_snapshot(snapshot_path)
     meta = read_sidecar(snapshot_path) or {}
     timeline = reconstruct(snapshot)

@@ -14,12 +14,14 @@ directly, whatever reads them; anything that is not a regular file is refused at
 from __future__ import annotations
 
 import importlib
+import lzma
 import os
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 from profkit.errors import BadInput, MissingTool
-from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input, reading
+from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input
 from profkit.traces._sqlite import SQLITE_MAGIC
 from profkit.traces.nsys_sqlite import read_nsys_sqlite
 from profkit.traces.schema import Trace
@@ -97,6 +99,10 @@ def _export(report: Path, nsys: str | os.PathLike[str] | None) -> Path:
 
 
 def _head(path: Path) -> bytes:
-    """The first bytes of ``path``'s content (decompressed)."""
-    with open_input(path, "a trace file") as stream, reading(path):
-        return stream.read(len(SQLITE_MAGIC))
+    """The first bytes of ``path``'s content (decompressed; empty if that fails: the reader
+    its name calls for then says what is wrong)."""
+    with open_input(path, "a trace file") as stream:
+        try:
+            return stream.read(len(SQLITE_MAGIC))
+        except (OSError, EOFError, lzma.LZMAError, zlib.error):
+            return b""
