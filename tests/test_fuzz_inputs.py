@@ -71,10 +71,9 @@ def workdir() -> Iterator[Path]:
 
 
 # Values a damaged file may hold where a number, a name or a list belongs.
-ODD_NUMBERS = st.sampled_from(
-    [2**63 - 1, -(2**63), 2**64 - 1, 2**70, -1, 0, 1e300, -1e300, 1.5, float("nan"),
-     float("inf"), float("-inf")]  # fmt: skip
-)
+HUGE = [2**63 - 1, -(2**63), 2**64 - 1, 2**70, 1e300, -1e300]
+NON_FINITE = [float("nan"), float("inf"), float("-inf")]
+ODD_NUMBERS = st.sampled_from([*HUGE, *NON_FINITE, -1, 0, 1.5])
 ODD_TEXT = st.sampled_from(["", "abc", "nan", "inf", "1e400", "-5", "\x00", "é" * 3])
 ODD_BLOBS = st.sampled_from([b"", b"\xff\xfe\xfa", b"abc", b"\x00" * 8])
 CELL = st.one_of(ODD_NUMBERS, ODD_TEXT, ODD_BLOBS, st.none(), st.integers(-(2**63), 2**63 - 1))
@@ -133,7 +132,9 @@ def nsys_damage(draw: st.DrawFn) -> tuple[str, ...] | tuple[Any, ...]:
 def damage_export(path: Path, damages: list[tuple[Any, ...]]) -> None:
     with sqlite3.connect(path) as db:
         for kind, table, column, *rest in damages:
-            with contextlib.suppress(sqlite3.Error, OverflowError):  # a table an earlier damage dropped
+            with contextlib.suppress(
+                sqlite3.Error, OverflowError
+            ):  # a table an earlier damage dropped
                 if kind == "cell":
                     value, every_row = rest
                     where = "" if every_row else f'WHERE rowid = (SELECT min(rowid) FROM "{table}")'

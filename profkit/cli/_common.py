@@ -115,7 +115,9 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
                 raise typer.Exit(130) from None
             finally:
                 for line in said:  # warnings of a command that succeeded, after its output
-                    err_console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+                    err_console.print(
+                        f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True
+                    )
 
         return app.command(name, cls=ListOptionsCommand, **kwargs)(wrapper)  # type: ignore[return-value]
 

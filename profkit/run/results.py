@@ -17,7 +17,7 @@ from typing import Any
 import sqlite_utils
 
 from profkit.errors import BadInput
-from profkit.files import check_writable
+from profkit.files import check_readable, check_writable
 from profkit.workload.config import WorkloadConfig
 
 DEFAULT_DB = Path("profiles/results.db")
@@ -40,6 +40,8 @@ def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:
     path = Path(path)
     if path.is_dir():
         raise BadInput(f"{path} is a directory, not a results database (give the .db file)")
+    if path.exists():
+        check_readable(path, "a results database")  # a FIFO would hang the first read
     if write:
         check_writable(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,7 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
     ``nsys`` is the Nsight Systems executable used to export a ``.nsys-rep`` (else
     ``$PROFKIT_NSYS``, else ``nsys`` on PATH).
     """
-    path = check_readable(path, f"a trace file ({SUPPORTED})")  # before any read: no hang
+    path = check_readable(Path(path), f"a trace file ({SUPPORTED})")  # before any read: no hang
     name = path.name.lower()
     if name.endswith(".zst"):
         raise BadInput(f"{path} is zstd-compressed; unpack it first (`zstd -d` keeps the original)")
