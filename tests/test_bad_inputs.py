@@ -431,3 +431,21 @@ def test_broken_pipe_is_not_a_traceback() -> None:
     proc.wait()
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
     assert proc.returncode in (0, 2) and len(stderr.splitlines()) <= 1, stderr
+
+
+def test_a_timestamp_from_another_era_is_one_line(tmp_path: Path) -> None:
+    path = export(
+        tmp_path,
+        "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = 9223372036854775807 WHERE rowid = 9",
+    )
+    one_error(invoke("kernels", path), "its timestamps span 106,752 days", "damaged timestamp")
+
+
+def test_chrome_thread_id_at_the_int64_edge_reads(tmp_path: Path) -> None:
+    def damage(doc: dict[str, Any]) -> None:
+        launch = next(e for e in doc["traceEvents"] if e.get("cat") == "cuda_runtime")
+        launch["tid"] = 2**63 - 1
+
+    _, report = kernels_json(chrome(tmp_path, damage))
+    _, clean = kernels_json(CHROME)
+    assert report["totals"] == clean["totals"]

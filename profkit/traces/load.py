@@ -24,7 +24,7 @@ from profkit.errors import BadInput, MissingTool
 from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input
 from profkit.traces._sqlite import SQLITE_MAGIC
 from profkit.traces.nsys_sqlite import read_nsys_sqlite
-from profkit.traces.schema import Trace
+from profkit.traces.schema import Trace, check_time_span
 
 Reader = Callable[[Path], Trace]
 
@@ -58,14 +58,14 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
     if name.endswith(".zst"):
         raise BadInput(f"{path} is zstd-compressed; unpack it first (`zstd -d` keeps the original)")
     if name.endswith(NSYS_REPORT_SUFFIXES):
-        return read_nsys_sqlite(_export(path, nsys))
+        return check_time_span(read_nsys_sqlite(_export(path, nsys)))
     if _head(path).startswith(SQLITE_MAGIC):
-        return read_nsys_sqlite(path)
+        return check_time_span(read_nsys_sqlite(path))
     _import_plugin(name)
     inner = _without_compression(name)
     for suffix in sorted(READERS, key=len, reverse=True):  # ".json.gz" before ".gz"
         if name.endswith(suffix) or inner.endswith(suffix):
-            return READERS[suffix](path)
+            return check_time_span(READERS[suffix](path))
     raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED})")
 
 
