@@ -218,4 +218,4 @@ def test_every_written_file_is_out_and_every_format_is_f() -> None:
 def test_timeout_is_checked_once_for_every_command(path: tuple[str, ...]) -> None:
     result = runner.invoke(app, [*path, "--size", "tiny", "--timeout", "0"])
     assert result.exit_code == 2
-    assert result.output == "error: --timeout must be positive, got 0\n"
+    assert result.output == "error: --timeout must be a positive number of seconds, got 0\n"

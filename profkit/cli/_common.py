@@ -8,10 +8,14 @@ defaults and choices are :class:`~profkit.workload.config.WorkloadConfig`'s.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import inspect
 import itertools
+import os
 import re
+import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +25,9 @@ import typer
 import typer.core
 
 from profkit.cli.render import err_console
-from profkit.errors import BadInput, ProfkitError
+from profkit.errors import BadInput, ProfkitError, ProfkitWarning
 from profkit.files import check_output
+from profkit.run.proc import check_timeout
 from profkit.workload.config import ATTENTIONS, DEVICES, DTYPES, MODES, PARALLELS, WorkloadConfig
 from profkit.workload.specs import SIZES
 
@@ -103,8 +108,11 @@ def command(
 ) -> Callable[[F], F]:
     """Register a command with list options and the one error boundary.
 
-    A :class:`ProfkitError` becomes one line on stderr and exit status 2; Ctrl-C becomes
-    exit status 130 with a short note (work already written stays written). Before the
+    A :class:`ProfkitError` becomes one line on stderr and exit status 2, and so does an
+    output that cannot be written (stdout closed, a full disk, a reader gone from the pipe);
+    a :class:`~profkit.errors.ProfkitWarning` becomes one ``warning:`` line and the work
+    goes on; Ctrl-C becomes exit status 130 with a short note (work already written stays
+    written). Before the
     command runs, each of its ``outputs`` (parameter names) that is given is checked by
     :func:`~profkit.files.check_output` against every other path argument (inputs, --db).
     """
@@ -112,15 +120,30 @@ def command(
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
+            said: list[str] = []
             try:
-                _check_shared_options(kw, outputs)
-                return fn(*args, **kw)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("always", ProfkitWarning)
+                    warnings.showwarning = functools.partial(_show_warning, said)
+                    _check_shared_options(kw, outputs)
+                    result = fn(*args, **kw)
+                    sys.stdout.flush()  # a closed or full stdout fails here, not at exit
+                    return result
             except ProfkitError as exc:
-                err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-                raise typer.Exit(2) from None
+                _error(str(exc), said)
+            except OSError as exc:
+                if exc.errno not in _OUTPUT_ERRNOS or exc.filename is not None:
+                    raise  # a file's own error, not stdout's: the readers say those
+                _silence_stdout()
+                _error(f"cannot write the output: {exc.strerror or exc}", said)
             except KeyboardInterrupt:
                 err_console.print("interrupted; results already written are kept")
                 raise typer.Exit(130) from None
+            finally:
+                for line in said:  # warnings of a command that succeeded, after its output
+                    err_console.print(
+                        f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True
+                    )
 
         return app.command(name, cls=ListOptionsCommand, **kwargs)(wrapper)  # type: ignore[return-value]
 
@@ -138,9 +161,40 @@ def _check_shared_options(kw: dict[str, Any], outputs: tuple[str, ...]) -> None:
         if isinstance(kw.get(output), Path):
             flag = "--" + output.replace("_", "-")
             check_output(kw[output], _input_paths(kw, outputs), flag)
-    timeout = kw.get("timeout")
-    if timeout is not None and not timeout > 0:  # also catches nan
-        raise BadInput(f"--timeout must be positive, got {timeout:g}")
+    check_timeout(kw.get("timeout"))
+
+
+# What writing to stdout fails with: the reader left the pipe, the disk is full, stdout was
+# closed, the device failed.
+_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT}
+
+
+def _error(message: str, said: list[str]) -> None:
+    """One ``error:`` line; warnings said before it are folded in, so it stays one line."""
+    line = " ".join(message.split())  # one line, even if a message (from pickle, say) has more
+    if said:
+        line += f" (after {len(said)} warning(s); the first: {said[0]})"
+        said.clear()
+    err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2) from None
+
+
+def _show_warning(said: list[str], message: Any, *args: Any, **kwargs: Any) -> None:
+    """Keep a warning to print when the command ends (one line, whatever it holds)."""
+    line = " ".join(str(message).split())
+    if line not in said:
+        said.append(line)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that flushing at exit cannot fail a second time."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (tests), or closed
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 # --- options of many commands ---------------------------------------------------------------

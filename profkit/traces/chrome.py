@@ -39,8 +39,17 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.errors import BadInput
-from profkit.traces.chrome_tables import kernel_function_name, kernels_table, ranges_table, to_ns
+from profkit.errors import BadInput, warn
+from profkit.files import read_input
+from profkit.sidecar import BrokenSidecar, read_sidecar, validate
+from profkit.traces.chrome_tables import (
+    MAX_BASE_NS,
+    Issues,
+    kernel_function_name,
+    kernels_table,
+    ranges_table,
+    to_ns,
+)
 from profkit.traces.schema import Trace
 
 _loads: Callable[[bytes], Any]
@@ -67,6 +76,7 @@ _LAUNCH, _RANGE, _META, _OP = "launch", "range", "meta", "op"
 # The op autograd runs each backward node in: its thread is autograd's worker (phase
 # inference uses it where thread names do not say pt_autograd_N).
 AUTOGRAD_OP = "autograd::engine::evaluate_function"
+_MALFORMED: Any = object()  # what an event that is not an object, or its odd category, is
 _ROLE: dict[Any, str] = {
     "kernel": "kernel",
     "Kernel": "kernel",
@@ -115,9 +125,13 @@ def is_chrome_trace(path: str | PathLike[str]) -> bool:
 def read_chrome_trace(path: str | PathLike[str]) -> Trace:
     """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a :class:`Trace`.
 
-    Raises :class:`BadInput` (one line) for a missing file, truncated or corrupt gzip,
-    invalid JSON, or JSON that is not a Chrome trace. A trace without GPU activity (a
-    CPU-only run) still returns its ranges, with a warning in ``meta["warnings"]``.
+    Raises :class:`BadInput` (one line) for a missing file or one that is not a regular
+    file, truncated or corrupt compression (gzip, xz), invalid JSON, or JSON that is not a
+    Chrome trace. Odd events are dropped or fixed and counted, never fatal: one that is
+    not an object or lacks a field the tables need, a time that is not finite, a
+    category that is not a string; a negative duration counts as 0; ids beyond 64 bits
+    become unknown. A trace without GPU activity (a CPU-only run) still returns its
+    ranges; every such finding is a line of ``meta["warnings"]``.
     """
     p = Path(path)
     with _gc_paused():
@@ -125,9 +139,13 @@ def read_chrome_trace(path: str | PathLike[str]) -> Trace:
         header, collected = _events_of(p, doc)
         del doc  # the columns are all we keep; free the parsed events before building tables
     base_ns = _int_or(header.get("baseTimeNanoseconds"), 0)
-    ranges, steps = ranges_table(collected["ranges"], base_ns)
-    kernels = kernels_table(collected["gpu"], collected["launches"], base_ns)
+    if not abs(base_ns) < MAX_BASE_NS:
+        collected["issues"].add("baseTimeNanoseconds out of range (read as 0)", 1)
+        base_ns = 0
+    ranges, steps = ranges_table(collected["ranges"], base_ns, collected["issues"])
+    kernels = kernels_table(collected["gpu"], collected["launches"], base_ns, collected["issues"])
     meta = _meta(p, header, collected, ranges, kernels, steps)
+    meta["sidecar"] = read_sidecar(p)
     return Trace(kernels=kernels, ranges=ranges, meta=meta)
 
 
@@ -159,23 +177,13 @@ def _events_of(p: Path, doc: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _loads_trace(path: Path) -> Any:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path} is a directory, not a trace file") from None
-    except OSError as exc:
-        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
-    if data.startswith(_GZIP_MAGIC):
-        try:
-            data = gzip.decompress(data)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            raise BadInput(f"{path} is a truncated or corrupt gzip file ({exc})") from None
+    data = read_input(path, "a Chrome trace")  # .gz / .xz read directly
     if not data.strip():
         raise BadInput(f"{path} is empty, not a Chrome trace")
     try:
         return _loads(data)
+    except RecursionError:
+        raise BadInput(f"{path} is not a Chrome trace: JSON nested too deeply") from None
     except _DECODE_ERRORS as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = " (truncated?)" if "end of" in detail.lower() or "eof" in detail.lower() else ""
@@ -194,16 +202,15 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
     threads: dict[int, str] = {}
     pid: int | None = None
     autograd_threads: set[int] = set()
-    malformed = 0
-    total = 0
+    malformed = total = 0
     role_of = _ROLE.get
     for ev in events:
         total += 1
-        if type(ev) is not dict:
-            malformed += 1
-            continue
-        role = role_of(ev.get("cat"))
-        if role is None:
+        cat = ev.get("cat") if type(ev) is dict else _MALFORMED  # not an object: malformed
+        # A category that is a list or a number is no category: malformed too.
+        role = role_of(cat) if cat is None or type(cat) is str else _MALFORMED
+        if role is None or role is _MALFORMED:
+            malformed += role is _MALFORMED
             continue
         try:
             if role == _LAUNCH:
@@ -238,7 +245,7 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
                         _dim3(args.get("block")),
                     )
                 )
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # int(inf)
             malformed += 1
     return {
         "ranges": _columns(ranges, 4),
@@ -249,6 +256,7 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
         "autograd_threads": sorted(autograd_threads),
         "malformed": malformed,
         "events": total,
+        "issues": Issues(),
     }
 
 
@@ -266,7 +274,7 @@ def _is_cpu(ev: dict[str, Any]) -> bool:
 def _int_or(value: Any, default: int) -> int:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # None, "abc", nan, inf
         return default
 
 
@@ -304,7 +312,10 @@ def _meta(
         )
     if collected["malformed"]:
         warnings.append(f"skipped {collected['malformed']:,} malformed events")
-    devices = header.get("deviceProperties") or []
+    for reason, count in collected["issues"].items():
+        warnings.append(f"{count:,} events with a {reason}")
+    devices = header.get("deviceProperties")
+    devices = devices if isinstance(devices, list) else []
     meta: dict[str, Any] = {
         "path": str(path),
         "format": FORMAT,
@@ -317,18 +328,33 @@ def _meta(
         "base_time_ns": _int_or(header.get("baseTimeNanoseconds"), 0),
         "display_time_unit": header.get("displayTimeUnit"),
         "warnings": warnings,
+        "dropped_events": collected["malformed"]
+        + collected["issues"].get("non-finite or out-of-range time", 0),
+        "clamped_activities": collected["issues"].get("negative duration (counted as 0)", 0),
     }
     for key in ("schemaVersion", "trace_id", "cuda_runtime_version", "cuda_driver_version",
                 "cupti_version", "record_shapes", "with_stack", "profile_memory",
                 "distributedInfo"):  # fmt: skip
         if key in header:
             meta[key] = header[key]
-    profkit = header.get("profkit")  # what profkit torch adds: command, version, config
-    if isinstance(profkit, dict):
-        meta["profkit"] = profkit
-        if isinstance(profkit.get("config"), dict):
-            meta["config"] = profkit["config"]
+    meta.update(_profkit_record(path, header.get("profkit")))
     return meta
+
+
+def _profkit_record(path: Path, profkit: Any) -> dict[str, Any]:
+    """What ``profkit torch`` adds to the header (command, version, config), if it is sound.
+
+    Checked like a sidecar: a broken record costs only its extras, with one warning.
+    """
+    if not isinstance(profkit, dict):
+        return {}
+    try:
+        validate({"config": profkit.get("config")})
+    except BrokenSidecar as exc:
+        warn(f"ignored the profkit record in {path}: {exc}")
+        return {}
+    config = profkit.get("config")
+    return {"profkit": profkit, **({"config": config} if isinstance(config, dict) else {})}
 
 
 def _register() -> None:
