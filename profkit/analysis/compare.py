@@ -24,7 +24,7 @@ from profkit.workload.config import ATTENTIONS, DTYPES, MODES, RUN_FIELDS
 from profkit.workload.names import BACKWARD, FORWARD, OPTIMIZER
 from profkit.workload.specs import SIZES
 
-FIELDS = ("dtype", "compile", "warmup", "attention", "mode")
+FIELDS = ("dtype", "compile", "warmup", "attention", "mode", "nproc")
 # What makes two rows the same config, the compared field aside. Device and GPU first, so
 # rows from different machines sort into separate blocks and never pair up.
 CONFIG = ("device", "gpu_name", *RUN_FIELDS)
@@ -39,6 +39,7 @@ _ORDER: dict[str, Sequence[Any]] = {
 _EXAMPLE = {
     "dtype": "--dtype fp32 bf16", "compile": "--compile both", "warmup": "--warmup 0 1 2 5",
     "attention": "--attention naive sdpa", "mode": "--mode forward train",
+    "nproc": "--nproc 1 2",
 }  # fmt: skip
 _SHOWN = ("size", "ctx", "mode")  # always columns; other fixed fields only when they vary
 _STATUS_CELL = {"oom": "OOM", "error": "failed"}
@@ -168,12 +169,16 @@ def _cell(value: Any, row: Row | None, phase: str) -> dict[str, Any]:
     return cell
 
 
-def _with_deltas(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _with_deltas(cells: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
     base = cells[0]["mean_ms"]
     for cell in cells:
         ok = base is not None and cell["mean_ms"] is not None and cell is not cells[0]
         cell["delta_ms"] = cell["mean_ms"] - base if ok else None
         cell["change_pct"] = 100.0 * cell["delta_ms"] / base if ok and base else None
+        if field == "nproc":
+            # Weak scaling: each rank keeps the one-GPU batch, so the ideal step time stays
+            # the one-GPU time; efficiency = one-GPU time / N-rank time (1.0 is perfect).
+            cell["efficiency"] = base / cell["mean_ms"] if ok and cell["mean_ms"] else None
     return cells
 
 
@@ -196,6 +201,8 @@ def compare(rows: Iterable[Row], field: str) -> Comparison:
     """Pair the rows that differ only in ``field``; raise :class:`BadInput` if none do."""
     check_field(field)
     rows = _latest(rows)
+    if field == "nproc":
+        rows = _one_gpu_baselines(rows)
     fixed_fields = [f for f in CONFIG if f != field]
     groups: dict[tuple[Any, ...], dict[Any, Row]] = {}
     for row in rows:
@@ -213,10 +220,23 @@ def compare(rows: Iterable[Row], field: str) -> Comparison:
             # has nothing to compare.
             if sum(cell["status"] not in ("missing", "n/a") for cell in cells) > 1:
                 fixed = dict(zip(fixed_fields, key, strict=True))
-                blocks.append(Block(fixed, phase, _with_deltas(cells)))
+                blocks.append(Block(fixed, phase, _with_deltas(cells, field)))
     lonely = [row for group in groups.values() if len(group) == 1 for row in group.values()]
     unpaired = [str(row.get("label") or row["size"]) for row in lonely]
     return Comparison(field, variants, blocks, unpaired)
+
+
+def _one_gpu_baselines(rows: list[Row]) -> list[Row]:
+    """One process has no parallelism, so its row is the baseline of DDP and FSDP alike:
+    a copy of it for each parallelism the multi-process rows used. Devices compare by kind
+    (rows written before multi-rank rows said "cuda" said rank 0's "cuda:0")."""
+    rows = [{**r, "device": str(r.get("device") or "").split(":")[0]} for r in rows]
+    kinds = sorted(
+        {str(r["parallel"]) for r in rows if (r.get("nproc") or 1) > 1 and r.get("parallel")}
+    )
+    single = [r for r in rows if (r.get("nproc") or 1) == 1]
+    several = [r for r in rows if (r.get("nproc") or 1) > 1]
+    return [{**r, "parallel": kind} for r in single for kind in kinds or ["ddp"]] + several
 
 
 def records(comparison: Comparison) -> list[dict[str, Any]]:
@@ -269,6 +289,8 @@ def table(comparison: Comparison) -> pd.DataFrame:
             suffix = f" {name}" if several else ""
             record[f"Δ ms{suffix}"] = cell["delta_ms"]
             record[f"Δ %{suffix}"] = cell["change_pct"]
+            if comparison.field == "nproc":
+                record[f"efficiency{suffix}"] = cell["efficiency"]
         shaky = [n for n, c in zip(names, block.cells, strict=True) if c["unstable"]]
         record["stability"] = f"unstable: {', '.join(shaky)}" if shaky else None
         lines.append(record)

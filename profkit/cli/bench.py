@@ -31,7 +31,7 @@ CompareOpt = Annotated[
     typer.Option(
         "--compare",
         help="Print the sweep as a comparison of this field instead: "
-        "dtype | compile | warmup | attention | mode (see `profkit compare`).",
+        "dtype | compile | warmup | attention | mode | nproc (see `profkit compare`).",
     ),
 ]
 

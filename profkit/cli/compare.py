@@ -23,7 +23,10 @@ from profkit.run import bench as bench_lib
 from profkit.run.results import DEFAULT_DB
 
 FieldArg = Annotated[
-    str, typer.Argument(help="The field that varies: dtype | compile | warmup | attention | mode.")
+    str,
+    typer.Argument(
+        help="The field that varies: dtype | compile | warmup | attention | mode | nproc (scaling efficiency)."
+    ),
 ]
 ReadDbOpt = Annotated[
     Path, typer.Option("--db", envvar="PROFKIT_DB", help="Results database to read.")

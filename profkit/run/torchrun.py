@@ -79,7 +79,9 @@ def merge_results(
         "error": None
         if worst.get("status") == "ok"
         else f"rank {worst['rank']}: {worst.get('error')}",
-        "device": first.get("device"),
+        # The kind of device the job ran on, as a one-process row says it ("cuda", not rank
+        # 0's "cuda:0"): rows that differ only in nproc must match. Each rank's is in ranks.
+        "device": str(first.get("device") or "").split(":")[0] or None,
         "world_size": config.nproc,
         "parallel": config.parallel,
         "steps": _slowest_steps([r.get("steps") or [] for r in ranks]),
