@@ -205,6 +205,16 @@ DbOpt = Annotated[
     typer.Option("--db", envvar="PROFKIT_DB", help="Results database (SQLite), created if needed."),
 ]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the output to this file.")]
+# A run's folder of files (nsys, torch): profkit.files.output_dirs says where each goes.
+OutDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out-dir",
+        help="Where every file goes, the report too "
+        "(default: profiles/, and the report in reports/).",
+        show_default=False,
+    ),
+]
 TimeoutOpt = Annotated[
     float | None,
     typer.Option("--timeout", help="Seconds per config before its process is killed."),

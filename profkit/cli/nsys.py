@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from profkit.cli._common import NsysOpt, WorkloadOptions, command, workload_options
+from profkit.cli._common import NsysOpt, OutDirOpt, WorkloadOptions, command, workload_options
 from profkit.cli.app import app
 from profkit.cli.render import console, err_console
 from profkit.errors import BadInput
@@ -69,15 +69,6 @@ NsysArgOpt = Annotated[
         "--nsys-arg",
         help="One more nsys flag, passed through verbatim; repeatable. Write it with '=': "
         "--nsys-arg=--osrt-threshold=10000.",
-        show_default=False,
-    ),
-]
-OutDirOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--out-dir",
-        help="Where every file goes, the report too "
-        "(default: profiles/, and the report in reports/).",
         show_default=False,
     ),
 ]

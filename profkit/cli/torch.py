@@ -10,6 +10,7 @@ from rich.progress import TaskID
 
 from profkit.cli._common import (
     FormatOpt,
+    OutDirOpt,
     OutOpt,
     WorkloadOptions,
     command,
@@ -55,15 +56,6 @@ NameOpt = Annotated[
     typer.Option(
         "--name",
         help="Run name for the files (default: torch-SIZE-ctxCTX, e.g. torch-large-ctx256).",
-        show_default=False,
-    ),
-]
-OutDirOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--out-dir",
-        help="Where every file goes, the report too "
-        "(default: profiles/, and the report in reports/).",
         show_default=False,
     ),
 ]

@@ -91,6 +91,26 @@ def _step_ms(step: dict[str, float | None]) -> float:
     return sum(step.get(f"{p}_ms") or 0.0 for p in STEP_PHASES)
 
 
+def _throughput(
+    config: WorkloadConfig, step_ms: float | None, gpu_name: str | None, tf32: bool
+) -> dict[str, float | None]:
+    """tokens/s, TFLOP/s and MFU of a step (``gpu_name`` None: not on CUDA, no MFU).
+
+    Several ranks: the step is the slowest rank's (the child merged them so); tokens and
+    FLOPs count every rank, MFU is per GPU.
+    """
+    step_s = step_ms / 1e3 if step_ms else None
+    if step_s is None:
+        return {"tokens_per_s": None, "tflops": None, "mfu": None}
+    tflops = flops.step_flops(config).step * config.nproc / step_s / 1e12
+    mfu = flops.mfu(tflops / config.nproc, gpu_name, config.dtype, tf32) if gpu_name else None
+    return {
+        "tokens_per_s": config.tokens_per_step * config.nproc / step_s,
+        "tflops": tflops,
+        "mfu": mfu,
+    }
+
+
 def bench_row(
     config: WorkloadConfig, result: dict[str, Any], env: dict[str, Any], tf32: bool = False
 ) -> Row:
@@ -114,14 +134,7 @@ def bench_row(
         for suffix in ("", "_std"):
             row[f"{phase}_ms{suffix}"] = stats[phase].get(suffix)
 
-    # Several ranks: the step is the slowest rank's (the child merged them so); tokens and
-    # FLOPs count every rank, MFU is per GPU.
-    step_flops = flops.step_flops(config).step * config.nproc
-    step_s = row["step_ms"] / 1e3 if row["step_ms"] else None
-    row["tokens_per_s"] = config.tokens_per_step * config.nproc / step_s if step_s else None
-    row["tflops"] = step_flops / step_s / 1e12 if step_s else None
-    per_gpu = row["tflops"] / config.nproc if row["tflops"] is not None else None
-    row["mfu"] = flops.mfu(per_gpu, gpu_name, config.dtype, tf32) if on_cuda else None
+    row.update(_throughput(config, row["step_ms"], gpu_name if on_cuda else None, tf32))
     peak_bytes = result.get("peak_memory_bytes")
     row["peak_memory_gib"] = peak_bytes / GIB if peak_bytes is not None else None
 
@@ -131,7 +144,7 @@ def bench_row(
             row[f"{phase}_ms{suffix}"] = stats[phase].get(suffix)
     row["label"] = config.label()
     row["gpu_name"] = gpu_name
-    row["flops_per_step"] = step_flops
+    row["flops_per_step"] = flops.step_flops(config).step * config.nproc
     row["peak_tflops"] = flops.peak_tflops(gpu_name, config.dtype, tf32) if on_cuda else None
     row["tf32"] = tf32 if on_cuda else None
     for phase in PHASES:
