@@ -169,7 +169,7 @@ def test_interrupted_sweep_keeps_finished_rows(tmp_path: Path) -> None:
         (["--size", "tiny", "--mode", "inference"], "unknown --mode 'inference'"),
         (["--size", "tiny", "--compile", "maybe"], "unknown --compile 'maybe'"),
         (["--size", "tiny", "--format", "xml"], "unknown --format 'xml'"),
-        (["--size", "tiny", "--timeout", "0"], "--timeout must be positive"),
+        (["--size", "tiny", "--timeout", "0"], "--timeout must be a positive number of seconds"),
         (["--size", "tiny", "--device", "tpu"], "unknown --device 'tpu'"),
     ],
 )
