@@ -14,7 +14,8 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -122,7 +123,8 @@ class ParallelReader:
 
     def __init__(self, path: Path, threads: int | None = None) -> None:
         self.path = path
-        self.pool = ThreadPoolExecutor(threads or min(MAX_READ_THREADS, os.cpu_count() or 1))
+        self.threads = threads or min(MAX_READ_THREADS, os.cpu_count() or 1)
+        self.pool = ThreadPoolExecutor(self.threads)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -162,6 +164,33 @@ class ParallelReader:
         futures = [self.pool.submit(chunk, lo) for lo in _chunk_starts(conn, table)]
         return Pending(futures, list(exprs))
 
+    def stream(
+        self,
+        conn: sqlite3.Connection,
+        table: str,
+        exprs: dict[str, str],
+        where: str = "",
+        ahead: int = 0,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """The chunks of ``read_int_columns(table, exprs, where)`` in rowid order, as they come.
+
+        At most ``ahead`` (default: one per thread, plus one) chunks are read ahead, so memory
+        holds a few chunks whatever the table's size.
+        """
+        query = _chunk_query(table, exprs, where, -1, _not_null(conn, table))
+
+        def chunk(lo: int) -> dict[str, np.ndarray]:
+            return _read_chunk(self.connection(), query, table, exprs, lo)
+
+        window: deque[Future[dict[str, np.ndarray]]] = deque()
+        limit = ahead or self.threads + 1
+        for lo in _chunk_starts(conn, table):
+            window.append(self.pool.submit(chunk, lo))
+            if len(window) >= limit:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
         """Run ``fn(connection)`` on a worker thread."""
         return self.pool.submit(lambda: fn(self.connection()))
@@ -180,6 +209,15 @@ class Pending:
 
     def result(self) -> dict[str, np.ndarray]:
         return _concatenate(self.chunks(), self.names)
+
+
+def row_bound(conn: sqlite3.Connection, table: str) -> int:
+    """At least the number of rows in ``table`` (the rowid span; no scan)."""
+    chunks = _chunk_starts(conn, table)
+    if not chunks:
+        return 0
+    hi = conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0]
+    return int(hi) - chunks.start + 1
 
 
 def _chunk_starts(conn: sqlite3.Connection, table: str) -> range:

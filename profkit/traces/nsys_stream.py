@@ -1,0 +1,297 @@
+"""Nsight Systems exports read in bounded memory, as :class:`ActivityColumns`.
+
+The same tables as :mod:`profkit.traces.nsys_sqlite`, read chunk by chunk with a few chunks
+in flight (:meth:`~profkit.traces._sqlite.ParallelReader.stream`), so memory holds the
+compact columns (28 bytes per activity) and the launch calls, never a whole table's text:
+
+1. the launch-like API calls go into :class:`_Calls`, pages of 2^20 correlation ids holding
+   each call's start and thread code (10 bytes an id; no sort, no key stored);
+2. each chunk of kernels, copies, memsets and graph rows is joined to its call by looking
+   its key up in those pages, its names and shapes become codes, and it is copied into
+   preallocated columns;
+3. activities left without a call look in the other API calls, read only then.
+
+Correlation ids are dense (each API call takes the next), so the pages hold about one
+slot per API call of the export: 0.55 GB for 55 M calls.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.errors import BadInput
+from profkit.traces import _sqlite
+from profkit.traces.columns import ARRAYS, ActivityColumns, Progress
+from profkit.traces.nsys_activity import (
+    API_TABLES,
+    BLOCK_EXPR,
+    GRAPH_TABLE,
+    GRID_EXPR,
+    KERNEL_TABLE,
+    MEMCPY_LABELS,
+    MEMCPY_TABLE,
+    MEMSET_TABLE,
+    TID_PID_BITS,
+    Codec,
+    _enum_labels,
+    _shape,
+    activity_tables,
+    launch_name_ids,
+)
+from profkit.traces.nsys_ranges import build_ranges, nvtx_rows
+from profkit.traces.nsys_sqlite import (
+    WHAT,
+    NoKernelsTraced,
+    _check_nsys,
+    _meta,
+    _no_kernels_message,
+    read_sidecar,
+)
+
+PAGE_BITS = 20
+PAGE_MASK = (1 << PAGE_BITS) - 1
+NO_SHAPE = ("", "")
+
+
+class _Calls:
+    """Start and thread code of API calls by key, in pages of 2^20 consecutive keys."""
+
+    def __init__(self, tid0: int) -> None:
+        self.tid0 = tid0
+        self.pages: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.thread_code: dict[int, int] = {}
+
+    def add(self, chunk: dict[str, np.ndarray]) -> None:
+        """Record a chunk's calls; a key already held keeps its first call (runtime first)."""
+        valid = chunk["key"] >= 0
+        keys, starts = chunk["key"][valid][::-1], chunk["start"][valid][::-1]
+        local, uniques = pd.factorize(chunk["thread"][valid][::-1])
+        codes = (
+            np.array(
+                [
+                    self.thread_code.setdefault(int(t) + self.tid0, len(self.thread_code))
+                    for t in uniques
+                ],
+                dtype=np.int32,
+            )[local]
+            if len(uniques)
+            else np.empty(0, np.int32)
+        )
+        page_of = keys >> PAGE_BITS
+        for page in np.unique(page_of):
+            rows = page_of == page
+            start, thread = self._page(int(page))
+            slots = keys[rows] & PAGE_MASK
+            empty = start[slots] < 0  # reversed rows: of duplicates the first is written last
+            start[slots[empty]] = starts[rows][empty]
+            thread[slots[empty]] = codes[rows][empty]
+
+    def _page(self, page: int) -> tuple[np.ndarray, np.ndarray]:
+        if page not in self.pages:
+            size = 1 << PAGE_BITS
+            self.pages[page] = (np.full(size, -1, np.int64), np.full(size, -1, np.int32))
+        return self.pages[page]
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Launch start (-1 if unknown) and thread code (-1) for each key."""
+        start = np.full(len(keys), -1, dtype=np.int64)
+        thread = np.full(len(keys), -1, dtype=np.int32)
+        page_of = np.where(keys >= 0, keys >> PAGE_BITS, -1)
+        for page in np.unique(page_of):
+            if int(page) not in self.pages:
+                continue
+            rows = page_of == page
+            page_start, page_thread = self.pages[int(page)]
+            slots = keys[rows] & PAGE_MASK
+            start[rows] = page_start[slots]
+            thread[rows] = page_thread[slots]
+        return start, thread
+
+    def threads(self) -> np.ndarray:
+        return np.array(list(self.thread_code), dtype=np.int64)
+
+
+class _Builder:
+    """Fills preallocated columns chunk by chunk, turning names and shapes into codes."""
+
+    def __init__(
+        self, conn: sqlite3.Connection, tables: dict[str, list[str]], capacity: int, codec: Codec
+    ) -> None:
+        self.conn, self.tables, self.codec = conn, tables, codec
+        self.arrays = {name: np.empty(capacity, dtype=t) for name, t in ARRAYS.items()}
+        self.rows = 0
+        self.trace_end = 0
+        self.name_code: dict[str, int] = {}
+        self.kinds: list[str] = []
+        self.by_value: dict[tuple[str, int], int] = {}  # (table, packed id) -> name code
+        self.shape_code: dict[tuple[str, str], int] = {NO_SHAPE: 0}
+        self.unmatched: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, keys)
+        self.memcpy_labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER") or MEMCPY_LABELS
+
+    def add(self, table: str, chunk: dict[str, np.ndarray], calls: _Calls) -> None:
+        n = len(chunk["start"])
+        rows = slice(self.rows, self.rows + n)
+        self.arrays["duration"][rows] = chunk["duration"]
+        self.arrays["name"][rows] = self._names(table, chunk)
+        self.arrays["shape"][rows] = self._shapes(chunk) if table == KERNEL_TABLE else 0
+        start, thread = calls.lookup(chunk["key"])
+        self.arrays["launch_start"][rows] = start
+        self.arrays["launch_thread"][rows] = thread
+        missing = (start < 0) & (chunk["key"] >= 0)
+        if missing.any():
+            self.unmatched.append((np.flatnonzero(missing) + self.rows, chunk["key"][missing]))
+        if n:
+            self.trace_end = max(self.trace_end, int((chunk["start"] + chunk["duration"]).max()))
+        self.rows += n
+
+    def _names(self, table: str, chunk: dict[str, np.ndarray]) -> np.ndarray:
+        field = {KERNEL_TABLE: "names", MEMCPY_TABLE: "copy_kind", GRAPH_TABLE: "graph"}
+        values = chunk[field[table]] if table in field else np.zeros(len(chunk["start"]), np.int64)
+        local, uniques = pd.factorize(values)
+        new = [int(v) for v in uniques if (table, int(v)) not in self.by_value]
+        if new:
+            for value, (name, kind) in zip(new, self._describe(table, new), strict=True):
+                code = self.name_code.setdefault(name, len(self.name_code))
+                if code == len(self.kinds):
+                    self.kinds.append(kind)
+                self.by_value[(table, value)] = code
+        lookup = np.array([self.by_value[(table, int(v))] for v in uniques], dtype=np.int32)
+        return lookup[local] if len(uniques) else np.empty(0, np.int32)
+
+    def _describe(self, table: str, values: list[int]) -> list[tuple[str, str]]:
+        if table == KERNEL_TABLE:
+            full_ids, _ = self.codec.split_names(np.array(values, dtype=np.int64))
+            strings = _sqlite.strings_by_id(self.conn, full_ids)
+            return [(strings.get(int(i), f"kernel {i}"), "kernel") for i in full_ids]
+        if table == MEMCPY_TABLE:
+            labels = self.memcpy_labels
+            return [(f"[CUDA memcpy {labels.get(v, f'kind {v}')}]", "memcpy") for v in values]
+        if table == MEMSET_TABLE:
+            return [("[CUDA memset]", "memset") for _ in values]
+        return [(f"[CUDA graph {g}]", "graph") for g in values]
+
+    def _shapes(self, chunk: dict[str, np.ndarray]) -> np.ndarray:
+        grid_local, grids = pd.factorize(chunk["grid"])
+        block_local, blocks = pd.factorize(chunk["block"])
+        pair_local, pairs = pd.factorize(grid_local.astype(np.int64) * len(blocks) + block_local)
+        codes = []
+        for pair in pairs:
+            grid, block = int(grids[pair // len(blocks)]), int(blocks[pair % len(blocks)])
+            shape = (_shape(grid, 31, 16), _shape(block, 11, 10))
+            codes.append(self.shape_code.setdefault(shape, len(self.shape_code)))
+        return np.array(codes, dtype=np.int32)[pair_local] if codes else np.empty(0, np.int32)
+
+    def fill_unmatched(self, calls: _Calls) -> None:
+        """Look the activities without a launch call up in ``calls`` (the other API calls)."""
+        for rows, keys in self.unmatched:
+            start, thread = calls.lookup(keys)
+            self.arrays["launch_start"][rows] = start
+            self.arrays["launch_thread"][rows] = thread
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {name: array[: self.rows] for name, array in self.arrays.items()}
+
+
+def read_nsys_columns(path: str | Path, progress: Progress | None = None) -> ActivityColumns:
+    """Read an Nsight Systems export as compact columns (see the module doc).
+
+    Raises what :func:`~profkit.traces.nsys_sqlite.read_nsys_sqlite` raises.
+    ``progress(rows_done, rows_total)`` is called after each chunk.
+    """
+    path = Path(path)
+    _sqlite.check_sqlite_file(path, WHAT)
+    conn = _sqlite.open_readonly(path)
+    try:
+        tables = _sqlite.table_columns(conn)
+        _check_nsys(path, tables)
+        meta = _meta(conn, tables, path)
+        builder, threads, nvtx = _read(path, conn, tables, progress)
+        if not builder.rows:
+            raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
+        ranges = build_ranges(*nvtx, builder.trace_end)
+    except sqlite3.DatabaseError as exc:
+        raise BadInput(f"{path} is corrupt or truncated (SQLite: {exc})") from None
+    finally:
+        conn.close()
+    meta["sidecar"] = read_sidecar(path, meta["warnings"])
+    return ActivityColumns(
+        arrays=builder.columns(),
+        names=sorted(builder.name_code, key=builder.name_code.__getitem__),
+        kinds=builder.kinds,
+        shapes=sorted(builder.shape_code, key=builder.shape_code.__getitem__),
+        threads=threads,
+        ranges=ranges,
+        meta=meta,
+    )
+
+
+def _read(
+    path: Path, conn: sqlite3.Connection, tables: dict[str, list[str]], progress: Progress | None
+) -> tuple[_Builder, np.ndarray, tuple[Any, Any]]:
+    codec = Codec.of(conn, tables)
+    launch_ids = launch_name_ids(conn)
+    activity = activity_tables(tables)
+    api = [t for t in API_TABLES if t in tables and "globalTid" in tables[t]]
+    bounds = {t: _sqlite.row_bound(conn, t) for t in (*activity, *api)}
+    done, total = 0, sum(bounds.values())
+    builder = _Builder(conn, tables, sum(bounds[t] for t in activity), codec)
+    with _sqlite.ParallelReader(path) as reader:
+        nvtx = reader.call(lambda worker: nvtx_rows(worker, tables))
+        calls = _Calls(codec.tid0)
+        for table in api:
+            for chunk in reader.stream(conn, table, _api_exprs(codec), _where(launch_ids, True)):
+                calls.add(chunk)
+                done = _tick(progress, done, len(chunk["key"]), total)
+        for table in activity:
+            for chunk in reader.stream(conn, table, _activity_exprs(codec, tables, table)):
+                builder.add(table, chunk, calls)
+                done = _tick(progress, done, len(chunk["start"]), total)
+        if builder.unmatched and launch_ids:
+            others = _Calls(codec.tid0)
+            others.thread_code = calls.thread_code  # one code per thread across both reads
+            for table in api:
+                for chunk in reader.stream(
+                    conn, table, _api_exprs(codec), _where(launch_ids, False)
+                ):
+                    others.add(chunk)
+            builder.fill_unmatched(others)
+        range_rows = nvtx.result()
+    return builder, calls.threads(), range_rows
+
+
+def _tick(progress: Progress | None, done: int, rows: int, total: int) -> int:
+    done += rows
+    if progress is not None:
+        progress(done, max(total, done))
+    return done
+
+
+def _api_exprs(codec: Codec) -> dict[str, str]:
+    return {"key": codec.key(TID_PID_BITS), "start": "start", "thread": f"globalTid - {codec.tid0}"}
+
+
+def _where(launch_ids: list[int], launch_only: bool) -> str:
+    ids = ",".join(str(i) for i in launch_ids)
+    if not ids:
+        return "" if launch_only else "0"
+    return f"nameId IN ({ids})" if launch_only else f"nameId NOT IN ({ids})"
+
+
+def _activity_exprs(codec: Codec, tables: dict[str, list[str]], table: str) -> dict[str, str]:
+    common = codec.common()
+    exprs = {"start": common["start"], "duration": common["duration"], "key": common["key"]}
+    cols = tables[table]
+    if table == KERNEL_TABLE:
+        name_col = next(c for c in ("demangledName", "name", "mangledName") if c in cols)
+        short_col = "shortName" if "shortName" in cols else name_col
+        exprs.update(names=codec.names(name_col, short_col), grid=GRID_EXPR, block=BLOCK_EXPR)
+    elif table == MEMCPY_TABLE:
+        exprs["copy_kind"] = "copyKind" if "copyKind" in cols else "0"
+    elif table == GRAPH_TABLE:
+        exprs["graph"] = "graphId" if "graphId" in cols else "0"
+    return exprs
