@@ -7,12 +7,16 @@ from a reader; :func:`kernels` is the one-call facade (read, then analyze) the C
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from profkit.analysis.attribution import Attribution, attribute
 from profkit.analysis.categories import CATEGORIES, categorize
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.presentation import display_tables, kernel_report_markdown
 from profkit.analysis.report import KernelReport, analyze
+
+if TYPE_CHECKING:
+    from profkit.traces.columns import Progress
 
 __all__ = [
     "CATEGORIES",
@@ -34,8 +38,16 @@ def kernels(
     phase: str | None = None,
     range: str | None = None,
     nsys: str | os.PathLike[str] | None = None,
+    cache: bool | None = None,
+    progress: Progress | None = None,
 ) -> KernelReport:
-    """Read the trace at ``path`` (any supported format) and build its kernel report."""
-    from profkit.traces import load_trace
+    """Read the trace at ``path`` (any supported format) and build its kernel report.
 
-    return analyze(load_trace(path, nsys=nsys), top=top, phase=phase, range=range)
+    In bounded memory for Nsight Systems exports, through the columnar cache unless
+    ``cache`` is False or ``$PROFKIT_CACHE=0`` (:mod:`profkit.traces.cache`).
+    """
+    from profkit.analysis.streaming import analyze_columns
+    from profkit.traces.load import load_columns
+
+    columns = load_columns(path, nsys=nsys, cache=cache, progress=progress)
+    return analyze_columns(columns, top=top, phase=phase, range=range)

@@ -140,10 +140,11 @@ def diff(
     nsys: str | os.PathLike[str] | None = None,
 ) -> ProfileDiff:
     """Read two traces (any supported formats) and compare B against A."""
-    from profkit.analysis.report import analyze
-    from profkit.traces import load_trace
+    from profkit.analysis.streaming import analyze_columns
+    from profkit.traces.load import load_columns
 
-    a, b = (analyze(load_trace(p, nsys=nsys), top=0) for p in (path_a, path_b))
+    # Bounded memory and the columnar cache, as `profkit kernels` reads them.
+    a, b = (analyze_columns(load_columns(p, nsys=nsys), top=0) for p in (path_a, path_b))
     return diff_reports(a, b, per_step=per_step, top=top)
 
 

@@ -10,7 +10,7 @@ import typer
 from profkit import analysis
 from profkit.cli._common import FormatOpt, OutOpt, command
 from profkit.cli.app import app
-from profkit.cli.render import console, emit_tables, err_console
+from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
 from profkit.formats import check_format, file_format, write_text
 
@@ -40,6 +40,14 @@ NsysOpt = Annotated[
 ]
 
 
+NoCacheOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-cache",
+        help="Read the trace itself, neither using nor writing the columnar cache kept in "
+        "PROFKIT_CACHE_DIR or ~/.cache/profkit (or set PROFKIT_CACHE=0).",
+    ),
+]
 CompareOpt = Annotated[
     bool,
     typer.Option(
@@ -65,6 +73,7 @@ def kernels(
     nsys: NsysOpt = None,
     compare: CompareOpt = False,
     tolerance: ToleranceOpt = 5.0,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
@@ -74,12 +83,15 @@ def kernels(
     if not tolerance >= 0:  # also catches nan
         raise BadInput(f"--tolerance must be >= 0 (a percentage); got {tolerance:g}")
     paths = list(path)
+    cache = False if no_cache else None
     if compare or len(paths) > 1:
-        _compare(paths, top, phase, range_, nsys, tolerance, fmt, out)
+        _compare(paths, top, phase, range_, nsys, tolerance, fmt, out, cache)
         return
     single = paths[0]
-    with err_console.status(f"reading {single.name}"):
-        report = analysis.kernels(single, top=top, phase=phase, range=range_, nsys=nsys)
+    with read_progress(single.name) as progress:
+        report = analysis.kernels(
+            single, top=top, phase=phase, range=range_, nsys=nsys, cache=cache, progress=progress
+        )
     fmt = file_format(fmt, out)
     if fmt == "md":
         text = analysis.kernel_report_markdown(report, title=f"Kernels of {single.name}")
@@ -104,6 +116,7 @@ def _compare(
     tolerance: float,
     fmt: str,
     out: Path | None,
+    cache: bool | None,
 ) -> None:
     from profkit.analysis.crosscheck import compare_phases, per_step
 
@@ -112,7 +125,7 @@ def _compare(
     reports = []
     for p in paths:
         with err_console.status(f"reading {p.name}"):
-            report = analysis.kernels(p, top=top, phase=phase, range=range_, nsys=nsys)
+            report = analysis.kernels(p, top=top, phase=phase, range=range_, nsys=nsys, cache=cache)
         reports.append((BACKENDS.get(report.source.get("format", ""), p.stem), report.phases))
     # Short labels keep the table readable: the backend, numbered if two traces share one.
     labels = [label for label, _ in reports]

@@ -79,13 +79,14 @@ def torch_section(inv: Inventory, out_dir: Path) -> Section:
 
 
 def _trace_part(path: Path, out_dir: Path) -> str:
-    from profkit.analysis import analyze, kernel_report_markdown
-    from profkit.traces import load_trace
+    from profkit.analysis import kernel_report_markdown
+    from profkit.analysis.streaming import analyze_columns
+    from profkit.traces.load import load_columns
 
     heading = f"### {trace_stem(path)}"
     try:
-        trace = load_trace(path)
-        report = analyze(trace, top=TOP_KERNELS)
+        trace = load_columns(path)  # bounded memory, and the cache `profkit kernels` fills
+        report = analyze_columns(trace, top=TOP_KERNELS)
     except ProfkitError as exc:
         return f"{heading}\n\n_Could not read `{path.name}`: {exc}._"
     full = out_dir / f"{trace_stem(path)}.md"

@@ -19,7 +19,10 @@ from pathlib import Path
 
 from profkit.errors import BadInput, MissingTool
 from profkit.traces._sqlite import SQLITE_MAGIC
-from profkit.traces.nsys_sqlite import read_nsys_sqlite
+from profkit.traces.cache import cached_columns
+from profkit.traces.columns import ActivityColumns, Progress, from_trace
+from profkit.traces.nsys_sqlite import FORMAT, read_nsys_sqlite, read_sidecar
+from profkit.traces.nsys_stream import read_nsys_columns
 from profkit.traces.schema import Trace
 
 Reader = Callable[[Path], Trace]
@@ -49,7 +52,48 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
     ``nsys`` is the Nsight Systems executable used to export a ``.nsys-rep`` (else
     ``$PROFKIT_NSYS``, else ``nsys`` on PATH).
     """
-    path = Path(path)
+    path = _checked(Path(path))
+    name = path.name.lower()
+    if name.endswith(NSYS_REPORT_SUFFIXES):
+        return read_nsys_sqlite(_export(path, nsys))
+    if _starts_with(path, SQLITE_MAGIC):
+        return read_nsys_sqlite(path)
+    _import_plugin(name)
+    for suffix in sorted(READERS, key=len, reverse=True):  # ".json.gz" before ".gz"
+        if name.endswith(suffix):
+            return READERS[suffix](path)
+    raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED})")
+
+
+def load_columns(
+    path: str | os.PathLike[str],
+    nsys: str | os.PathLike[str] | None = None,
+    cache: bool | None = None,
+    progress: Progress | None = None,
+) -> ActivityColumns:
+    """The compact columns of ``path`` (any supported trace), through the cache.
+
+    Nsight Systems exports are read chunk by chunk in bounded memory; other formats through
+    their reader's tables. ``cache`` overrides ``$PROFKIT_CACHE`` (:mod:`.cache`);
+    ``progress(rows_done, rows_total)`` hears from long reads.
+    """
+    path = _checked(Path(path))
+    if path.name.lower().endswith(NSYS_REPORT_SUFFIXES):
+        path = _export(path, nsys)
+
+    def read() -> ActivityColumns:
+        if _starts_with(path, SQLITE_MAGIC):
+            return read_nsys_columns(path, progress)
+        return from_trace(load_trace(path))
+
+    def fresh_sidecar(columns: ActivityColumns) -> None:
+        if columns.meta.get("format") == FORMAT and "sidecar" not in columns.meta:
+            columns.meta["sidecar"] = read_sidecar(path, columns.meta.setdefault("warnings", []))
+
+    return cached_columns(path, read, cache, fresh_sidecar)
+
+
+def _checked(path: Path) -> Path:
     if not path.exists():
         raise BadInput(f"no such file: {path}")
     if path.is_dir():
@@ -60,15 +104,7 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
         known = (*READERS, *PLUGINS, *NSYS_REPORT_SUFFIXES)
         if inner != name and inner.endswith(known):  # a trace, compressed: say what to do
             raise BadInput(f"{path} is compressed; decompress it first ({tool} {path})")
-    if name.endswith(NSYS_REPORT_SUFFIXES):
-        return read_nsys_sqlite(_export(path, nsys))
-    if _starts_with(path, SQLITE_MAGIC):
-        return read_nsys_sqlite(path)
-    _import_plugin(name)
-    for suffix in sorted(READERS, key=len, reverse=True):  # ".json.gz" before ".gz"
-        if name.endswith(suffix):
-            return READERS[suffix](path)
-    raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED})")
+    return path
 
 
 def _import_plugin(name: str) -> None:
