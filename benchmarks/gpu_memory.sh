@@ -73,7 +73,8 @@ echo "== checks: reconstructed peak vs the allocator's own counters =="
 python3 - "$FIX" "$BIG" "$OOMDIR" > "$OUT/checks.md" <<'EOF'
 import sys, time
 from pathlib import Path
-from profkit.memory.summary import read_sidecar, summarize_file
+from profkit.memory.summary import summarize_file
+from profkit.sidecar import read_sidecar
 print("| snapshot | status | events | reconstructed peak B | max_memory_allocated B | diff % | requested peak B | allocator requested peak B | equal | phases placed | load+summarize s |")
 print("|:--|:--|--:|--:|--:|--:|--:|--:|:--|:--|--:|")
 for folder in sys.argv[1:]:

@@ -1,14 +1,26 @@
-"""Output paths checked before the work: one place says why a path cannot be written.
+"""Paths checked at the edge: why an output cannot be written, why an input cannot be read.
 
 Commands call :func:`check_writable` on every path they will write (``--out``, ``--db``,
-``--report``) before running anything, so a typo costs a second, not a whole sweep.
+``--report``) before running anything, so a typo costs a second, not a whole sweep. Every
+reader opens its input through :func:`check_readable` / :func:`open_input`: a missing file,
+a directory, a FIFO or a device is refused in one line, and compressed inputs (xz, gzip,
+bzip2, recognised by their first bytes) are read directly.
 """
 
 from __future__ import annotations
 
+import bz2
+import contextlib
+import gzip
+import lzma
 import os
+import shutil
+import stat
 import tempfile
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from profkit.errors import BadInput
 
@@ -61,3 +73,105 @@ def check_writable(path: Path | str) -> None:
         raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
     if not os.access(ancestor, os.W_OK | os.X_OK):  # a probe may pass where later writes fail
         raise BadInput(f"cannot write {path}: permission denied")
+
+
+# Inputs ------------------------------------------------------------------------------------
+
+COMPRESSION_SUFFIXES = (".xz", ".gz", ".bz2")  # what compressed inputs' names end in
+_COMPRESSED = (  # magic bytes -> format; inputs are recognised by content, not by name
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+)
+_STREAM_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
+
+
+def check_readable(path: Path | str, what: str) -> Path:
+    """Raise :class:`BadInput` unless ``path`` is a regular file we can read; return it.
+
+    ``what`` names the expected kind of file ("a memory snapshot"). Anything but a regular
+    file is refused at once: a FIFO would block the first read forever, and a device such
+    as ``/dev/urandom`` never ends.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise BadInput(f"no such file: {path}") from None
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise BadInput(f"{path} is a directory, not {what}")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise BadInput(f"{path} is {kind}, not a regular file")
+    if not os.access(path, os.R_OK):
+        raise BadInput(f"cannot read {path}: permission denied")
+    return path
+
+
+def compression_of(path: Path) -> str | None:
+    """``"xz"``, ``"gzip"`` or ``"bzip2"`` when the file's first bytes say so, else None."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(6)
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+    return next((name for magic, name in _COMPRESSED if head.startswith(magic)), None)
+
+
+def open_input(path: Path | str, what: str) -> IO[bytes]:
+    """Open a checked input for reading, decompressing ``.xz``/``.gz``/``.bz2`` on the fly.
+
+    Compression is recognised by content, so ``run.pickle.xz`` and a gzip file named
+    ``trace.json`` both read. Errors of the decompressor surface on read; wrap reads in
+    :func:`reading` to turn them into one line.
+    """
+    path = check_readable(path, what)
+    kind = compression_of(path)
+    try:
+        if kind == "xz":
+            return lzma.open(path, "rb")  # type: ignore[return-value]
+        if kind == "gzip":
+            return gzip.open(path, "rb")  # type: ignore[return-value]
+        if kind == "bzip2":
+            return bz2.open(path, "rb")  # type: ignore[return-value]
+        return path.open("rb")
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def reading(path: Path | str) -> Iterator[None]:
+    """Turn a decompressor's or the disk's error inside the block into one :class:`BadInput`."""
+    try:
+        yield
+    except _STREAM_ERRORS as exc:
+        detail = str(exc) or type(exc).__name__
+        kind = compression_of(Path(path))
+        what = f"a truncated or corrupt {kind} file" if kind else "truncated or corrupt"
+        raise BadInput(f"{path} is {what} ({detail})") from None
+
+
+def read_input(path: Path | str, what: str) -> bytes:
+    """All bytes of an input (decompressed), or one :class:`BadInput` line."""
+    with open_input(path, what) as stream, reading(path):
+        return stream.read()
+
+
+@contextlib.contextmanager
+def plain_copy(path: Path | str, what: str) -> Iterator[Path]:
+    """``path`` itself, or a decompressed temporary copy of it for the block's duration.
+
+    For readers that need a real file (SQLite): an ``.xz``/``.gz`` input is unpacked into a
+    temporary directory, never beside the original, and removed afterwards.
+    """
+    path = check_readable(path, what)
+    if compression_of(path) is None:
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="profkit-unpacked-") as tmp:
+        target = Path(tmp) / path.name
+        with open_input(path, what) as src, target.open("wb") as dst, reading(path):
+            shutil.copyfileobj(src, dst, 1 << 20)
+        yield target

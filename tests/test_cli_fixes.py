@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nsys_data import PROBE, SMALL_FP32, unpack
+from nsys_data import PROBE, SMALL_FP32, sql_activity_totals, unpack
 from typer.testing import CliRunner
 
 from profkit.cli import app
@@ -66,9 +66,18 @@ def test_kernels_unknown_phase_lists_only_phases_present(tmp_path: Path) -> None
     assert invoke("kernels", PROBE, "--phase", "unattributed").exit_code == 0
 
 
-def test_kernels_compressed_trace_says_decompress_first() -> None:
+def test_kernels_reads_a_compressed_export_directly_and_keeps_it(tmp_path: Path) -> None:
     xz = DATA / f"{SMALL_FP32}.sqlite.xz"
-    one_error(invoke("kernels", xz), "is compressed; decompress it first (xz -d ")
+    packed = invoke("kernels", xz, "--format", "json")
+    assert packed.exit_code == 0, packed.stderr
+    unpacked = unpack(SMALL_FP32, tmp_path)
+    plain = invoke("kernels", unpacked, "--format", "json")
+    packed_json, plain_json = json.loads(packed.stdout), json.loads(plain.stdout)
+    assert packed_json["totals"] == plain_json["totals"]
+    assert packed_json["totals"]["kernels"] == sql_activity_totals(unpacked)[0] == 4_028
+    assert packed_json["source"]["path"] == str(xz)
+    assert packed_json["source"]["config"]["size"] == "small"  # the sidecar beside the .xz
+    assert xz.is_file()
 
 
 def test_nsys_dry_run_json_without_nsys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 from profkit.memory.capture import capture_tables, peak_table, phase_table
-from profkit.memory.snapshot import sidecar_path
 from profkit.run.recorder import dump_snapshot
 from profkit.run.results import record
+from profkit.sidecar import sidecar_path
 
 runner = CliRunner()
 NO_CUDA = not torch.cuda.is_available()

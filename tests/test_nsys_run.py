@@ -31,9 +31,10 @@ from profkit.cli import app
 from profkit.errors import BadInput, MissingTool, ProfkitError
 from profkit.nsys.argv import NsysOptions, RunFiles, check_name, default_name, profile_argv
 from profkit.nsys.profile import _check_capture
-from profkit.nsys.record import python_phase_times, read_sidecar, run_section, sidecar_path
+from profkit.nsys.record import python_phase_times, run_section
 from profkit.run.proc import Outcome, kill_tree, run_logged
 from profkit.run.tools import find_nsys
+from profkit.sidecar import read_sidecar, sidecar_path
 from profkit.workload.config import WorkloadConfig
 
 ROOT = Path(__file__).resolve().parents[1]

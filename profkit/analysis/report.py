@@ -202,7 +202,10 @@ def _source(
 ) -> dict[str, Any]:
     meta = trace.meta
     source = {"path": meta.get("path"), "format": meta.get("format")}
-    for key in ("tool", "tool_version", "gpu"):
+    # What the reader dropped or clamped (negative durations, non-finite times): counts
+    # appear only when non-zero, beside the warnings that say why.
+    for key in ("tool", "tool_version", "gpu", "dropped_events", "clamped_activities",
+                "clamped_ranges"):  # fmt: skip
         if meta.get(key):
             source[key] = meta[key]
     if config:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
+import os
 import re
+import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -13,7 +17,7 @@ import typer
 import typer.core
 
 from profkit.cli.render import err_console
-from profkit.errors import ProfkitError
+from profkit.errors import ProfkitError, ProfkitWarning
 from profkit.files import check_writable
 from profkit.workload.config import WorkloadConfig
 
@@ -78,21 +82,33 @@ class ListOptionsCommand(typer.core.TyperCommand):
 def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
     """Register a command with list options and the one error boundary.
 
-    A :class:`ProfkitError` becomes one line on stderr and exit status 2; Ctrl-C becomes
-    exit status 130 with a short note (work already written stays written).
+    A :class:`ProfkitError` becomes one line on stderr and exit status 2, and so does an
+    output that cannot be written (stdout closed, a full disk, a reader gone from the pipe);
+    a :class:`~profkit.errors.ProfkitWarning` becomes one ``warning:`` line and the work
+    goes on; Ctrl-C becomes exit status 130 with a short note (work already written stays
+    written).
     """
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
-                # Every command's --out is checked before its work, not when it is written.
-                if isinstance(kw.get("out"), Path):
-                    check_writable(kw["out"])
-                return fn(*args, **kw)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("always", ProfkitWarning)
+                    warnings.showwarning = _show_warning
+                    # Every command's --out is checked before its work, not when it is written.
+                    if isinstance(kw.get("out"), Path):
+                        check_writable(kw["out"])
+                    result = fn(*args, **kw)
+                    sys.stdout.flush()  # a closed or full stdout fails here, not at exit
+                    return result
             except ProfkitError as exc:
-                err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-                raise typer.Exit(2) from None
+                _error(str(exc))
+            except OSError as exc:
+                if exc.errno not in _OUTPUT_ERRNOS:
+                    raise
+                _silence_stdout()
+                _error(f"cannot write the output: {exc.strerror or exc}")
             except KeyboardInterrupt:
                 err_console.print("interrupted; results already written are kept")
                 raise typer.Exit(130) from None
@@ -100,6 +116,33 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
         return app.command(name, cls=ListOptionsCommand, **kwargs)(wrapper)  # type: ignore[return-value]
 
     return decorate
+
+
+# What writing to stdout fails with: the reader left the pipe, the disk is full, stdout was
+# closed, the device failed.
+_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT}
+
+
+def _error(message: str) -> None:
+    line = " ".join(message.split())  # one line, even if a message (from pickle, say) has more
+    err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2) from None
+
+
+def _show_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+    line = " ".join(str(message).split())  # one line, whatever the message holds
+    err_console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that flushing at exit cannot fail a second time."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (tests), or closed
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 # Workload options, declared once. Lists sweep; single-run commands take the first value.

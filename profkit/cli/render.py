@@ -22,7 +22,7 @@ from rich.table import Table
 from profkit.formats import cell_text, check_format, dumps, file_format, markdown_table, write_text
 
 # Piped output has no terminal width; don't squeeze tables into 80 columns then.
-console = Console(width=None if sys.stdout.isatty() else 200)
+console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
 
 

@@ -10,7 +10,6 @@ that ``memory summarize`` and ``memory plot`` read. An OOM becomes a row with st
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,13 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import BadInput, MissingTool
-from profkit.memory.snapshot import sidecar_path
 from profkit.memory.summary import GIB, residual_stream_bytes
 from profkit.run.child import run_child
 from profkit.run.environment import environment
+from profkit.run.proc import check_timeout
 from profkit.run.recorder import DEFAULT_MAX_ENTRIES, STACKS
 from profkit.run.results import DEFAULT_DB, check_db, record
+from profkit.sidecar import sidecar_path, write_sidecar
 from profkit.workload.config import WorkloadConfig
 
 PHASE_COLUMNS = {
@@ -81,6 +81,7 @@ def capture(
     finishes, so an interrupted sweep keeps every finished config.
     """
     check_capture(configs, max_entries, stacks)
+    check_timeout(timeout_s)
     check_db(db_path)
     if name is not None and (not name or "/" in name or name.startswith(".")):
         raise BadInput(f"--name {name!r}: give a plain file name (no '/')")
@@ -140,7 +141,7 @@ def _write_sidecar(snapshot: Path, result: dict[str, Any], row: dict[str, Any]) 
         "capture": {k: v for k, v in memory.items() if k != "phase_marks"},
         "row": row,
     }
-    sidecar_path(snapshot).write_text(json.dumps(sidecar, indent=1))
+    write_sidecar(sidecar_path(snapshot), sidecar)
 
 
 def _gib(value: int | None) -> float | None:

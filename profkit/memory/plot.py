@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from profkit.errors import BadInput
+from profkit.files import check_writable
 from profkit.memory.summary import (
     GIB,
     fmt_bytes,
@@ -291,9 +292,9 @@ def plot_file(
     The picture goes to ``out``, by default beside the snapshot as ``NAME.png``; the
     sidecar, when there is one, names the config in the title and places the phases.
     """
-    from profkit.memory.snapshot import load_snapshot, sidecar_path
-    from profkit.memory.summary import read_sidecar
+    from profkit.memory.snapshot import load_snapshot
     from profkit.memory.timeline import reconstruct
+    from profkit.sidecar import read_sidecar, sidecar_path
 
     if detail < 1 or sites < 0:
         raise BadInput("--detail must be at least 1 and --sites at least 0")
@@ -301,6 +302,8 @@ def plot_file(
     base = stem_path.with_name(stem_path.name.removesuffix(".profkit.json"))
     out = out if out is not None else base.with_suffix(".png")
     check_image_path(out)
+    for written in (out, out.with_suffix(".html")) if html else (out,):
+        check_writable(written)  # before the work: "its parent is a file", not "File exists"
     snapshot = load_snapshot(snapshot_path)
     meta = read_sidecar(snapshot_path) or {}
     timeline = reconstruct(snapshot)

@@ -7,7 +7,6 @@ workload config, the allocator's own peak counters, phase marks) into the plain 
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -18,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.memory.snapshot import load_snapshot, sidecar_path
+from profkit.memory.snapshot import load_snapshot
 from profkit.memory.timeline import Allocation, Timeline, reconstruct
+from profkit.sidecar import read_sidecar
 
 GIB = 1024**3
 MIB = 1024**2
@@ -79,18 +79,6 @@ def group_by_site(
         group["largest_bytes"] = max(group["largest_bytes"], alloc.size)
     rows = [{"site": site, **values} for site, values in groups.items()]
     return sorted(rows, key=lambda r: (-r["size_bytes"], r["site"]))
-
-
-def read_sidecar(snapshot_path: Path) -> dict[str, Any] | None:
-    """The capture's metadata beside a snapshot, if profkit wrote one."""
-    path = sidecar_path(Path(snapshot_path))
-    if not path.is_file():
-        return None
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # a broken sidecar only costs the extras, never the summary
-    return value if isinstance(value, dict) else None
 
 
 def phase_spans(timeline: Timeline, marks: Sequence[dict[str, Any]]) -> list[tuple[str, int, int]]:
@@ -211,27 +199,37 @@ def fmt_bytes(value: int | float | None) -> str:
 
 def summary_tables(summary: dict[str, Any]) -> list[tuple[str, pd.DataFrame]]:
     """The overview (metric, value) and the call-site table, for rendering."""
+    return [
+        ("Memory snapshot", pd.DataFrame(_overview_rows(summary), columns=["metric", "value"])),
+        ("Largest live allocations at the peak, by call site", _sites_table(summary)),
+    ]
+
+
+def _peak_at(summary: dict[str, Any]) -> str:
+    if summary["peak_event_index"] is None:
+        return "before the first event"
+    when = f"event {summary['peak_event_index']:,} of {summary['events']:,}"
+    if summary["peak_time_ms"] is not None:
+        when += f", {summary['peak_time_ms']:,.1f} ms into the trace"
+    if summary["peak_phase"]:
+        when += f", in {summary['peak_phase']}"
+    return when
+
+
+def _overview_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     peak = summary["peak_allocated_bytes"]
-    when = "before the first event"
-    if summary["peak_event_index"] is not None:
-        when = f"event {summary['peak_event_index']:,} of {summary['events']:,}"
-        if summary["peak_time_ms"] is not None:
-            when += f", {summary['peak_time_ms']:,.1f} ms into the trace"
-        if summary["peak_phase"]:
-            when += f", in {summary['peak_phase']}"
     rows: list[tuple[str, str]] = [
         ("peak allocated", f"{fmt_bytes(peak)} ({peak:,} B)"),
         ("peak requested (memory_viz's peak)", fmt_bytes(summary["peak_requested_bytes"])),
-        ("peak at", when),
+        ("peak at", _peak_at(summary)),
         ("allocated at start of trace", fmt_bytes(summary["allocated_at_start_bytes"])),
         ("allocated at dump", fmt_bytes(summary["allocated_at_end_bytes"])),
         ("reserved at dump", fmt_bytes(summary["reserved_bytes"])),
         ("peak reserved in trace", fmt_bytes(summary["peak_reserved_bytes"])),
         ("live allocations at peak", f"{summary['live_allocations_at_peak']:,}"),
     ]
-    capture = summary.get("capture") or {}
-    if capture.get("max_memory_allocated_bytes") is not None:
-        recorded = capture["max_memory_allocated_bytes"]
+    recorded = (summary.get("capture") or {}).get("max_memory_allocated_bytes")
+    if isinstance(recorded, int) and not isinstance(recorded, bool):
         diff = (peak - recorded) / recorded * 100 if recorded else 0.0
         rows.append(
             (
@@ -258,8 +256,12 @@ def summary_tables(summary: dict[str, Any]) -> list[tuple[str, pd.DataFrame]]:
         )
     if summary["inconsistent_events"]:
         rows.append(("inconsistent trace events", f"{summary['inconsistent_events']:,}"))
-    overview = pd.DataFrame(rows, columns=["metric", "value"])
-    sites = pd.DataFrame(
+    return rows
+
+
+def _sites_table(summary: dict[str, Any]) -> pd.DataFrame:
+    peak = summary["peak_allocated_bytes"]
+    return pd.DataFrame(
         [
             {
                 "site": r["site"],
@@ -272,7 +274,3 @@ def summary_tables(summary: dict[str, Any]) -> list[tuple[str, pd.DataFrame]]:
         ],
         columns=["site", "allocations", "MiB", "largest MiB", "% of peak"],
     )
-    return [
-        ("Memory snapshot", overview),
-        ("Largest live allocations at the peak, by call site", sites),
-    ]

@@ -132,7 +132,8 @@ def snapshot_devices(snapshot: dict[str, Any]) -> list[int]:
 def reconstruct(snapshot: dict[str, Any], device: int | None = None) -> Timeline:
     """Rebuild the allocations and the allocated/reserved memory of every traced state.
 
-    Raises :class:`BadInput` for a ``device`` the snapshot has nothing for.
+    ``snapshot`` is checked by :func:`profkit.memory.snapshot.normalize`. Raises
+    :class:`BadInput` for a ``device`` the snapshot has nothing for.
     """
     if device is None:
         device = pick_device(snapshot)
@@ -144,15 +145,50 @@ def reconstruct(snapshot: dict[str, Any], device: int | None = None) -> Timeline
     traces = snapshot.get("device_traces") or []
     events: list[dict[str, Any]] = traces[device] if device < len(traces) else []
     segments = [s for s in snapshot["segments"] if s.get("device", device) == device]
+    at_dump = _live_at_dump(segments)
+    before, inconsistent = _live_before_trace(at_dump, events)
+    replay = _Replay(events, before)
+    if not (snapshot.get("allocator_settings") or {}).get("expandable_segments"):
+        _infer_large_blocks(events, replay.allocations, segments)
+    for addr, alloc in replay.open_by_addr.items():
+        block = at_dump.get(addr)
+        if block is not None:  # alive at the dump: the block's own size and stack are exact
+            alloc.block_bytes = int(block["size"])
+            if block.get("frames"):
+                alloc.frames = block["frames"]
+    reserved = np.cumsum(replay.reserved_delta)
+    reserved += sum(int(s["total_size"]) for s in segments) - reserved[-1]
+    return Timeline(
+        device=device,
+        allocations=replay.allocations,
+        requested_bytes=_running_total(replay.allocations, len(events), lambda a: a.size),
+        allocated_bytes=_running_total(replay.allocations, len(events), lambda a: a.block_bytes),
+        reserved_bytes=reserved,
+        time_us=_event_times(events),
+        actions=replay.actions,
+        oom_events=replay.ooms,
+        inconsistent_events=inconsistent,
+    )
 
-    # The exact state at the dump: live blocks by address.
-    at_dump: dict[int, dict[str, Any]] = {}
-    for segment in segments:
-        for block in segment["blocks"]:
-            if block["state"] == "active_allocated":
-                at_dump[int(block["address"])] = block
 
-    # Walk back from the dump: which allocations were alive before the first event?
+def _live_at_dump(segments: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The exact state at the dump: live blocks by address."""
+    return {
+        int(block["address"]): block
+        for segment in segments
+        for block in segment["blocks"]
+        if block["state"] == "active_allocated"
+    }
+
+
+def _live_before_trace(
+    at_dump: dict[int, dict[str, Any]], events: list[dict[str, Any]]
+) -> tuple[dict[int, int], int]:
+    """Walk back from the dump: address -> size of what was alive before the first event.
+
+    Also counts the events that disagree with the dump (an ``alloc`` of a block that is not
+    there, a ``free_requested`` of one that is).
+    """
     live: dict[int, int] = {addr: int(b["requested_size"]) for addr, b in at_dump.items()}
     inconsistent = 0
     for event in reversed(events):
@@ -165,64 +201,51 @@ def reconstruct(snapshot: dict[str, Any], device: int | None = None) -> Timeline
             if addr in live:
                 inconsistent += 1
             live[addr] = int(event["size"])
+    return live, inconsistent
 
-    # Then forward from there, giving each allocation its interval.
-    open_by_addr: dict[int, Allocation] = {
-        addr: Allocation(addr, size, _round_block(size), -1, None) for addr, size in live.items()
-    }
-    allocations = list(open_by_addr.values())
-    reserved_delta = np.zeros(len(events) + 1, dtype=np.int64)
-    actions: list[str] = []
-    ooms: list[dict[str, Any]] = []
-    for index, event in enumerate(events):
+
+class _Replay:
+    """Forward through the trace from the state before it, giving each allocation its interval."""
+
+    def __init__(self, events: list[dict[str, Any]], before: dict[int, int]) -> None:
+        self.open_by_addr: dict[int, Allocation] = {
+            addr: Allocation(addr, size, _round_block(size), -1, None)
+            for addr, size in before.items()
+        }
+        self.allocations = list(self.open_by_addr.values())
+        self.reserved_delta = np.zeros(len(events) + 1, dtype=np.int64)
+        self.actions: list[str] = []
+        self.ooms: list[dict[str, Any]] = []
+        for index, event in enumerate(events):
+            self._event(index, event)
+
+    def _event(self, index: int, event: dict[str, Any]) -> None:
         action = event["action"]
-        actions.append(action)
+        self.actions.append(action)
         if action == "alloc":
-            addr = int(event["addr"])
-            size = int(event["size"])
+            addr, size = int(event["addr"]), int(event["size"])
             alloc = Allocation(addr, size, _round_block(size), index, None, event.get("frames", []))
-            open_by_addr[addr] = alloc
-            allocations.append(alloc)
+            self.open_by_addr[addr] = alloc
+            self.allocations.append(alloc)
         elif action == "free_requested":
-            closing = open_by_addr.pop(int(event["addr"]), None)
+            closing = self.open_by_addr.pop(int(event["addr"]), None)
             if closing is not None:
                 closing.end = index
                 if closing.start < 0 and not closing.frames:
                     # Allocated before the trace: only the free's stack is known.
                     closing.frames = event.get("frames", [])
         elif action in _SEGMENT_UP:
-            reserved_delta[index + 1] = _SEGMENT_UP[action] * int(event["size"])
+            self.reserved_delta[index + 1] = _SEGMENT_UP[action] * int(event["size"])
         elif action == "oom":
-            ooms.append({"event": index, **{k: v for k, v in event.items() if k != "frames"}})
-    if not (snapshot.get("allocator_settings") or {}).get("expandable_segments"):
-        _infer_large_blocks(events, allocations, segments)
-    for addr, alloc in open_by_addr.items():
-        block = at_dump.get(addr)
-        if block is not None:  # alive at the dump: the block's own size and stack are exact
-            alloc.block_bytes = int(block["size"])
-            if block.get("frames"):
-                alloc.frames = block["frames"]
+            self.ooms.append({"event": index, **{k: v for k, v in event.items() if k != "frames"}})
 
-    requested = _running_total(allocations, len(events), lambda a: a.size)
-    allocated = _running_total(allocations, len(events), lambda a: a.block_bytes)
-    reserved_at_dump = sum(int(s["total_size"]) for s in segments)
-    reserved = np.cumsum(reserved_delta)
-    reserved += reserved_at_dump - reserved[-1]
+
+def _event_times(events: list[dict[str, Any]]) -> np.ndarray | None:
+    """Each event's ``time_us`` when every event has one (else None)."""
     times = [e.get("time_us") for e in events]
-    time_us = (
-        np.asarray(times, dtype=np.int64) if events and all(t is not None for t in times) else None
-    )
-    return Timeline(
-        device=device,
-        allocations=allocations,
-        requested_bytes=requested,
-        allocated_bytes=allocated,
-        reserved_bytes=reserved,
-        time_us=time_us,
-        actions=actions,
-        oom_events=ooms,
-        inconsistent_events=inconsistent,
-    )
+    if not events or any(t is None for t in times):
+        return None
+    return np.array([int(t) for t in times], dtype=np.int64)  # normalize: finite, in range
 
 
 def _infer_large_blocks(

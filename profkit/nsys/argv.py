@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profkit.errors import BadInput
+from profkit.sidecar import sidecar_path
 from profkit.workload.config import WorkloadConfig
 
 DEFAULT_TRACE = "cuda,nvtx"
@@ -171,7 +172,7 @@ class RunFiles:
 
     @property
     def sidecar(self) -> Path:
-        return self.out_dir / f"{self.name}.profkit.json"
+        return sidecar_path(self.sqlite)
 
     @property
     def log(self) -> Path:

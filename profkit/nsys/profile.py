@@ -30,10 +30,11 @@ from profkit.nsys.argv import (
     placeholder_result_path,
     profile_argv,
 )
-from profkit.nsys.record import new_record, run_section, write_sidecar
+from profkit.nsys.record import new_record, run_section
 from profkit.run.child import child_argv, collect_result
-from profkit.run.proc import Outcome, describe_exit, run_logged
+from profkit.run.proc import Outcome, check_timeout, describe_exit, run_logged
 from profkit.run.tools import export_sqlite, find_nsys, nsys_version
+from profkit.sidecar import write_sidecar
 from profkit.workload.config import WorkloadConfig
 
 Target = WorkloadConfig | Sequence[str]
@@ -144,6 +145,7 @@ def profile(
     started = time.perf_counter()
     say = progress or (lambda _message: None)
     check_name(name or default_name(target))  # bad input first, then CUDA, then nsys
+    check_timeout(timeout_s)
     if isinstance(target, WorkloadConfig):
         require_cuda(target)
     else:

@@ -22,6 +22,7 @@ from profkit.errors import BadInput
 from profkit.run import results
 from profkit.run.child import run_child
 from profkit.run.environment import environment, utc_now
+from profkit.run.proc import check_timeout
 from profkit.workload import flops
 from profkit.workload.config import WorkloadConfig, resolve_device
 
@@ -180,6 +181,7 @@ def bench(
     """
     if not configs:
         raise BadInput("no configs to run")
+    check_timeout(timeout_s)
     devices = resolve_devices(configs)
     # Closed on the way out; a DB file that got no row (Ctrl-C first) is removed again.
     with results.opened(db_path) as db:

@@ -10,6 +10,7 @@ if asked), and ends the tree on Ctrl-C or timeout.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import signal
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from profkit.errors import MissingTool
+from profkit.errors import BadInput, MissingTool
 
 TAIL_CHARS = 4_000
 _ERROR_WORDS = re.compile(
@@ -109,6 +110,15 @@ def read_tail(path: Path, chars: int = TAIL_CHARS) -> str:
             return log.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def check_timeout(timeout_s: float | None) -> None:
+    """Raise :class:`BadInput` unless ``timeout_s`` is None or a finite number of seconds > 0.
+
+    ``nan`` and ``inf`` parse as floats but no clock can wait for them.
+    """
+    if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise BadInput(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
 
 
 def run_logged(

@@ -14,17 +14,21 @@ import os
 import re
 import sqlite3
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 
 from profkit.errors import BadInput
+from profkit.files import check_readable
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+INTEGER_TYPES = "('integer', 'null')"  # what typeof() may say of an integer column's cell
 HEADER_BYTES = 100
 CHUNK_ROWS = 500_000  # ~10 MB of text per column per chunk: bounded memory, few queries
 # Reader threads, whatever the core count: each holds a connection with its page cache and
@@ -33,30 +37,38 @@ CHUNK_ROWS = 500_000  # ~10 MB of text per column per chunk: bounded memory, few
 # about 0.07 GiB per thread (0.78 GiB with 1 thread, 1.05 with 4, 1.33 with 8), while on
 # 16 cores the read went only from 3.9 s with 4 threads to 3.5 s with 8.
 MAX_READ_THREADS = 4
+MAX_SPARSE_CHUNKS = 1 << 16  # more rowid chunks than this means the rowids are sparse
 T = TypeVar("T")
 
 
-def check_sqlite_file(path: Path, what: str) -> None:
+class BadColumn(BadInput):
+    """A table lacks a column the reader needs, or a cell holds the wrong type of value.
+
+    Raised without the file's name (the reader adds it): ``CUPTI_ACTIVITY_KIND_KERNEL.start
+    holds text ('abc') where an export has integers``.
+    """
+
+
+def check_sqlite_file(path: Path, what: str, shown: Path | None = None) -> None:
     """Raise :class:`BadInput` unless ``path`` is a readable, complete SQLite file.
 
-    ``what`` names the expected kind of file in messages ("an Nsight Systems export").
+    ``what`` names the expected kind of file in messages ("an Nsight Systems export");
+    ``shown`` is the name messages give the file (its compressed original, say).
     """
-    if not path.exists():
-        raise BadInput(f"no such file: {path}")
-    if path.is_dir():
-        raise BadInput(f"{path} is a directory, not {what}")
+    shown = shown or path
+    check_readable(path, what)
     try:
         with path.open("rb") as handle:
             header = handle.read(HEADER_BYTES)
     except OSError as exc:
-        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise BadInput(f"cannot read {shown}: {exc.strerror or exc}") from None
     size = path.stat().st_size
     if size == 0:
-        raise BadInput(f"{path} is empty (0 bytes), not {what}")
+        raise BadInput(f"{shown} is empty (0 bytes), not {what}")
     if not header.startswith(SQLITE_MAGIC):
-        raise BadInput(f"{path} is not an SQLite database (expected {what})")
+        raise BadInput(f"{shown} is not an SQLite database (expected {what})")
     if len(header) < HEADER_BYTES:
-        raise BadInput(f"{path} is truncated ({size:,} bytes): an incomplete SQLite file")
+        raise BadInput(f"{shown} is truncated ({size:,} bytes): an incomplete SQLite file")
     # The header records the page size and (since SQLite 3.7) the page count: a file
     # shorter than that was cut off, e.g. by a copy or an export that did not finish.
     page_size = int.from_bytes(header[16:18], "big")
@@ -66,7 +78,7 @@ def check_sqlite_file(path: Path, what: str) -> None:
     valid_for = int.from_bytes(header[92:96], "big")
     if pages and change_counter == valid_for and size < pages * page_size:
         raise BadInput(
-            f"{path} is truncated: {size:,} bytes where its header promises "
+            f"{shown} is truncated: {size:,} bytes where its header promises "
             f"{pages * page_size:,} (copy or export it again)"
         )
 
@@ -81,9 +93,58 @@ def open_readonly(path: Path, any_thread: bool = False) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(uri, uri=True, check_same_thread=not any_thread)
         conn.execute("PRAGMA cache_size = -65536")  # 64 MiB: the scans below reread pages
+        # Text that is not UTF-8 (a damaged name, NVTX text stored as bytes) reads with
+        # replacement characters instead of failing the whole read.
+        conn.text_factory = _decode
     except sqlite3.Error as exc:
         raise BadInput(f"{path} is corrupt: SQLite cannot read it ({exc})") from None
     return conn
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def require_columns(tables: dict[str, list[str]], required: dict[str, tuple[str, ...]]) -> None:
+    """Raise :class:`BadColumn` if a table that is there lacks a column it must have."""
+    for table, columns in required.items():
+        missing = [c for c in columns if table in tables and c not in tables[table]]
+        if missing:
+            raise BadColumn(f"table {table} lacks column(s) {', '.join(missing)}")
+
+
+def check_integers(
+    conn: sqlite3.Connection, table: str, columns: Iterable[str], where: str = ""
+) -> None:
+    """Raise :class:`BadColumn` naming the first cell of ``columns`` that is not an integer.
+
+    NULL passes (readers say what a missing value means). One scan of the table: for the
+    small tables (names, enums, NVTX); the big ones are checked chunk by chunk as read.
+    """
+    columns = list(columns)
+    if not columns:
+        return
+    bad = " OR ".join(f'typeof("{c}") NOT IN {INTEGER_TYPES}' for c in columns)
+    condition = f"({where}) AND ({bad})" if where else bad
+    found = conn.execute(f'SELECT rowid FROM "{table}" WHERE {condition} LIMIT 1').fetchone()
+    if found is not None:
+        raise _bad_cell(conn, table, columns, f"rowid = {int(found[0])}")
+
+
+def _bad_cell(
+    conn: sqlite3.Connection, table: str, columns: list[str], where: str, field: str = ""
+) -> BadColumn:
+    for column in columns:
+        row = conn.execute(
+            f'SELECT typeof("{column}"), "{column}" FROM "{table}" '
+            f'WHERE {where} AND typeof("{column}") NOT IN {INTEGER_TYPES} LIMIT 1'
+        ).fetchone()
+        if row is not None:
+            kind = {"real": "a real number", "text": "text", "blob": "a blob"}.get(row[0], row[0])
+            value = repr(row[1]) if len(repr(row[1])) <= 40 else repr(row[1])[:37] + "..."
+            return BadColumn(f"{table}.{column} holds {kind} ({value}) where integers belong")
+    # Integers all, but arithmetic on them left the 64-bit range (SQLite made it a real).
+    return BadColumn(f"{table} holds integers out of range ({field or 'a column'} overflows)")
 
 
 def table_columns(conn: sqlite3.Connection) -> dict[str, list[str]]:
@@ -104,8 +165,8 @@ def read_int_columns(
     ``exprs`` maps each output name to an SQL expression over the table's columns (packing
     several small columns into one integer saves a column's worth of work).
     """
-    query = _chunk_query(table, exprs, where, missing, _not_null(conn, table))
-    chunks = [_read_chunk(conn, query, table, exprs, lo) for lo in _chunk_starts(conn, table)]
+    query = _chunk_query(table, exprs, where, missing, _column_info(conn, table))
+    chunks = [_read_chunk(conn, query, b) for b in _chunk_bounds(conn, table)]
     return _concatenate(chunks, exprs)
 
 
@@ -156,12 +217,12 @@ class ParallelReader:
         missing: int = -1,
     ) -> Pending:
         """Queue the read of ``read_int_columns(table, exprs, where)``; ``.result()`` waits."""
-        query = _chunk_query(table, exprs, where, missing, _not_null(conn, table))
+        query = _chunk_query(table, exprs, where, missing, _column_info(conn, table))
 
-        def chunk(lo: int) -> dict[str, np.ndarray]:
-            return _read_chunk(self.connection(), query, table, exprs, lo)
+        def chunk(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
+            return _read_chunk(self.connection(), query, bounds)
 
-        futures = [self.pool.submit(chunk, lo) for lo in _chunk_starts(conn, table)]
+        futures = [self.pool.submit(chunk, b) for b in _chunk_bounds(conn, table)]
         return Pending(futures, list(exprs))
 
     def stream(
@@ -177,15 +238,15 @@ class ParallelReader:
         At most ``ahead`` (default: one per thread, plus one) chunks are read ahead, so memory
         holds a few chunks whatever the table's size.
         """
-        query = _chunk_query(table, exprs, where, -1, _not_null(conn, table))
+        query = _chunk_query(table, exprs, where, -1, _column_info(conn, table))
 
-        def chunk(lo: int) -> dict[str, np.ndarray]:
-            return _read_chunk(self.connection(), query, table, exprs, lo)
+        def chunk(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
+            return _read_chunk(self.connection(), query, bounds)
 
         window: deque[Future[dict[str, np.ndarray]]] = deque()
         limit = ahead or self.threads + 1
-        for lo in _chunk_starts(conn, table):
-            window.append(self.pool.submit(chunk, lo))
+        for bounds in _chunk_bounds(conn, table):
+            window.append(self.pool.submit(chunk, bounds))
             if len(window) >= limit:
                 yield window.popleft().result()
         while window:
@@ -213,50 +274,80 @@ class Pending:
 
 def row_bound(conn: sqlite3.Connection, table: str) -> int:
     """At least the number of rows in ``table`` (the rowid span; no scan)."""
-    chunks = _chunk_starts(conn, table)
-    if not chunks:
-        return 0
+    lo = conn.execute(f'SELECT min(rowid) FROM "{table}"').fetchone()[0]
     hi = conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0]
-    return int(hi) - chunks.start + 1
+    return 0 if lo is None else int(hi) - int(lo) + 1
 
 
-def _chunk_starts(conn: sqlite3.Connection, table: str) -> range:
+def _chunk_bounds(conn: sqlite3.Connection, table: str) -> list[tuple[int, int]]:
+    """``[lo, hi)`` rowid ranges of about ``CHUNK_ROWS`` rows each."""
     # Two queries: SQLite answers min(rowid) or max(rowid) alone from the B-tree's ends,
     # but scans the whole table for both at once.
     lo = conn.execute(f'SELECT min(rowid) FROM "{table}"').fetchone()[0]
     hi = conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0]
-    return range(0) if lo is None else range(lo, hi + 1, CHUNK_ROWS)
+    if lo is None:
+        return []
+    if (hi - lo) // CHUNK_ROWS < MAX_SPARSE_CHUNKS:
+        return [(start, start + CHUNK_ROWS) for start in range(lo, hi + 1, CHUNK_ROWS)]
+    # Rowids far apart (a damaged or hand-made file): bounds from the rowids themselves.
+    rowids = [r[0] for r in conn.execute(f'SELECT rowid FROM "{table}" ORDER BY rowid')]
+    starts = rowids[::CHUNK_ROWS]
+    return list(zip(starts, [*starts[1:], hi + 1], strict=True))
 
 
-def _not_null(conn: sqlite3.Connection, table: str) -> set[str]:
-    """Columns declared NOT NULL (SQLite enforces it, so they never hold a NULL)."""
-    return {r[1] for r in conn.execute(f'PRAGMA table_info("{table}")') if r[3]}
+def _column_info(conn: sqlite3.Connection, table: str) -> tuple[set[str], set[str]]:
+    """The table's columns, and those declared NOT NULL (SQLite enforces it)."""
+    info = list(conn.execute(f'PRAGMA table_info("{table}")'))
+    return {r[1] for r in info}, {r[1] for r in info if r[3]}
+
+
+@dataclass(frozen=True)
+class _ChunkQuery:
+    """The SQL that reads one chunk of a table, and what it needs to explain a failure."""
+
+    sql: str
+    table: str
+    names: list[str]
+    columns: list[str]
+    """The table's columns the expressions use (their cells' types are checked)."""
 
 
 def _chunk_query(
-    table: str, exprs: dict[str, str], where: str, missing: int, not_null: set[str]
-) -> str:
+    table: str,
+    exprs: dict[str, str],
+    where: str,
+    missing: int,
+    columns: tuple[set[str], set[str]],
+) -> _ChunkQuery:
     # NULL -> ``missing`` keeps the columns aligned: group_concat skips NULLs. Expressions
     # over NOT NULL columns only skip the ifnull (a function call per value).
+    all_columns, not_null = columns
     selects = "".join(
         f", group_concat({expr})"
         if set(re.findall(r"[A-Za-z_]\w*", expr)) <= not_null
         else f", group_concat(ifnull({expr}, {missing}))"
         for expr in exprs.values()
     )
+    used = sorted({w for e in exprs.values() for w in re.findall(r"[A-Za-z_]\w*", e)} & all_columns)
     condition = f" AND ({where})" if where else ""
-    return f'SELECT count(*){selects} FROM "{table}" WHERE rowid >= ? AND rowid < ?{condition}'
+    sql = f'SELECT count(*){selects} FROM "{table}" WHERE rowid >= ? AND rowid < ?{condition}'
+    return _ChunkQuery(sql, table, list(exprs), used)
 
 
 def _read_chunk(
-    conn: sqlite3.Connection, query: str, table: str, exprs: dict[str, str], lo: int
+    conn: sqlite3.Connection, query: _ChunkQuery, bounds: tuple[int, int]
 ) -> dict[str, np.ndarray]:
-    count, *texts = conn.execute(query, (lo, lo + CHUNK_ROWS)).fetchone()
+    count, *texts = conn.execute(query.sql, bounds).fetchone()
     chunk = {}
-    for name, text in zip(exprs, texts, strict=True):
-        values = np.fromstring(text or "", dtype=np.int64, sep=",")  # text mode: supported
+    for name, text in zip(query.names, texts, strict=True):
+        with warnings.catch_warnings():  # numpy warns where it stops parsing: we say why
+            warnings.simplefilter("ignore")
+            values = np.fromstring(text or "", dtype=np.int64, sep=",")  # text mode: supported
         if len(values) != count:
-            raise sqlite3.DatabaseError(f"column {name!r} of {table} is not all integers")
+            # Only now look for the cell that broke the parse: checking every cell's type
+            # in the scan itself doubled the read time of a real export.
+            where = f"rowid >= {bounds[0]} AND rowid < {bounds[1]}"
+            raise _bad_cell(conn, query.table, query.columns, where, name)
         chunk[name] = values
     return chunk
 
@@ -273,9 +364,10 @@ def _concatenate(
 def strings_by_id(conn: sqlite3.Connection, ids: np.ndarray) -> dict[int, str]:
     """``StringIds`` values for the given ids (the table can hold many unrelated strings)."""
     result: dict[int, str] = {}
-    unique = [int(i) for i in np.unique(ids) if i >= 0]
+    unique = [int(i) for i in np.unique(ids) if 0 <= i < 1 << 63]
     for offset in range(0, len(unique), 500):  # stay under SQLite's bound-parameter limit
         batch = unique[offset : offset + 500]
         marks = ",".join("?" * len(batch))
-        result.update(conn.execute(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", batch))
+        query = f"SELECT id, CAST(value AS TEXT) FROM StringIds WHERE id IN ({marks})"
+        result.update(conn.execute(query, batch))
     return result

@@ -36,8 +36,17 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.errors import BadInput
-from profkit.traces.chrome_tables import kernels_table, ranges_table, short_kernel_name, to_ns
+from profkit.errors import BadInput, warn
+from profkit.files import read_input
+from profkit.sidecar import BrokenSidecar, read_sidecar, validate
+from profkit.traces.chrome_tables import (
+    MAX_BASE_NS,
+    Issues,
+    kernels_table,
+    ranges_table,
+    short_kernel_name,
+    to_ns,
+)
 from profkit.traces.schema import Trace
 
 _loads: Callable[[bytes], Any]
@@ -107,9 +116,13 @@ def is_chrome_trace(path: str | PathLike[str]) -> bool:
 def read_chrome_trace(path: str | PathLike[str]) -> Trace:
     """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a :class:`Trace`.
 
-    Raises :class:`BadInput` (one line) for a missing file, truncated or corrupt gzip,
-    invalid JSON, or JSON that is not a Chrome trace. A trace without GPU activity (a
-    CPU-only run) still returns its ranges, with a warning in ``meta["warnings"]``.
+    Raises :class:`BadInput` (one line) for a missing file or one that is not a regular
+    file, truncated or corrupt compression (gzip, xz), invalid JSON, or JSON that is not a
+    Chrome trace. Odd events are dropped or fixed and counted, never fatal: one that is
+    not an object or lacks a field the tables need, a time that is not finite, a
+    category that is not a string; a negative duration counts as 0; ids beyond 64 bits
+    become unknown. A trace without GPU activity (a CPU-only run) still returns its
+    ranges; every such finding is a line of ``meta["warnings"]``.
     """
     p = Path(path)
     with _gc_paused():
@@ -117,9 +130,13 @@ def read_chrome_trace(path: str | PathLike[str]) -> Trace:
         header, collected = _events_of(p, doc)
         del doc  # the columns are all we keep; free the parsed events before building tables
     base_ns = _int_or(header.get("baseTimeNanoseconds"), 0)
-    ranges, steps = ranges_table(collected["ranges"], base_ns)
-    kernels = kernels_table(collected["gpu"], collected["launches"], base_ns)
+    if not abs(base_ns) < MAX_BASE_NS:
+        collected["issues"].add("baseTimeNanoseconds out of range (read as 0)", 1)
+        base_ns = 0
+    ranges, steps = ranges_table(collected["ranges"], base_ns, collected["issues"])
+    kernels = kernels_table(collected["gpu"], collected["launches"], base_ns, collected["issues"])
     meta = _meta(p, header, collected, ranges, kernels, steps)
+    meta["sidecar"] = read_sidecar(p)
     return Trace(kernels=kernels, ranges=ranges, meta=meta)
 
 
@@ -151,23 +168,13 @@ def _events_of(p: Path, doc: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _loads_trace(path: Path) -> Any:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path} is a directory, not a trace file") from None
-    except OSError as exc:
-        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
-    if data.startswith(_GZIP_MAGIC):
-        try:
-            data = gzip.decompress(data)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            raise BadInput(f"{path} is a truncated or corrupt gzip file ({exc})") from None
+    data = read_input(path, "a Chrome trace")  # .gz / .xz read directly
     if not data.strip():
         raise BadInput(f"{path} is empty, not a Chrome trace")
     try:
         return _loads(data)
+    except RecursionError:
+        raise BadInput(f"{path} is not a Chrome trace: JSON nested too deeply") from None
     except _DECODE_ERRORS as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = " (truncated?)" if "end of" in detail.lower() or "eof" in detail.lower() else ""
@@ -192,7 +199,11 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
         if type(ev) is not dict:
             malformed += 1
             continue
-        role = role_of(ev.get("cat"))
+        cat = ev.get("cat")
+        if cat is not None and type(cat) is not str:  # a list, a number: not a category
+            malformed += 1
+            continue
+        role = role_of(cat)
         if role is None:
             continue
         try:
@@ -232,6 +243,7 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
         "threads": threads,
         "malformed": malformed,
         "events": total,
+        "issues": Issues(),
     }
 
 
@@ -245,7 +257,7 @@ def _columns(rows: list[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
 def _int_or(value: Any, default: int) -> int:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # None, "abc", nan, inf
         return default
 
 
@@ -283,7 +295,10 @@ def _meta(
         )
     if collected["malformed"]:
         warnings.append(f"skipped {collected['malformed']:,} malformed events")
-    devices = header.get("deviceProperties") or []
+    for reason, count in collected["issues"].items():
+        warnings.append(f"{count:,} events with a {reason}")
+    devices = header.get("deviceProperties")
+    devices = devices if isinstance(devices, list) else []
     meta: dict[str, Any] = {
         "path": str(path),
         "format": FORMAT,
@@ -294,6 +309,9 @@ def _meta(
         "base_time_ns": _int_or(header.get("baseTimeNanoseconds"), 0),
         "display_time_unit": header.get("displayTimeUnit"),
         "warnings": warnings,
+        "dropped_events": collected["malformed"]
+        + collected["issues"].get("non-finite or out-of-range time", 0),
+        "clamped_activities": collected["issues"].get("negative duration (counted as 0)", 0),
     }
     for key in ("schemaVersion", "trace_id", "cuda_runtime_version", "cuda_driver_version",
                 "cupti_version", "record_shapes", "with_stack", "profile_memory"):  # fmt: skip
@@ -301,9 +319,14 @@ def _meta(
             meta[key] = header[key]
     profkit = header.get("profkit")  # what profkit torch adds: command, version, config
     if isinstance(profkit, dict):
-        meta["profkit"] = profkit
-        if isinstance(profkit.get("config"), dict):
-            meta["config"] = profkit["config"]
+        try:  # the same checks as a sidecar's: a broken record costs only its extras
+            validate({"config": profkit.get("config")})
+        except BrokenSidecar as exc:
+            warn(f"ignored the profkit record in {path}: {exc}")
+        else:
+            meta["profkit"] = profkit
+            if isinstance(profkit.get("config"), dict):
+                meta["config"] = profkit["config"]
     return meta
 
 

@@ -23,6 +23,48 @@ from profkit.traces.schema import (
 
 _PROFILER_STEP = re.compile(r"ProfilerStep#\d+")
 _MEMCPY_KIND = re.compile(r"memcpy\s+(\w+)", re.IGNORECASE)
+# |ts| and dur bounds, µs: about year 2096 since the epoch; nanoseconds plus a base of up to
+# MAX_BASE_NS then stay inside int64.
+MAX_US = 4e15
+MAX_BASE_NS = 1 << 62
+_U64 = 1 << 64
+_I64 = 1 << 63
+
+
+class Issues(dict[str, int]):
+    """Events a table dropped or changed, by reason; the reader turns them into warnings."""
+
+    def add(self, reason: str, count: int) -> None:
+        if count:
+            self[reason] = self.get(reason, 0) + int(count)
+
+
+def valid_times(ts: Any, dur: Any, issues: Issues) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``ts``/``dur`` as float arrays, the mask of events to keep, negative durations set to 0.
+
+    An event whose time is not finite (``"nan"``, ``inf``) or far outside any clock is
+    dropped; a negative duration is kept as 0 µs. Both are counted in ``issues``.
+    """
+    ts = np.asarray(ts, dtype=np.float64)
+    dur = np.asarray(dur, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        keep = (np.abs(ts) < MAX_US) & (np.abs(dur) < MAX_US)  # False for nan and inf
+    issues.add("non-finite or out-of-range time", int((~keep).sum()))
+    negative = keep & (dur < 0)
+    issues.add("negative duration (counted as 0)", int(negative.sum()))
+    return ts, np.where(negative, 0.0, dur), keep
+
+
+def int64_ids(values: list[int]) -> np.ndarray:
+    """Ids as int64; unsigned 64-bit ids (2^64 - 1 from some tools) keep their bits, ids
+    beyond 64 bits become -1 (unknown)."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        return np.array(
+            [v if -_I64 <= v < _I64 else v - _U64 if _I64 <= v < _U64 else -1 for v in values],
+            dtype=np.int64,
+        )
 
 
 def to_ns(us: Any, base_ns: int = 0) -> np.ndarray:
@@ -38,18 +80,23 @@ def to_ns(us: Any, base_ns: int = 0) -> np.ndarray:
 
 
 def ranges_table(
-    columns: tuple[list[str], list[float], list[float], list[int]], base_ns: int
+    columns: tuple[list[str], list[float], list[float], list[int]],
+    base_ns: int,
+    issues: Issues | None = None,
 ) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     names, ts, dur, tids = columns
     if not names:
         return empty_ranges(), []
-    start = to_ns(ts, base_ns)
+    ts_us, dur_us, keep = valid_times(ts, dur, issues if issues is not None else Issues())
+    if not keep.any():
+        return empty_ranges(), []
+    start = to_ns(ts_us[keep], base_ns)
     df = pd.DataFrame(
         {
-            "name": names,
+            "name": np.asarray(names, dtype=object)[keep],
             "start": start,
-            "end": start + to_ns(dur),
-            "thread": np.asarray(tids, dtype=np.int64),
+            "end": start + to_ns(dur_us[keep]),
+            "thread": int64_ids(tids)[keep],
         }
     )
     is_step = df["name"].str.fullmatch(_PROFILER_STEP.pattern)
@@ -80,23 +127,28 @@ def _depths(threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nda
 
 
 def kernels_table(
-    gpu: tuple[list[Any], ...], launches: tuple[list[Any], ...], base_ns: int
+    gpu: tuple[list[Any], ...],
+    launches: tuple[list[Any], ...],
+    base_ns: int,
+    issues: Issues | None = None,
 ) -> pd.DataFrame:
     names, kinds, ts, dur, dev, stream, corr, grid, block = gpu
-    if not names:
+    issues = issues if issues is not None else Issues()
+    ts_us, dur_us, keep = valid_times(ts, dur, issues)
+    if not keep.any():
         return empty_kernels()
-    start = to_ns(ts, base_ns)
+    start = to_ns(ts_us[keep], base_ns)
     df = pd.DataFrame(
         {
-            "name": names,
-            "kind": kinds,
+            "name": np.asarray(names, dtype=object)[keep],
+            "kind": np.asarray(kinds, dtype=object)[keep],
             "start": start,
-            "end": start + to_ns(dur),
-            "device": np.asarray(dev, dtype=np.int64),
-            "stream": np.asarray(stream, dtype=np.int64),
-            "correlation_id": np.asarray(corr, dtype=np.int64),
-            "grid": grid,
-            "block": block,
+            "end": start + to_ns(dur_us[keep]),
+            "device": int64_ids(dev)[keep],
+            "stream": int64_ids(stream)[keep],
+            "correlation_id": int64_ids(corr)[keep],
+            "grid": np.asarray(grid, dtype=object)[keep],
+            "block": np.asarray(block, dtype=object)[keep],
         }
     )
     df["name"] = _activity_names(df["name"], df["kind"])
@@ -104,11 +156,12 @@ def kernels_table(
     shorts = {n: (n if n.startswith("[") else short_kernel_name(n)) for n in unique}
     df["short_name"] = df["name"].map(shorts)
     l_corr, l_ts, l_tid = launches
+    l_us, _, l_keep = valid_times(l_ts, np.zeros(len(l_ts)), issues)
     launch = pd.DataFrame(
         {
-            "correlation_id": np.asarray(l_corr, dtype=np.int64),
-            "launch_start": to_ns(l_ts, base_ns),
-            "launch_thread": np.asarray(l_tid, dtype=np.int64),
+            "correlation_id": int64_ids(l_corr)[l_keep],
+            "launch_start": to_ns(l_us[l_keep], base_ns),
+            "launch_thread": int64_ids(l_tid)[l_keep],
         }
     )
     # One launch per correlation id: the outermost (earliest) call if a runtime call and

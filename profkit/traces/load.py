@@ -3,7 +3,8 @@
 Readers register by file suffix in :data:`READERS`. A file whose first bytes say SQLite is
 read as an Nsight Systems export whatever its name; a ``.nsys-rep`` report is exported to
 SQLite with nsys first (cached beside it as ``<stem>.sqlite``, redone when the report is
-newer). Chrome traces from torch.profiler (``.json``, ``.json.gz``) are read by
+newer). Compressed inputs (``run.sqlite.xz``, ``trace.json.gz``, ``.bz2``) are read
+directly, whatever reads them; anything that is not a regular file is refused at once. Chrome traces from torch.profiler (``.json``, ``.json.gz``) are read by
 ``profkit.traces.chrome``, imported on first use (:data:`PLUGINS`), which registers itself::
 
     from profkit.traces.load import register
@@ -13,16 +14,20 @@ newer). Chrome traces from torch.profiler (``.json``, ``.json.gz``) are read by
 from __future__ import annotations
 
 import importlib
+import lzma
 import os
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 from profkit.errors import BadInput, MissingTool
+from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input
 from profkit.traces._sqlite import SQLITE_MAGIC
 from profkit.traces.cache import cached_columns
 from profkit.traces.columns import ActivityColumns, Progress, from_trace
-from profkit.traces.nsys_sqlite import FORMAT, read_nsys_sqlite, read_sidecar
+from profkit.traces.nsys_sqlite import FORMAT, read_nsys_sqlite
 from profkit.traces.nsys_stream import read_nsys_columns
+from profkit.sidecar import read_sidecar
 from profkit.traces.schema import Trace
 
 Reader = Callable[[Path], Trace]
@@ -52,15 +57,16 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
     ``nsys`` is the Nsight Systems executable used to export a ``.nsys-rep`` (else
     ``$PROFKIT_NSYS``, else ``nsys`` on PATH).
     """
-    path = _checked(Path(path))
+    path = _checked(path)
     name = path.name.lower()
     if name.endswith(NSYS_REPORT_SUFFIXES):
         return read_nsys_sqlite(_export(path, nsys))
-    if _starts_with(path, SQLITE_MAGIC):
+    if _head(path).startswith(SQLITE_MAGIC):
         return read_nsys_sqlite(path)
     _import_plugin(name)
+    inner = _without_compression(name)
     for suffix in sorted(READERS, key=len, reverse=True):  # ".json.gz" before ".gz"
-        if name.endswith(suffix):
+        if name.endswith(suffix) or inner.endswith(suffix):
             return READERS[suffix](path)
     raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED})")
 
@@ -77,39 +83,39 @@ def load_columns(
     their reader's tables. ``cache`` overrides ``$PROFKIT_CACHE`` (:mod:`.cache`);
     ``progress(rows_done, rows_total)`` hears from long reads.
     """
-    path = _checked(Path(path))
+    path = _checked(path)
     if path.name.lower().endswith(NSYS_REPORT_SUFFIXES):
         path = _export(path, nsys)
+    source = path
 
     def read() -> ActivityColumns:
-        if _starts_with(path, SQLITE_MAGIC):
-            return read_nsys_columns(path, progress)
-        return from_trace(load_trace(path))
+        if _head(source).startswith(SQLITE_MAGIC):
+            return read_nsys_columns(source, progress)
+        return from_trace(load_trace(source))
 
     def fresh_sidecar(columns: ActivityColumns) -> None:
         if columns.meta.get("format") == FORMAT and "sidecar" not in columns.meta:
-            columns.meta["sidecar"] = read_sidecar(path, columns.meta.setdefault("warnings", []))
+            columns.meta["sidecar"] = read_sidecar(source)
 
-    return cached_columns(path, read, cache, fresh_sidecar)
+    return cached_columns(source, read, cache, fresh_sidecar)
 
 
-def _checked(path: Path) -> Path:
-    if not path.exists():
-        raise BadInput(f"no such file: {path}")
-    if path.is_dir():
-        raise BadInput(f"{path} is a directory; give a trace file ({SUPPORTED})")
-    name = path.name.lower()
-    for suffix, tool in ((".xz", "xz -d"), (".bz2", "bzip2 -d"), (".zst", "zstd -d")):
-        inner = name.removesuffix(suffix)
-        known = (*READERS, *PLUGINS, *NSYS_REPORT_SUFFIXES)
-        if inner != name and inner.endswith(known):  # a trace, compressed: say what to do
-            raise BadInput(f"{path} is compressed; decompress it first ({tool} {path})")
+def _checked(path: str | os.PathLike[str]) -> Path:
+    path = check_readable(path, f"a trace file ({SUPPORTED})")  # before any read: no hang
+    if path.name.lower().endswith(".zst"):
+        raise BadInput(f"{path} is zstd-compressed; unpack it first (`zstd -d` keeps the original)")
     return path
+
+
+def _without_compression(name: str) -> str:
+    for suffix in COMPRESSION_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name
 
 
 def _import_plugin(name: str) -> None:
     for suffix, module in PLUGINS.items():
-        if name.endswith(suffix) and suffix not in READERS:
+        if _without_compression(name).endswith(suffix) and suffix not in READERS:
             try:
                 importlib.import_module(module)
             except ModuleNotFoundError as exc:
@@ -130,9 +136,11 @@ def _export(report: Path, nsys: str | os.PathLike[str] | None) -> Path:
         ) from None
 
 
-def _starts_with(path: Path, magic: bytes) -> bool:
-    try:
-        with path.open("rb") as handle:
-            return handle.read(len(magic)) == magic
-    except OSError as exc:
-        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+def _head(path: Path) -> bytes:
+    """The first bytes of ``path``'s content (decompressed; empty if that fails: the reader
+    its name calls for then says what is wrong)."""
+    with open_input(path, "a trace file") as stream:
+        try:
+            return stream.read(len(SQLITE_MAGIC))
+        except (OSError, EOFError, lzma.LZMAError, zlib.error):
+            return b""

@@ -42,6 +42,15 @@ MEMCPY_LABELS = {
     8: "Device-to-Device", 9: "Host-to-Host", 10: "Peer-to-Peer",
 }  # fmt: skip
 KIND_NAMES = np.array(["kernel", "memcpy", "memset", "graph"], dtype=object)
+_TIMED = ("start", "end", "correlationId", "streamId", "deviceId")
+# The columns every export of 2022.4 to 2025.x has, which the reader cannot do without.
+REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
+    KERNEL_TABLE: (*_TIMED, "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"),
+    MEMCPY_TABLE: _TIMED,
+    MEMSET_TABLE: _TIMED,
+    GRAPH_TABLE: _TIMED,
+    **{table: ("start", "correlationId", "nameId") for table in API_TABLES},
+}
 
 
 @dataclass(frozen=True)
@@ -214,7 +223,8 @@ def _enum_labels(
 ) -> dict[int, str]:
     if table not in tables or "label" not in tables[table]:
         return {}
-    return {int(i): str(label) for i, label in conn.execute(f"SELECT id, label FROM {table}")}
+    rows = conn.execute(f"SELECT id, CAST(label AS TEXT) FROM {table}")
+    return {int(i): str(label) for i, label in rows if i is not None}
 
 
 def join_launches(
@@ -299,14 +309,20 @@ def collect_calls(jobs: list[_sqlite.Pending], codec: Codec) -> dict[str, np.nda
     return calls
 
 
-def kernel_frame(a: dict[str, Any]) -> pd.DataFrame:
-    """The kernels table, in table order (kernels, copies, memsets, graphs)."""
+def kernel_frame(a: dict[str, Any], meta: dict[str, Any]) -> pd.DataFrame:
+    """The kernels table, in table order (kernels, copies, memsets, graphs).
+
+    An activity that ends before it starts (a damaged export) is kept, so that counts
+    agree with the export's tables, with its end set to its start (0 ms); how many is
+    ``meta["clamped_activities"]``, and a warning says so.
+    """
     n = a["rows"]
     # One int64 block filled column by column, straight from the chunks: a DataFrame built
     # from separate arrays would copy them all into a block (hundreds of MB here).
     ints = np.empty((5, n), dtype=np.int64)
     _fill(ints[0], a.pop("start"))
     _fill(ints[1], a.pop("duration"))
+    _clamp_negative(ints[1], meta, "activities", "GPU activities")
     ints[1] += ints[0]  # end = start + duration
     _fill(ints[3], a.pop("devstream"))
     np.remainder(ints[3], DEVICES, out=ints[2])
@@ -326,6 +342,19 @@ def kernel_frame(a: dict[str, Any]) -> pd.DataFrame:
     frame["launch_start"] = pd.arrays.IntegerArray(launch_start, unknown)
     frame["launch_thread"] = pd.arrays.IntegerArray(launch_thread, unknown.copy())
     return conform(frame, KERNEL_COLUMNS)
+
+
+def _clamp_negative(durations: np.ndarray, meta: dict[str, Any], key: str, what: str) -> None:
+    """Set negative durations to 0 in place; count them in ``meta`` and say so once."""
+    negative = durations < 0
+    count = int(negative.sum())
+    if count:
+        durations[negative] = 0
+        meta[f"clamped_{key}"] = count
+        meta.setdefault("warnings", []).append(
+            f"{count:,} {what} end before they start (negative duration in the export); "
+            "they count with 0 ms"
+        )
 
 
 def _fill(out: np.ndarray, chunks: list[np.ndarray]) -> None:

@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profkit.traces._sqlite import check_integers
 from profkit.traces.depth import nesting_depth
 from profkit.traces.schema import RANGE_COLUMNS, conform
 
 NVTX_TABLE = "NVTX_EVENTS"
+NVTX_COLUMNS = ("start", "end", "eventType", "globalTid")  # the ones an export always has
 RANGE_EVENT_TYPES = {
     "NvtxPushPopRange": 59,
     "NvtxStartEndRange": 60,
@@ -36,9 +38,13 @@ def nvtx_rows(
     types = _event_types(conn, tables)
     range_types = [types.get(name, default) for name, default in RANGE_EVENT_TYPES.items()]
     domain_create = types.get(DOMAIN_CREATE_EVENT[0], DOMAIN_CREATE_EVENT[1])
-    text = "coalesce(e.text, s.value)" if "textId" in cols else "e.text"
+    # CAST: a name stored as a blob (or as a number) still reads as text.
+    text = "CAST(coalesce(e.text, s.value) AS TEXT)" if "textId" in cols else "CAST(e.text AS TEXT)"
     join = "LEFT JOIN StringIds s ON s.id = e.textId" if "textId" in cols else ""
     domain = "ifnull(e.domainId, 0)" if "domainId" in cols else "0"
+    every_type = ",".join(map(str, [*range_types, domain_create]))
+    integers = ["start", "end", "globalTid", *(["domainId"] if "domainId" in cols else [])]
+    check_integers(conn, NVTX_TABLE, integers, where=f"eventType IN ({every_type})")
     query = (
         f"SELECT e.start, e.end, e.globalTid, {domain}, {text} "
         f"FROM {NVTX_TABLE} e {join} WHERE e.eventType IN ({{types}})"
@@ -49,9 +55,16 @@ def nvtx_rows(
 
 
 def build_ranges(
-    rows: list[tuple[Any, ...]], created: list[tuple[Any, ...]], trace_end: int
+    rows: list[tuple[Any, ...]],
+    created: list[tuple[Any, ...]],
+    trace_end: int,
+    meta: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """The ranges table from :func:`nvtx_rows`' rows; ranges left open end at ``trace_end``."""
+    """The ranges table from :func:`nvtx_rows`' rows; ranges left open end at ``trace_end``.
+
+    A range that ends before it starts (a damaged export) ends at its start instead; how
+    many is ``meta["clamped_ranges"]``, and a warning in ``meta["warnings"]`` says so.
+    """
     if not rows:
         return conform(pd.DataFrame({c: [] for c in RANGE_COLUMNS}), RANGE_COLUMNS)
     frame = pd.DataFrame(rows, columns=["start", "end", "thread", "domain_id", "name"])
@@ -62,6 +75,13 @@ def build_ranges(
     frame["start"] = frame["start"].astype(np.int64)
     # A range still open when the capture stopped has no end: it lasts to the trace's end.
     frame["end"] = frame["end"].fillna(max(trace_end, int(frame["start"].max()))).astype(np.int64)
+    backwards = frame["end"].to_numpy() < frame["start"].to_numpy()
+    if backwards.any() and meta is not None:
+        meta["clamped_ranges"] = int(backwards.sum())
+        meta.setdefault("warnings", []).append(
+            f"{int(backwards.sum()):,} NVTX ranges end before they start (negative duration "
+            "in the export); they count as ending where they start"
+        )
     frame["end"] = np.maximum(frame["end"].to_numpy(), frame["start"].to_numpy())
     frame["name"] = frame["name"].fillna("(unnamed)")
     domain_ids = frame["domain_id"].fillna(0).astype(np.int64).to_numpy()

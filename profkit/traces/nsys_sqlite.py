@@ -18,7 +18,6 @@ of its names (``EXPORT_META_DATA`` before 2023, ``META_DATA_EXPORT`` after).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,13 @@ from typing import Any
 import numpy as np
 
 from profkit.errors import BadInput
+from profkit.files import plain_copy
+from profkit.sidecar import read_sidecar
 from profkit.traces import _sqlite
 from profkit.traces.nsys_activity import (
     API_TABLES,
     KERNEL_TABLE,
+    REQUIRED_COLUMNS,
     Codec,
     activity_jobs,
     api_jobs,
@@ -39,12 +41,20 @@ from profkit.traces.nsys_activity import (
     kernel_frame,
     launch_name_ids,
 )
-from profkit.traces.nsys_ranges import NVTX_TABLE, build_ranges, nvtx_rows
+from profkit.traces.nsys_ranges import NVTX_COLUMNS, NVTX_TABLE, build_ranges, nvtx_rows
 from profkit.traces.schema import Trace
 
 FORMAT = "nsys-sqlite"
 WHAT = "an Nsight Systems SQLite export"
-SIDECAR_SUFFIX = ".profkit.json"
+STRINGS_TABLE = "StringIds"
+# Small tables whose integer columns are checked whole before use (the big activity
+# tables are checked chunk by chunk as they are read).
+SMALL_INTEGER_COLUMNS = {
+    STRINGS_TABLE: ("id",),
+    "ThreadNames": ("globalTid", "nameId"),
+    "ENUM_NSYS_EVENT_TYPE": ("id",),
+    "ENUM_CUDA_MEMCPY_OPER": ("id",),
+}
 
 
 class NoKernelsTraced(BadInput):
@@ -54,72 +64,90 @@ class NoKernelsTraced(BadInput):
 def read_nsys_sqlite(path: str | Path) -> Trace:
     """Read an Nsight Systems SQLite export into a :class:`Trace`.
 
-    Raises :class:`BadInput` for a file that is missing, unreadable, not SQLite, truncated,
-    empty or not an nsys export, and :class:`NoKernelsTraced` (a ``BadInput``) with the
-    likely reason when the export holds no CUDA kernels.
+    Raises :class:`BadInput` (one line naming the file) for a file that is missing, not a
+    regular file, unreadable, not SQLite, truncated, empty, not an nsys export, or one whose
+    tables lack the columns or hold cells of types an export never has; and
+    :class:`NoKernelsTraced` (a ``BadInput``) with the likely reason when the export holds
+    no CUDA kernels. An ``.xz``/``.gz`` export is read directly (unpacked to a temporary
+    file). The sidecar beside it, if any, is ``meta["sidecar"]``.
     """
     path = Path(path)
-    _sqlite.check_sqlite_file(path, WHAT)
-    conn = _sqlite.open_readonly(path)
-    try:
-        tables = _sqlite.table_columns(conn)
-        _check_nsys(path, tables)
-        meta = _meta(conn, tables, path)
-        codec = Codec.of(conn, tables)
-        launch_ids = launch_name_ids(conn)
-        # Every table is queued at once and read in chunks by worker threads, each with its
-        # own connection: SQLite runs without the GIL, so the scans share the cores.
-        with _sqlite.ParallelReader(path) as reader:
-            pending = activity_jobs(reader, conn, tables, codec)
-            call_jobs = api_jobs(reader, conn, tables, codec, launch_ids, launch_only=True)
-            nvtx_job = reader.call(lambda worker: nvtx_rows(worker, tables))
-            activity = collect_activity(conn, tables, pending, codec)
-            calls = collect_calls(call_jobs, codec)
-            range_rows, domain_rows = nvtx_job.result()
-            if not activity["rows"]:
-                raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
+    with plain_copy(path, WHAT) as plain:
+        _sqlite.check_sqlite_file(plain, WHAT, shown=path)
+        conn = _sqlite.open_readonly(plain)
+        try:
+            trace = _read(conn, plain, path)
+        except _sqlite.BadColumn as exc:
+            raise BadInput(f"{path}: {exc}; not a usable Nsight Systems export") from None
+        except sqlite3.DatabaseError as exc:
+            raise BadInput(f"{path} is corrupt or truncated (SQLite: {exc})") from None
+        except (ValueError, TypeError, OverflowError, KeyError) as exc:
+            # Anything the checks above let through: still the file's fault, one line.
+            detail = f"{type(exc).__name__}: {exc}"
+            raise BadInput(f"{path}: unexpected values in the export ({detail})") from None
+        finally:
+            conn.close()
+    trace.meta["sidecar"] = read_sidecar(path)
+    return trace
 
-            def other_calls() -> dict[str, np.ndarray]:
-                jobs = api_jobs(reader, conn, tables, codec, launch_ids, launch_only=False)
-                return collect_calls(jobs, codec)
 
-            # Without launch-like names, the first read already took every call.
-            join_launches(activity, calls, other_calls if launch_ids else None)
-        kernels = kernel_frame(activity)
-        trace_end = int(kernels["end"].max())
-        ranges = build_ranges(range_rows, domain_rows, trace_end)
-    except sqlite3.DatabaseError as exc:
-        raise BadInput(f"{path} is corrupt or truncated (SQLite: {exc})") from None
-    finally:
-        conn.close()
-    meta["sidecar"] = read_sidecar(path, meta["warnings"])
+def _read(conn: sqlite3.Connection, plain: Path, path: Path) -> Trace:
+    """The tables of the open export ``conn`` (``plain`` on disk; ``path`` as the user named it)."""
+    tables = _sqlite.table_columns(conn)
+    _check_nsys(path, tables)
+    _check_columns(conn, tables)
+    meta = _meta(conn, tables, path)
+    codec = Codec.of(conn, tables)
+    launch_ids = launch_name_ids(conn)
+    # Every table is queued at once and read in chunks by worker threads, each with its
+    # own connection: SQLite runs without the GIL, so the scans share the cores.
+    with _sqlite.ParallelReader(plain) as reader:
+        pending = activity_jobs(reader, conn, tables, codec)
+        call_jobs = api_jobs(reader, conn, tables, codec, launch_ids, launch_only=True)
+        nvtx_job = reader.call(lambda worker: nvtx_rows(worker, tables))
+        activity = collect_activity(conn, tables, pending, codec)
+        calls = collect_calls(call_jobs, codec)
+        range_rows, domain_rows = nvtx_job.result()
+        if not activity["rows"]:
+            raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
+
+        def other_calls() -> dict[str, np.ndarray]:
+            jobs = api_jobs(reader, conn, tables, codec, launch_ids, launch_only=False)
+            return collect_calls(jobs, codec)
+
+        # Without launch-like names, the first read already took every call.
+        join_launches(activity, calls, other_calls if launch_ids else None)
+    kernels = kernel_frame(activity, meta)
+    trace_end = int(kernels["end"].max())
+    ranges = build_ranges(range_rows, domain_rows, trace_end, meta)
     return Trace(kernels=kernels, ranges=ranges, meta=meta)
-
-
-def sidecar_path(path: Path) -> Path:
-    """``run.sqlite`` -> ``run.profkit.json``: the run's config and Python timings."""
-    return path.with_name(path.stem + SIDECAR_SUFFIX)
-
-
-def read_sidecar(path: Path, warnings: list[str]) -> dict[str, Any] | None:
-    """The sidecar written by ``profkit nsys`` beside the export, if there is one."""
-    side = sidecar_path(path)
-    if not side.is_file():
-        return None
-    try:
-        value = json.loads(side.read_text())
-    except (OSError, ValueError) as exc:
-        warnings.append(f"ignored {side.name}: {exc}")
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _check_nsys(path: Path, tables: dict[str, list[str]]) -> None:
     if not tables:
         raise BadInput(f"{path} is an empty SQLite database, not {WHAT}")
-    nsys_marks = {"StringIds", NVTX_TABLE, KERNEL_TABLE, *API_TABLES, "TARGET_INFO_GPU"}
-    if "StringIds" not in tables or not nsys_marks & set(tables) - {"StringIds"}:
+    nsys_marks = {NVTX_TABLE, KERNEL_TABLE, *API_TABLES, "TARGET_INFO_GPU"}
+    if not nsys_marks & set(tables):
         raise BadInput(f"{path} is an SQLite database but not {WHAT} (no nsys tables in it)")
+    if STRINGS_TABLE not in tables:
+        raise BadInput(
+            f"{path} has nsys tables but no {STRINGS_TABLE} table, where an export keeps "
+            "every kernel and range name: the export is damaged (export it again)"
+        )
+
+
+def _check_columns(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> None:
+    """Every table the reader uses has its columns; small tables hold integers where due."""
+    _sqlite.require_columns(
+        tables, {**REQUIRED_COLUMNS, NVTX_TABLE: NVTX_COLUMNS, STRINGS_TABLE: ("id", "value")}
+    )
+    if KERNEL_TABLE in tables:
+        names = ("demangledName", "name", "mangledName")
+        if not any(c in tables[KERNEL_TABLE] for c in names):
+            raise _sqlite.BadColumn(f"table {KERNEL_TABLE} has no name column ({', '.join(names)})")
+    for table, columns in SMALL_INTEGER_COLUMNS.items():
+        if table in tables:
+            _sqlite.check_integers(conn, table, [c for c in columns if c in tables[table]])
 
 
 def _meta(conn: sqlite3.Connection, tables: dict[str, list[str]], path: Path) -> dict[str, Any]:
@@ -129,11 +157,12 @@ def _meta(conn: sqlite3.Connection, tables: dict[str, list[str]], path: Path) ->
             found = conn.execute(
                 f"SELECT value FROM {table} WHERE name = 'EXPORT_PRODUCT_VERSION'"
             ).fetchone()
-            if found:
+            if found and found[0] is not None:
                 meta["tool_version"] = str(found[0])
             break
     if "TARGET_INFO_GPU" in tables and "name" in tables["TARGET_INFO_GPU"]:
-        gpus = [r[0] for r in conn.execute("SELECT name FROM TARGET_INFO_GPU ORDER BY id")]
+        order = "id" if "id" in tables["TARGET_INFO_GPU"] else "rowid"
+        gpus = [r[0] for r in conn.execute(f"SELECT name FROM TARGET_INFO_GPU ORDER BY {order}")]
         meta["gpus"] = [str(g) for g in gpus if g]
     elif "TARGET_INFO_CUDA_DEVICE" in tables and "name" in tables["TARGET_INFO_CUDA_DEVICE"]:
         meta["gpus"] = [str(r[0]) for r in conn.execute("SELECT name FROM TARGET_INFO_CUDA_DEVICE")]
@@ -147,7 +176,8 @@ def _thread_names(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> dic
     if "ThreadNames" not in tables:
         return {}
     rows = conn.execute(
-        "SELECT t.globalTid, s.value FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId"
+        "SELECT t.globalTid, CAST(s.value AS TEXT) FROM ThreadNames t "
+        "JOIN StringIds s ON s.id = t.nameId"
     )
     return {int(tid): str(name) for tid, name in rows if tid is not None}
 

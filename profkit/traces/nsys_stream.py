@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 
 from profkit.errors import BadInput
+from profkit.files import plain_copy
+from profkit.sidecar import read_sidecar
 from profkit.traces import _sqlite
 from profkit.traces.columns import ARRAYS, ActivityColumns, Progress
 from profkit.traces.nsys_activity import (
@@ -38,6 +40,7 @@ from profkit.traces.nsys_activity import (
     MEMSET_TABLE,
     TID_PID_BITS,
     Codec,
+    _clamp_negative,
     _enum_labels,
     _shape,
     activity_tables,
@@ -47,10 +50,10 @@ from profkit.traces.nsys_ranges import build_ranges, nvtx_rows
 from profkit.traces.nsys_sqlite import (
     WHAT,
     NoKernelsTraced,
+    _check_columns,
     _check_nsys,
     _meta,
     _no_kernels_message,
-    read_sidecar,
 )
 
 PAGE_BITS = 20
@@ -146,7 +149,7 @@ class _Builder:
         if missing.any():
             self.unmatched.append((np.flatnonzero(missing) + self.rows, chunk["key"][missing]))
         if n:
-            self.trace_end = max(self.trace_end, int((chunk["start"] + chunk["duration"]).max()))
+            self.trace_end = max(self.trace_end, int((chunk["start"] + chunk["duration"].clip(min=0)).max()))
         self.rows += n
 
     def _names(self, table: str, chunk: dict[str, np.ndarray]) -> np.ndarray:
@@ -200,32 +203,47 @@ class _Builder:
 def read_nsys_columns(path: str | Path, progress: Progress | None = None) -> ActivityColumns:
     """Read an Nsight Systems export as compact columns (see the module doc).
 
-    Raises what :func:`~profkit.traces.nsys_sqlite.read_nsys_sqlite` raises.
-    ``progress(rows_done, rows_total)`` is called after each chunk.
+    Raises what :func:`~profkit.traces.nsys_sqlite.read_nsys_sqlite` raises, with the same
+    one-line messages. ``progress(rows_done, rows_total)`` is called after each chunk.
     """
     path = Path(path)
-    _sqlite.check_sqlite_file(path, WHAT)
-    conn = _sqlite.open_readonly(path)
-    try:
-        tables = _sqlite.table_columns(conn)
-        _check_nsys(path, tables)
-        meta = _meta(conn, tables, path)
-        builder, threads, nvtx = _read(path, conn, tables, progress)
-        if not builder.rows:
-            raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
-        ranges = build_ranges(*nvtx, builder.trace_end)
-    except sqlite3.DatabaseError as exc:
-        raise BadInput(f"{path} is corrupt or truncated (SQLite: {exc})") from None
-    finally:
-        conn.close()
-    meta["sidecar"] = read_sidecar(path, meta["warnings"])
+    with plain_copy(path, WHAT) as plain:
+        _sqlite.check_sqlite_file(plain, WHAT, shown=path)
+        conn = _sqlite.open_readonly(plain)
+        try:
+            columns = _columns(conn, plain, path, progress)
+        except _sqlite.BadColumn as exc:
+            raise BadInput(f"{path}: {exc}; not a usable Nsight Systems export") from None
+        except sqlite3.DatabaseError as exc:
+            raise BadInput(f"{path} is corrupt or truncated (SQLite: {exc})") from None
+        except (ValueError, TypeError, OverflowError, KeyError) as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            raise BadInput(f"{path}: unexpected values in the export ({detail})") from None
+        finally:
+            conn.close()
+    columns.meta["sidecar"] = read_sidecar(path)
+    return columns
+
+
+def _columns(
+    conn: sqlite3.Connection, plain: Path, path: Path, progress: Progress | None
+) -> ActivityColumns:
+    tables = _sqlite.table_columns(conn)
+    _check_nsys(path, tables)
+    _check_columns(conn, tables)
+    meta = _meta(conn, tables, path)
+    builder, threads, nvtx = _read(plain, conn, tables, progress)
+    if not builder.rows:
+        raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
+    arrays = builder.columns()
+    _clamp_negative(arrays["duration"], meta, "activities", "GPU activities")
     return ActivityColumns(
-        arrays=builder.columns(),
+        arrays=arrays,
         names=sorted(builder.name_code, key=builder.name_code.__getitem__),
         kinds=builder.kinds,
         shapes=sorted(builder.shape_code, key=builder.shape_code.__getitem__),
         threads=threads,
-        ranges=ranges,
+        ranges=build_ranges(*nvtx, builder.trace_end, meta),
         meta=meta,
     )
 
