@@ -22,12 +22,12 @@ from pathlib import Path
 
 from profkit.errors import BadInput, MissingTool
 from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input
+from profkit.sidecar import read_sidecar
 from profkit.traces._sqlite import SQLITE_MAGIC
 from profkit.traces.cache import cached_columns
 from profkit.traces.columns import ActivityColumns, Progress, from_trace
 from profkit.traces.nsys_sqlite import FORMAT, read_nsys_sqlite
 from profkit.traces.nsys_stream import read_nsys_columns
-from profkit.sidecar import read_sidecar
 from profkit.traces.schema import Trace
 
 Reader = Callable[[Path], Trace]
