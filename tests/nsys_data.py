@@ -44,21 +44,61 @@ def unpack(name: str, into: Path) -> Path:
     return target
 
 
-def sql_activity_totals(path: Path) -> tuple[int, int]:
-    """(count, summed ns) of every kernel, copy and memset in an export, by plain SQL:
+KIND_TABLES = {
+    "kernels": "CUPTI_ACTIVITY_KIND_KERNEL",
+    "memcpy": "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "memset": "CUPTI_ACTIVITY_KIND_MEMSET",
+}
+"""The export table behind each count profkit reports (``kernels`` = kernel launches)."""
+
+
+def _tables(db: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def sql_counts(path: Path) -> dict[str, tuple[int, int]]:
+    """Per count of :data:`KIND_TABLES`: (rows, summed ns) in the export, by plain SQL:
     an answer independent of profkit's reader to check its totals against."""
     with sqlite3.connect(path) as db:
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        rows = [
-            db.execute(f"SELECT count(*), sum(end - start) FROM {table}").fetchone()
-            for table in (
-                "CUPTI_ACTIVITY_KIND_KERNEL",
-                "CUPTI_ACTIVITY_KIND_MEMCPY",
-                "CUPTI_ACTIVITY_KIND_MEMSET",
-            )
-            if table in tables  # nsys writes no table for a kind that never happened
-        ]
-    return sum(r[0] for r in rows), sum(r[1] or 0 for r in rows)
+        tables = _tables(db)
+        counts = {}
+        for key, table in KIND_TABLES.items():
+            if table not in tables:  # nsys writes no table for a kind that never happened
+                counts[key] = (0, 0)
+                continue
+            row = db.execute(f"SELECT count(*), sum(end - start) FROM {table}").fetchone()
+            counts[key] = (row[0], row[1] or 0)
+    return counts
+
+
+def sql_activity_totals(path: Path) -> tuple[int, int]:
+    """(count, summed ns) of every kernel, copy and memset in an export, by plain SQL."""
+    counts = sql_counts(path).values()
+    return sum(c for c, _ in counts), sum(ns for _, ns in counts)
+
+
+def sql_counts_in_ranges(path: Path, names: Sequence[str], kind: str = "kernels") -> dict[str, int]:
+    """Per range name, the rows of ``kind``'s table launched while a range of that name was
+    open on any thread (the launch: the runtime call with the same correlation id).
+
+    For one process whose ranges live on the main thread this is profkit's attribution
+    rule, written in SQL: autograd's launches fall inside the main thread's ``backward``.
+    """
+    marks = ", ".join("?" * len(names))
+    query = f"""
+        SELECT name, count(*) FROM (
+            SELECT DISTINCT coalesce(n.text, s.value) AS name, k.rowid
+            FROM {KIND_TABLES[kind]} AS k
+            JOIN CUPTI_ACTIVITY_KIND_RUNTIME AS r ON r.correlationId = k.correlationId
+            JOIN NVTX_EVENTS AS n ON n.start <= r.start AND r.start < n.end
+            LEFT JOIN StringIds AS s ON s.id = n.textId
+            WHERE n.eventType = {PUSH_POP} AND coalesce(n.text, s.value) IN ({marks})
+        ) GROUP BY name
+    """
+    with sqlite3.connect(path) as db:
+        if KIND_TABLES[kind] not in _tables(db):
+            return {}
+        return dict(db.execute(query, list(names)).fetchall())
 
 
 class Export:

@@ -117,14 +117,17 @@ def test_training_step_phases_on_h100_exports(
 
 
 def test_attention_subranges_hold_their_kernels(unpacked: Path) -> None:
-    """Ranges on the launching thread agree with nsys; children count in their parents."""
+    """Ranges on the launching thread agree with nsys; children count in their parents.
+
+    nsys's "GPU Ops" are activities: kernels plus the copies and memsets."""
     name = SMALL_FP32
     report = analyze(load_trace(unpack(name, unpacked)))
     ranges = report.ranges.set_index("range")
     nsys = pd.read_csv(STATS / f"{name}_nvtx_gpu_proj_sum.csv").set_index("Range")
     for label in ("scaled dot product attention", "computing attention scores",
                   "computing softmax", "final matmul", "forward", "optimizer"):  # fmt: skip
-        assert ranges.at[label, "kernels"] == nsys.at[f":{label}", "Total GPU Ops"]
+        ops = ranges.loc[label, ["kernels", "memcpy", "memset"]].sum()
+        assert ops == nsys.at[f":{label}", "Total GPU Ops"]
         assert ranges.at[label, "instances"] == nsys.at[f":{label}", "Range Instances"]
     assert ranges.at["CCCL:cub::DeviceRadixSort", "kernels"] == 2
     children = ["computing attention scores", "computing softmax", "final matmul"]
@@ -164,7 +167,8 @@ def test_cuda_graph_kernels_belong_to_the_range_around_the_replay(unpacked: Path
     assert nodes["eager"][0] == whole["eager"][0] == 18
     report = analyze(load_trace(unpack(GRAPH_WHOLE, unpacked)))
     categories = report.categories.set_index(["phase", "category"])
-    assert categories.at[("forward", "graph"), "kernels"] == 3
+    assert categories.at[("forward", "graph"), "graphs"] == 3
+    assert categories.at[("forward", "graph"), "kernels"] == 0
     # "replays" (start/end) wraps the phases, so it is not a phase itself; "lib op" is in
     # another domain, so it is a range but never a phase.
     assert list(report.phases["phase"]) == ["forward", "eager"]
@@ -266,7 +270,13 @@ def test_json_follows_the_contract_exactly(unpacked: Path) -> None:
     assert list(value) == ["source", "totals", "phases", "ranges", "kernels", "categories"]
     assert {"path", "format"} <= set(value["source"]) and value["source"]["format"] == "nsys-sqlite"
     assert value["source"]["gpu"] == "NVIDIA H100 80GB HBM3"
-    assert value["totals"] == {"kernels": 4028, "gpu_time_ms": pytest.approx(37.580731)}
+    assert value["totals"] == {
+        "kernels": 3858,
+        "memcpy": 98,
+        "memset": 72,
+        "kernel_time_ms": pytest.approx(37.341626),
+        "gpu_time_ms": pytest.approx(37.580731),
+    }
     for key, columns in CONTRACT.items():
         assert value[key] and all(list(row) == columns for row in value[key])
     kernels = pd.DataFrame(value["kernels"])
@@ -292,7 +302,7 @@ def test_phase_python_times_from_the_sidecar(unpacked: Path) -> None:
 def test_filters_by_phase_and_range(unpacked: Path) -> None:
     trace = load_trace(unpack(SMALL_FP32, unpacked))
     backward = analyze(trace, phase="backward")
-    assert backward.totals["kernels"] == 2456 and list(backward.phases["phase"]) == ["backward"]
+    assert backward.totals["kernels"] == 2310 and list(backward.phases["phase"]) == ["backward"]
     softmax = analyze(trace, range="computing softmax")
     assert softmax.totals["kernels"] == 24
     assert set(softmax.categories["category"]) == {"softmax"}
@@ -310,7 +320,8 @@ def test_markdown_report(unpacked: Path) -> None:
     report = analyze(load_trace(unpack(SMALL_FP32, unpacked)), top=3)
     text = kernel_report_markdown(report, "small fp32")
     assert text.startswith("# small fp32\n")
-    for section in ("## Phases", "## Top 3 kernels, all phases", "## Top 3 kernels in backward",
+    for section in ("## Phases", "## Top 3 by GPU time (kernels, memcpy, memset), all phases",
+                    "## Top 3 by GPU time (kernels, memcpy, memset) in backward",
                     "## Ranges", "## GPU time by category"):  # fmt: skip
         assert section in text
     assert "python_ms" in text and "NVIDIA H100 80GB HBM3" in text

@@ -24,7 +24,7 @@ import pytest
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from profkit.errors import BadInput
-from profkit.traces.chrome import is_chrome_trace, read_chrome_trace, short_kernel_name, to_ns
+from profkit.traces.chrome import is_chrome_trace, kernel_function_name, read_chrome_trace, to_ns
 from profkit.traces.schema import KERNEL_COLUMNS, RANGE_COLUMNS
 from profkit.workload.config import WorkloadConfig
 from profkit.workload.step import Workload
@@ -318,11 +318,11 @@ def test_synthetic_old_kineto_and_array_format(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(array.kernels, trace.kernels)
 
 
-def test_short_kernel_names() -> None:
-    assert short_kernel_name(ADD) == "vectorized_elementwise_kernel"
-    assert short_kernel_name("ampere_sgemm_128x64_tn") == "ampere_sgemm_128x64_tn"
+def test_kernel_function_names() -> None:
+    assert kernel_function_name(ADD) == "vectorized_elementwise_kernel"
+    assert kernel_function_name("ampere_sgemm_128x64_tn") == "ampere_sgemm_128x64_tn"
     assert (
-        short_kernel_name(
+        kernel_function_name(
             "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<"
             "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::"
             "operator()() const::{lambda(float)#1}>(at::TensorIteratorBase&, "
@@ -332,7 +332,7 @@ def test_short_kernel_names() -> None:
         )
         == "elementwise_kernel"
     )
-    assert short_kernel_name("nvjet_tst_128x64_64x8_2x1_v_bz_coopA_NTN") == (
+    assert kernel_function_name("nvjet_tst_128x64_64x8_2x1_v_bz_coopA_NTN") == (
         "nvjet_tst_128x64_64x8_2x1_v_bz_coopA_NTN"
     )
 

@@ -78,9 +78,9 @@ def test_demo_runs_on_cpu(tmp_path: Path) -> None:
     text = report.read_text()
     assert "## Benchmark" in text and "| tiny | 128 | train | bf16 | ok |" in text
     # The shipped H100 export: golden phase totals, and the attention sub-ranges.
-    assert "| forward | 1,460 | 10.25 | 27.33 | 31.76 |" in text
-    assert "| backward | 2,456 | 19.59 | 52.21 | 51.50 |" in text
-    assert "| computing softmax | 24 | 24 | 0.10 |" in text
+    assert "| forward | 1,436 | 24 | 0 | 10.21 | 10.25 | 27.33 | 31.76 |" in text
+    assert "| backward | 2,310 | 74 | 72 | 19.39 | 19.59 | 52.21 | 51.50 |" in text
+    assert "| computing softmax | 24 | 24 | 0 | 0 | 0.10 | 0.10 |" in text
     # torch.profiler on the CPU: a key_averages table and its Chrome traces.
     assert "## torch.profiler" in text and "| aten::mm |" in text
     assert (profiles / "demo-torch-tiny-train.json.gz").exists()

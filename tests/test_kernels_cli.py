@@ -34,8 +34,10 @@ def test_table_shows_phases_kernels_ranges_and_categories(small: Path) -> None:
     result = kernels(small, "--top", "5")
     assert result.exit_code == 0, result.output
     out = result.stdout
-    for title in ("Phases — 4,028 GPU activities, 37.58 ms of GPU time", "Top 5 kernels, all phases",
-                  "Top 5 kernels in backward", "Ranges", "GPU time by category (ms)"):  # fmt: skip
+    for title in ("Phases — 3,858 kernels, 98 memcpy, 72 memset: 37.58 ms of GPU time",
+                  "Top 5 by GPU time (kernels, memcpy, memset), all phases",
+                  "Top 5 by GPU time (kernels, memcpy, memset) in backward", "Ranges",
+                  "GPU time by category (ms, kernels, memcpy and memset)"):  # fmt: skip
         assert title in out
     assert "computing softmax" in out and "multi_tensor_apply_kernel" in out
     assert "pt_autograd_0" in out  # the note on cross-thread attribution
@@ -45,9 +47,10 @@ def test_json_is_the_contract_and_nothing_else_on_stdout(small: Path) -> None:
     result = kernels(small, "--format", "json", "--top", "3")
     assert result.exit_code == 0, result.output
     value = json.loads(result.stdout)
-    assert value["totals"]["kernels"] == 4028
+    assert value["totals"]["kernels"] == 3858  # 4,028 activities: 98 of them memcpy, 72 memset
     assert [p["phase"] for p in value["phases"]] == ["forward", "backward", "optimizer"]
-    assert [p["kernels"] for p in value["phases"]] == [1460, 2456, 112]
+    assert [p["kernels"] for p in value["phases"]] == [1436, 2310, 112]
+    assert [p["memcpy"] + p["memset"] for p in value["phases"]] == [24, 146, 0]
     assert len(value["kernels"]) == 9 and value["source"]["top"] == 3
 
 
@@ -55,18 +58,20 @@ def test_markdown_and_csv_and_out_file(small: Path, tmp_path: Path) -> None:
     md = kernels(small, "--format", "md")
     assert md.exit_code == 0 and md.stdout.startswith(f"# Kernels of {small.name}")
     csv = kernels(small, "--format", "csv")
-    assert csv.exit_code == 0 and csv.stdout.startswith("phase,instances,kernels,gpu_time_ms")
+    assert csv.exit_code == 0 and csv.stdout.startswith(
+        "phase,instances,kernels,memcpy,memset,kernel_time_ms,gpu_time_ms"
+    )
     target = tmp_path / "reports" / "small.md"
     written = kernels(small, "--out", target)
     assert written.exit_code == 0 and "## Ranges" in target.read_text()
     as_json = tmp_path / "small.json"
     assert kernels(small, "-f", "json", "-o", as_json).exit_code == 0
-    assert json.loads(as_json.read_text())["totals"]["kernels"] == 4028
+    assert json.loads(as_json.read_text())["totals"]["kernels"] == 3858
 
 
 def test_phase_and_range_filters(small: Path) -> None:
     backward = json.loads(kernels(small, "--phase", "backward", "-f", "json").stdout)
-    assert backward["totals"]["kernels"] == 2456 and backward["source"]["phase"] == "backward"
+    assert backward["totals"]["kernels"] == 2310 and backward["source"]["phase"] == "backward"
     softmax = json.loads(kernels(small, "--range", "computing softmax", "-f", "json").stdout)
     assert softmax["totals"]["kernels"] == 24
     assert {c["category"] for c in softmax["categories"]} == {"softmax"}
@@ -75,7 +80,7 @@ def test_phase_and_range_filters(small: Path) -> None:
 def test_probe_export() -> None:
     value = json.loads(kernels(PROBE, "-f", "json").stdout)
     phases = {p["phase"]: p["kernels"] for p in value["phases"]}
-    assert phases == {"forward": 6, "backward": 23, "unattributed": 2}
+    assert phases == {"forward": 6, "backward": 17, "unattributed": 2}  # and 6 memsets in backward
 
 
 @pytest.mark.parametrize(
@@ -121,8 +126,8 @@ def test_compare_two_traces_per_step(tmp_path: Path) -> None:
     result = runner.invoke(app, ["kernels", str(example), str(copy), "--compare", "-f", "json"])
     assert result.exit_code == 0, result.output
     rows = {r["phase"]: r for r in json.loads(result.stdout)}
-    # Two captured steps: per-step values are half the run's totals (1,460 forward activities).
-    assert rows["forward"]["nsys#1 kernels"] == 730 and rows["total"]["nsys#2 kernels"] == 2014
+    # Two captured steps: per-step values are half the run's totals (1,436 forward kernels).
+    assert rows["forward"]["nsys#1 kernels"] == 718 and rows["total"]["nsys#2 kernels"] == 1929
     assert all(r["nsys#2 within 5%"] and r["nsys#2 vs nsys#1 %"] == 0 for r in rows.values())
     assert "nsys#1 = " in result.stderr
 
@@ -147,9 +152,9 @@ def test_nsys_and_torch_profiler_agree_on_the_same_config() -> None:
     assert result.exit_code == 0, result.output
     rows = {r["phase"]: r for r in json.loads(result.stdout)}
     assert [(p, rows[p]["nsys kernels"], rows[p]["torch kernels"]) for p in rows] == [
-        ("forward", 730, 730),
-        ("backward", 1228, 1228),
+        ("forward", 718, 718),
+        ("backward", 1155, 1155),
         ("optimizer", 56, 56),
-        ("total", 2014, 2014),
+        ("total", 1929, 1929),
     ]
     assert all(abs(r["torch vs nsys %"]) < 0.5 for r in rows.values())

@@ -244,9 +244,9 @@ def test_nsys_part_has_phases_kernels_and_attention(traces_report: tuple[Path, s
     out, text = traces_report
     nsys = section(text, "Nsight Systems profiles")
     assert "small, ctx 128, train, fp32 · 2 captured steps · NVIDIA H100 80GB HBM3" in nsys
-    assert "| backward | 2 | 2,456 | 19.59 | 52.21 | 51.49 | 51.50 |" in nsys
-    assert "Top 10 kernels, all phases:" in nsys
-    assert "| computing softmax | 24 | 24 | 0.10 | 0.51 | 3.93 | 0.95 |" in nsys
+    assert "| backward | 2 | 2,310 | 74 | 72 | 19.39 | 19.59 | 52.21 | 51.49 | 51.50 |" in nsys
+    assert "Top 10 by GPU time (kernels, memcpy, memset), all phases:" in nsys
+    assert "| computing softmax | 24 | 24 | 0 | 0 | 0.10 | 0.10 | 0.51 | 3.93 | 0.95 |" in nsys
     assert "(51.4× the FLOPs), yet they take only 6.3× its GPU time" in nsys
     assert "[small-ctx128-train-fp32.md](small-ctx128-train-fp32.md)" in nsys
     assert (out.parent / "small-ctx128-train-fp32.md").read_text().startswith("# Kernels: ")
@@ -258,8 +258,11 @@ def test_torch_part_reads_the_chrome_trace(traces_report: tuple[Path, str]) -> N
     _, text = traces_report
     torch = section(text, "torch.profiler traces")
     assert "### torch-small-ctx128-train" in torch
-    assert "small, ctx 128, train, fp32 · 1 captured step · 2,014 GPU activities" in torch
-    assert "| backward | 1 | 1,228 | 9.83 | 52.29 | 41.32 |" in torch
+    assert (
+        "small, ctx 128, train, fp32 · 1 captured step · 1,929 kernels, 49 memcpy, 36 memset"
+        in torch
+    )
+    assert "| backward | 1 | 1,155 | 37 | 36 | 9.73 | 9.83 | 52.29 | 41.32 |" in torch
 
 
 def test_snapshot_part_has_peak_sites_and_timeline(traces_report: tuple[Path, str]) -> None:

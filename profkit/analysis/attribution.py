@@ -25,7 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-KNOWN_PHASES = ("forward", "backward", "optimizer")
+from profkit.workload.names import PHASES
+
+KNOWN_PHASES = PHASES
 UNATTRIBUTED = "unattributed"
 PROCESS_SHIFT = 24  # globalTid >> 24 = process (and VM) bits; torch.profiler tids stay unique
 

@@ -19,17 +19,16 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.workload.config import ATTENTIONS, DTYPES, MODES
+from profkit.workload.config import ATTENTIONS, DTYPES, MODES, RUN_FIELDS
+from profkit.workload.names import BACKWARD, FORWARD, OPTIMIZER
 from profkit.workload.specs import SIZES
 
 FIELDS = ("dtype", "compile", "warmup", "attention", "mode")
 # What makes two rows the same config, the compared field aside. Device and GPU first, so
 # rows from different machines sort into separate blocks and never pair up.
-CONFIG = (
-    "device", "gpu_name", "size", "ctx", "batch", "mode", "dtype", "compile",
-    "attention", "warmup", "steps",
-)  # fmt: skip
-PHASES = ("forward", "forward+backward", "optimizer", "step")
+CONFIG = ("device", "gpu_name", *RUN_FIELDS)
+PHASES = (FORWARD, f"{FORWARD}+{BACKWARD}", OPTIMIZER, "step")
+"""The bench timings compared: forward alone, forward with backward, the optimizer, the step."""
 # The phases worth a table per mode: a forward-only step *is* its forward, so no `step`.
 MODE_PHASES = {"forward": PHASES[:1], "forward-backward": PHASES[:2], "train": PHASES}
 _ORDER: dict[str, Sequence[Any]] = {

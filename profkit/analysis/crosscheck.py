@@ -1,4 +1,4 @@
-"""One backend against another: per-phase kernel counts and GPU times side by side.
+"""One backend against another: per-phase kernel launches and GPU times side by side.
 
 ``profkit kernels A.sqlite B.json.gz --compare`` loads each trace, analyses it as usual,
 and hands the ``phases`` tables to :func:`compare_phases`. Nsight Systems and
@@ -14,10 +14,12 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from profkit.analysis.attribution import UNATTRIBUTED
 from profkit.errors import BadInput
+from profkit.workload.names import PHASES
 
-PHASE_ORDER = ("forward", "backward", "optimizer")
-TRAILING = ("unattributed",)
+PHASE_ORDER = PHASES
+TRAILING = (UNATTRIBUTED,)
 TOTAL = "total"
 NEEDED = ("phase", "kernels", "gpu_time_ms")
 
@@ -28,7 +30,8 @@ def compare_phases(
     """Side-by-side phase table of several reports, each compared with the first.
 
     ``reports`` is ``[(label, phases), ...]`` where ``phases`` has the columns ``phase``,
-    ``kernels`` and ``gpu_time_ms`` (the ``phases`` table of a kernel report). The result
+    ``kernels`` (kernel launches) and ``gpu_time_ms`` (all activities: kernels, memcpy,
+    memset) — the ``phases`` table of a kernel report. The result
     has one row per phase (``forward``, ``backward``, ``optimizer``, others in order of
     appearance, ``unattributed``, then ``total``) and the columns ``LABEL kernels`` and
     ``LABEL gpu_time_ms`` per report, then for each report after the first (the reference

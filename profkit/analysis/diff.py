@@ -72,7 +72,8 @@ class ProfileDiff:
     """B against A: ``delta_ms`` is B − A, ``delta_pct`` relative to A (NaN where A is 0).
 
     ``phases`` (with a ``total`` row) and ``categories`` (summed over phases) hold each
-    side's kernels and GPU ms; ``kernels`` maps each group of :data:`GROUPS` to its first
+    side's kernel launches (``a_kernels``) and GPU ms of all activities (``a_ms``: kernels,
+    memcpy and memset); ``kernels`` maps each group of :data:`GROUPS` to its first
     ``top`` rows; ``counts`` says how many each has in all, and how many are ``unchanged``.
     ``a`` and ``b`` hold path, format, steps (and the run's config when known).
     """
@@ -117,8 +118,14 @@ class ProfileDiff:
         """(title, table) pairs for people: short names, A/B headers, empty groups left out."""
         unit = "per step" if self.per_step else "total"
         tables = [
-            (f"Phases — GPU ms {unit}", _view(self.phases)),
-            (f"Categories — GPU ms {unit}, all phases", _view(self.categories)),
+            (
+                f"Phases — kernel launches; GPU ms {unit} (kernels, memcpy, memset)",
+                _view(self.phases),
+            ),
+            (
+                f"Categories — kernel launches; GPU ms {unit} (kernels, memcpy, memset), all phases",
+                _view(self.categories),
+            ),
         ]
         absent = {"appeared": ("a_", "delta"), "vanished": ("b_", "delta")}  # nothing there
         for group, rows in self.kernels.items():
@@ -155,7 +162,7 @@ def diff_reports(
     if top < 0:
         raise BadInput(f"--top must be 0 (all) or more, got {top}")
     for label, report in (("A", a), ("B", b)):
-        if not report.totals["kernels"]:
+        if not report.activities:
             raise BadInput(
                 f"{label} ({report.source.get('path')}) has no GPU activities (a CPU-only "
                 "trace?); profkit diff compares GPU time"

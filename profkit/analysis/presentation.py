@@ -13,6 +13,7 @@ import pandas as pd
 from profkit.analysis.report import KernelReport
 from profkit.analysis.tables import ALL_PHASES
 from profkit.formats import markdown_table
+from profkit.workload.config import RUN_FIELDS
 from profkit.workload.names import FINAL, SCORES, SOFTMAX
 
 KERNEL_VIEW = [
@@ -23,9 +24,9 @@ KERNEL_VIEW = [
 
 def display_tables(report: KernelReport) -> list[tuple[str, pd.DataFrame]]:
     """Phases, top kernels overall and per phase, ranges, categories: (title, table) pairs."""
-    totals = report.totals
-    top = f"Top {report.top} kernels" if report.top else "Kernels"
-    if not totals["kernels"]:
+    top = f"Top {report.top} by GPU time" if report.top else "All by GPU time"
+    top += " (kernels, memcpy, memset)"
+    if not report.activities:
         # A CPU-only trace: the ranges' CPU times are all there is; empty kernel tables
         # would only hide that (the report's notes say why there are no kernels).
         tables = [("Phases — no GPU activities in this trace", report.phases)]
@@ -33,11 +34,7 @@ def display_tables(report: KernelReport) -> list[tuple[str, pd.DataFrame]]:
             tables.append(("Ranges", _range_view(report)))
         return tables
     tables = [
-        (
-            f"Phases — {totals['kernels']:,} GPU activities, "
-            f"{totals['gpu_time_ms']:,.2f} ms of GPU time",
-            _percent(report.phases, "share"),
-        ),
+        (f"Phases — {counts_sentence(report.totals)}", _percent(report.phases, "share")),
         (f"{top}, all phases", _kernel_view(report.top_kernels())),
     ]
     phases = [p for p in report.phases["phase"] if p != ALL_PHASES]
@@ -45,9 +42,28 @@ def display_tables(report: KernelReport) -> list[tuple[str, pd.DataFrame]]:
         for phase in phases:
             tables.append((f"{top} in {phase}", _kernel_view(report.top_kernels(phase))))
     if len(report.ranges):
-        tables.append(("Ranges (GPU time of the kernels each encloses)", _range_view(report)))
-    tables.append(("GPU time by category (ms)", category_pivot(report)))
+        tables.append((RANGES_TITLE, _range_view(report)))
+    tables.append(("GPU time by category (ms, kernels, memcpy and memset)", category_pivot(report)))
     return tables
+
+
+RANGES_TITLE = (
+    "Ranges (what each encloses: kernels, memcpy, memset; kernel_time_ms the kernels', "
+    "gpu_time_ms all of them)"
+)
+
+
+def counts_sentence(totals: dict[str, Any]) -> str:
+    """``3,858 kernels, 98 memcpy, 72 memset: 37.52 ms of GPU time, 37.28 ms in kernels``."""
+    counts = (
+        f"{totals['kernels']:,} kernels, {totals['memcpy']:,} memcpy, {totals['memset']:,} memset"
+    )
+    if totals.get("graphs"):
+        counts += f", {totals['graphs']:,} CUDA graphs"
+    return (
+        f"{counts}: {totals['gpu_time_ms']:,.2f} ms of GPU time, "
+        f"{totals['kernel_time_ms']:,.2f} ms in kernels"
+    )
 
 
 def category_pivot(report: KernelReport) -> pd.DataFrame:
@@ -69,10 +85,9 @@ def category_pivot(report: KernelReport) -> pd.DataFrame:
 def kernel_report_markdown(report: KernelReport, title: str) -> str:
     """The whole report as markdown (for ``reports/NAME.md``)."""
     lines = [f"# {title}", "", _source_line(report), ""]
-    totals = report.totals
     lines += [
-        f"{totals['kernels']:,} GPU activities (kernels, copies, memsets), "
-        f"{totals['gpu_time_ms']:,.2f} ms of summed GPU time.",
+        f"GPU activities: {counts_sentence(report.totals)} (durations summed, so streams "
+        "that overlap count twice).",
         "",
     ]
     tables = display_tables(report)
@@ -82,7 +97,8 @@ def kernel_report_markdown(report: KernelReport, title: str) -> str:
         lines += [
             "`cpu_time_ms` is the wall time of the phase's NVTX ranges, `python_ms` the run's "
             "own synchronized timing of the phase, both summed over the captured steps; "
-            "`gpu_time_ms` sums the durations of the kernels attributed to the phase.",
+            "`gpu_time_ms` sums the durations of the kernels, copies and memsets attributed "
+            "to the phase, `kernel_time_ms` of its kernels alone.",
             "",
         ]
     lines += [f"- {note}" for note in report.notes]
@@ -127,11 +143,7 @@ def _source_line(report: KernelReport) -> str:
     )
     config: dict[str, Any] | None = source.get("config")
     if config:
-        run = ", ".join(
-            f"{key} {config[key]}"
-            for key in ("size", "ctx", "batch", "mode", "dtype", "attention", "compile", "steps")
-            if key in config
-        )
+        run = ", ".join(f"{key} {config[key]}" for key in RUN_FIELDS if key in config)
         line += f". Run: {run}."
     filters = [f"{k} `{source[k]}`" for k in ("phase", "range") if source.get(k)]
     if filters:

@@ -1,9 +1,10 @@
 """One trace's per-phase, per-range, per-kernel and per-category tables: :func:`analyze`.
 
 Works on any reader's :class:`~profkit.traces.Trace` (Nsight Systems or torch.profiler).
-All tables are computed in one pass over the activities with group-bys on integer codes;
-GPU time is the summed duration of the activities (kernels, copies, memsets), so
-overlapping streams can make it exceed wall time.
+All tables are computed in one pass over the activities with group-bys on integer codes.
+Counts are per kind of activity: ``kernels`` (kernel launches), ``memcpy``, ``memset``;
+``gpu_time_ms`` is the summed duration of all of them, ``kernel_time_ms`` of the kernels
+alone. Overlapping streams can make either exceed wall time.
 """
 
 from __future__ import annotations
@@ -17,24 +18,29 @@ import pandas as pd
 from profkit.analysis.attribution import UNATTRIBUTED, Attribution, attribute
 from profkit.analysis.categories import CATEGORIES, categorize
 from profkit.analysis.tables import (
+    COUNT_COLUMNS,
     NS_PER_MS,
+    activity_counts,
     category_table,
     kernel_tables,
     phase_table,
     range_table,
 )
 from profkit.errors import BadInput
-from profkit.traces.schema import Trace
+from profkit.traces.schema import KINDS, Trace
 
-# What ``--format json`` promises (DESIGN.md, "Contracts"): exactly these keys.
+# What ``--format json`` promises (docs/JSON.md, ``profkit kernels``): exactly these keys,
+# plus ``graphs`` after ``memset`` where the trace holds whole CUDA graphs.
 CONTRACT = {
-    "phases": ["phase", "kernels", "gpu_time_ms", "share"],
-    "ranges": ["range", "instances", "kernels", "gpu_time_ms"],
+    "phases": ["phase", "kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms", "share"],
+    "ranges": [
+        "range", "instances", "kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms",
+    ],
     "kernels": [
-        "name", "phase", "category", "instances", "total_ms", "share",
+        "name", "phase", "category", "kind", "instances", "total_ms", "share",
         "avg_us", "med_us", "min_us", "max_us", "std_us",
     ],
-    "categories": ["phase", "category", "kernels", "gpu_time_ms", "share"],
+    "categories": ["phase", "category", "kernels", "memcpy", "memset", "gpu_time_ms", "share"],
 }  # fmt: skip
 
 
@@ -57,6 +63,11 @@ class KernelReport:
     top: int = 20
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def activities(self) -> int:
+        """GPU activities of every kind (0 for a CPU-only trace)."""
+        return sum(int(self.totals.get(c, 0)) for c in COUNT_COLUMNS.values())
+
     def top_kernels(self, phase: str | None = None, n: int | None = None) -> pd.DataFrame:
         """The ``n`` (default ``top``; 0 = all) kernels with the most GPU time overall or in a phase."""
         n = self.top if n is None else n
@@ -64,7 +75,7 @@ class KernelReport:
         return (table.head(n) if n else table).reset_index(drop=True)
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN.md's ``profkit kernels`` contract; ``kernels`` holds each phase's top rows."""
+        """The ``profkit kernels`` JSON (docs/JSON.md); ``kernels`` holds each phase's top rows."""
         kernels = self.kernels
         if self.top:
             kernels = kernels.groupby("phase", sort=False).head(self.top)
@@ -108,25 +119,23 @@ def analyze(
         selected &= att.enclosed_by(rows, len(k))
 
     codes, names = _factorize(k["name"])
-    kinds = k["kind"].to_numpy(dtype=object)[_first_rows(codes)]
+    kinds, name_kinds, categories = _name_facts(k, codes, names)
     category_names = np.array(CATEGORIES, dtype=object)
-    category_index = {c: i for i, c in enumerate(CATEGORIES)}
-    categories = np.array(
-        [category_index[_category(n, kind)] for n, kind in zip(names, kinds, strict=True)],
-        dtype=np.int64,
-    )
     phase_names = np.array(att.phase_names, dtype=object)
     sidecar = trace.meta.get("sidecar") or {}
     config = sidecar.get("config") if isinstance(sidecar.get("config"), dict) else None
 
-    frame = pd.DataFrame({"name": codes, "phase": att.kernel_phase, "duration": duration})[selected]
-    total_ns = int(frame["duration"].sum())
-    per_phase, overall = kernel_tables(frame, k, names, category_names[categories], phase_names)
+    frame = pd.DataFrame(
+        {"name": codes, "phase": att.kernel_phase, "duration": duration, "kind": name_kinds[codes]}
+    )[selected]
+    per_phase, overall = kernel_tables(
+        frame, k, names, category_names[categories], kinds, phase_names
+    )
     report = KernelReport(
         source=_source(trace, phase, range, top, config),
-        totals={"kernels": len(frame), "gpu_time_ms": total_ns / NS_PER_MS},
+        totals=_totals(frame),
         phases=phase_table(frame, att, r, phase_names, sidecar, phase is not None),
-        ranges=range_table(att, r, labels, duration, selected, config, range or phase),
+        ranges=range_table(att, r, labels, frame, config, range or phase),
         kernels=per_phase,
         overall=overall,
         categories=category_table(frame, categories, category_names, phase_names),
@@ -134,6 +143,39 @@ def analyze(
     )
     report.notes = _notes(att, frame, k, trace.meta)
     return report
+
+
+def _name_facts(
+    kernels: pd.DataFrame, codes: np.ndarray, names: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct name: its kind, the kind's index in ``KINDS``, its category's index."""
+    kinds = kernels["kind"].to_numpy(dtype=object)[_first_rows(codes)]
+    # Readers name copies and memsets apart from kernels ("[CUDA memcpy HtoD]", "[memset]"),
+    # so each name has one kind: the row kinds come from the few names, not millions of rows.
+    kind_index = {kind: i for i, kind in enumerate(KINDS)}
+    name_kinds = np.array([kind_index[kind] for kind in kinds], dtype=np.int8)
+    category_index = {c: i for i, c in enumerate(CATEGORIES)}
+    categories = np.array(
+        [category_index[_category(n, kind)] for n, kind in zip(names, kinds, strict=True)],
+        dtype=np.int64,
+    )
+    return kinds, name_kinds, categories
+
+
+def _totals(frame: pd.DataFrame) -> dict[str, Any]:
+    """``{kernels, memcpy, memset[, graphs], kernel_time_ms, gpu_time_ms}`` of the frame."""
+    counts = activity_counts(
+        np.zeros(len(frame), dtype=np.int64),
+        frame["kind"].to_numpy(),
+        frame["duration"].to_numpy(),
+        1,
+    )
+    totals: dict[str, Any] = {
+        column: int(counts[column][0]) for column in COUNT_COLUMNS.values() if column in counts
+    }
+    totals["kernel_time_ms"] = float(counts["kernel_ns"][0]) / NS_PER_MS
+    totals["gpu_time_ms"] = float(counts["gpu_ns"][0]) / NS_PER_MS
+    return totals
 
 
 def _phase_index(att: Attribution, phase: str) -> int:
@@ -255,4 +297,10 @@ def _notes(
 
 
 def _records(table: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
+    if "graphs" in table and "memset" in columns:
+        columns = [
+            *columns[: columns.index("memset") + 1],
+            "graphs",
+            *columns[columns.index("memset") + 1 :],
+        ]
     return table[columns].to_dict(orient="records") if len(table) else []

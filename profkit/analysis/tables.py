@@ -1,8 +1,13 @@
 """The tables of a kernel report, built from attributed activities with integer group-bys.
 
 Used by :func:`profkit.analysis.report.analyze`: ``frame`` holds one row per selected
-activity (``name`` code, ``phase`` code, ``duration`` ns) indexed by its row in
-``trace.kernels``.
+activity (``name`` code, ``phase`` code, ``duration`` ns, ``kind`` code: the index of its
+kind in :data:`~profkit.traces.schema.KINDS`) indexed by its row in ``trace.kernels``.
+
+Every table that counts GPU work counts each kind apart (:data:`COUNT_COLUMNS`):
+``kernels`` are kernel launches only, as in the export's kernel table and in Nsight
+Systems' ``cuda_gpu_kern_sum``; ``gpu_time_ms`` sums every activity, ``kernel_time_ms``
+the kernels alone.
 """
 
 from __future__ import annotations
@@ -14,21 +19,46 @@ import pandas as pd
 
 from profkit.analysis.attribution import UNATTRIBUTED, Attribution
 from profkit.analysis.names import short_kernel_name
+from profkit.traces.schema import KINDS
 from profkit.workload.flops import attention_flops
+from profkit.workload.names import ATTENTION_RANGES
 
 NS_PER_MS = 1e6
 NS_PER_US = 1e3
 ALL_PHASES = "all"
 KERNEL_COLUMNS = [
-    "name", "short_name", "phase", "category", "instances", "total_ms", "share",
+    "name", "short_name", "phase", "category", "kind", "instances", "total_ms", "share",
     "avg_us", "med_us", "min_us", "max_us", "std_us", "grid", "block",
 ]  # fmt: skip
-FLOP_RANGES = (
-    "computing attention scores",
-    "computing softmax",
-    "final matmul",
-    "scaled dot product attention",
-)
+KERNEL = KINDS.index("kernel")
+GRAPH = KINDS.index("graph")
+COUNT_COLUMNS = {"kernel": "kernels", "memcpy": "memcpy", "memset": "memset", "graph": "graphs"}
+"""The count column of each activity kind; ``graphs`` appears only where a trace has any."""
+
+
+def activity_counts(
+    key: np.ndarray, kind: np.ndarray, duration: np.ndarray, size: int
+) -> dict[str, np.ndarray]:
+    """Per key (0 .. size-1): a count per activity kind, then kernel and all-activity ns."""
+    out: dict[str, np.ndarray] = {}
+    for code, name in enumerate(KINDS):
+        if code == GRAPH and not (kind == GRAPH).any():
+            continue
+        out[COUNT_COLUMNS[name]] = np.bincount(key[kind == code], minlength=size).astype(np.int64)
+    kernel_ns = np.where(kind == KERNEL, duration, 0)
+    out["kernel_ns"] = np.bincount(key, weights=kernel_ns, minlength=size)
+    out["gpu_ns"] = np.bincount(key, weights=duration, minlength=size)
+    return out
+
+
+def _count_frame(counts: dict[str, np.ndarray], rows: np.ndarray | slice) -> dict[str, Any]:
+    """The count columns and the two times (ms) of ``activity_counts``, at ``rows``."""
+    columns: dict[str, Any] = {
+        column: counts[column][rows] for column in COUNT_COLUMNS.values() if column in counts
+    }
+    columns["kernel_time_ms"] = counts["kernel_ns"][rows] / NS_PER_MS
+    columns["gpu_time_ms"] = counts["gpu_ns"][rows] / NS_PER_MS
+    return columns
 
 
 def kernel_tables(
@@ -36,9 +66,12 @@ def kernel_tables(
     kernels: pd.DataFrame,
     names: np.ndarray,
     categories: np.ndarray,
+    kinds: np.ndarray,
     phase_names: np.ndarray,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per (name, phase) and per name statistics, with the launch shape of the longest run."""
+    """Per (name, phase) and per name statistics, with the launch shape of the longest run.
+
+    ``categories`` and ``kinds`` hold each name's category and activity kind."""
     per_phase = _duration_stats(frame, ["name", "phase"], len(phase_names))
     overall = _duration_stats(frame, ["name"], len(phase_names))
     grids = kernels["grid"].to_numpy(dtype=object)
@@ -51,6 +84,7 @@ def kernel_tables(
         table["share"] = table["total_ms"] / table["phase_total"].where(table["phase_total"] > 0)
         table["short_name"] = [short_kernel_name(n) for n in names[table["name"]]]
         table["category"] = categories[table["name"]]
+        table["kind"] = kinds[table["name"]]
         table["grid"] = grids[table["longest"]]
         table["block"] = blocks[table["longest"]]
         table["phase"] = np.where(
@@ -100,20 +134,21 @@ def phase_table(
     sidecar: dict[str, Any],
     filtered: bool,
 ) -> pd.DataFrame:
-    """Activities, GPU time and share per phase; wall time of its ranges; Python time."""
+    """Activities of each kind, kernel and GPU time, share per phase; wall and Python time."""
     n = len(phase_names)
-    kernels = np.bincount(frame["phase"], minlength=n)
-    gpu_ns = np.bincount(frame["phase"], weights=frame["duration"], minlength=n)
+    counts = activity_counts(
+        frame["phase"].to_numpy(), frame["kind"].to_numpy(), frame["duration"].to_numpy(), n
+    )
     phase_ranges = ranges[att.is_phase_range]
     cpu_ns = (phase_ranges["end"] - phase_ranges["start"]).groupby(phase_ranges["name"]).sum()
     instances = phase_ranges.groupby("name").size()
+    gpu_ns = counts["gpu_ns"]
     total = gpu_ns.sum()
     table = pd.DataFrame(
         {
             "phase": phase_names,
             "instances": [int(instances.get(p, 0)) for p in phase_names],
-            "kernels": kernels.astype(np.int64),
-            "gpu_time_ms": gpu_ns / NS_PER_MS,
+            **_count_frame(counts, slice(None)),
             "share": gpu_ns / total if total else np.zeros(n),
             "cpu_time_ms": [cpu_ns.get(p, np.nan) / NS_PER_MS for p in phase_names],
         }
@@ -121,8 +156,9 @@ def phase_table(
     python = _python_ms(sidecar)
     if python:
         table["python_ms"] = [python.get(p, np.nan) for p in phase_names]
-    keep = (table["kernels"] > 0) | ((table["instances"] > 0) & (not filtered))
-    keep &= (table["phase"] != UNATTRIBUTED) | (table["kernels"] > 0)
+    active = np.bincount(frame["phase"], minlength=n) > 0
+    keep = active | ((table["instances"] > 0) & (not filtered))
+    keep &= (table["phase"] != UNATTRIBUTED) | active
     return table[keep].reset_index(drop=True)
 
 
@@ -144,38 +180,35 @@ def range_table(
     att: Attribution,
     ranges: pd.DataFrame,
     labels: np.ndarray,
-    duration: np.ndarray,
-    selected: np.ndarray,
+    frame: pd.DataFrame,
     config: dict[str, Any] | None,
     filtered: str | None,
 ) -> pd.DataFrame:
-    """Per range name: instances, activities and GPU time enclosed, wall time, FLOPs."""
-    gpu_ns, kernels = att.range_totals(np.where(selected, duration, 0), selected)
-    frame = pd.DataFrame(
+    """Per range name: instances, activities of each kind and their time, wall time, FLOPs."""
+    columns = _range_counts(att, frame)
+    totals = pd.DataFrame(
         {
             "range": labels,
             "domain": ranges["domain"].fillna("").to_numpy(dtype=object),
-            "kernels": kernels,
-            "gpu_ns": gpu_ns,
+            **columns,
             "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy(),
         }
     )
+    summed = {c: (c, "sum") for c in [*columns, "cpu_ns"]}
     table = (
-        frame.groupby(["range", "domain"], sort=False)
-        .agg(
-            instances=("kernels", "size"),
-            kernels=("kernels", "sum"),
-            gpu_ns=("gpu_ns", "sum"),
-            cpu_ns=("cpu_ns", "sum"),
-        )
+        totals.groupby(["range", "domain"], sort=False)
+        .agg(instances=("cpu_ns", "size"), **summed)
         .reset_index()
     )
-    table["gpu_time_ms"] = table["gpu_ns"] / NS_PER_MS
-    table["cpu_time_ms"] = table["cpu_ns"] / NS_PER_MS
-    table = table.drop(columns=["gpu_ns", "cpu_ns"])
+    table["kernel_time_ms"] = table.pop("kernel_ns") / NS_PER_MS
+    table["gpu_time_ms"] = table.pop("gpu_ns") / NS_PER_MS
+    table["cpu_time_ms"] = table.pop("cpu_ns") / NS_PER_MS
     if filtered:
-        table = table[table["kernels"] > 0]
-    flops = attention_flops(config) if config and table["range"].isin(FLOP_RANGES).any() else None
+        counted = [c for c in COUNT_COLUMNS.values() if c in table]
+        table = table[table[counted].sum(axis=1) > 0]
+    flops = (
+        attention_flops(config) if config and table["range"].isin(ATTENTION_RANGES).any() else None
+    )
     if flops:
         mflop = table["range"].map(flops) / 1e6
         table["mflop"] = mflop  # forward FLOPs of one call, analytic
@@ -185,28 +218,47 @@ def range_table(
     return table.reset_index(drop=True)
 
 
+def _range_counts(att: Attribution, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Per range row: a count per activity kind enclosed, then kernel and all-activity ns."""
+    rows = frame.index.to_numpy()
+    n = len(att.kernel_phase)
+    kind = np.full(n, -1, dtype=np.int64)
+    kind[rows] = frame["kind"].to_numpy()
+    duration = np.zeros(n, dtype=np.int64)
+    duration[rows] = frame["duration"].to_numpy()
+    out: dict[str, np.ndarray] = {}
+    for code, name in enumerate(KINDS):
+        if code != GRAPH or (kind == GRAPH).any():
+            _, out[COUNT_COLUMNS[name]] = att.range_totals(duration, kind == code)
+    is_kernel = kind == KERNEL
+    out["kernel_ns"], _ = att.range_totals(np.where(is_kernel, duration, 0), is_kernel)
+    out["gpu_ns"], _ = att.range_totals(duration, kind >= 0)
+    return out
+
+
 def category_table(
     frame: pd.DataFrame,
     categories: np.ndarray,
     category_names: np.ndarray,
     phase_names: np.ndarray,
 ) -> pd.DataFrame:
-    """GPU time per (phase, category), each phase's categories by time, with bincounts."""
+    """Activities and GPU time per (phase, category), each phase's categories by time."""
     n_categories = len(category_names)
     key = frame["phase"].to_numpy() * n_categories + categories[frame["name"].to_numpy()]
     size = len(phase_names) * n_categories
-    counts = np.bincount(key, minlength=size)
-    gpu_ns = np.bincount(key, weights=frame["duration"].to_numpy(), minlength=size)
-    present = np.flatnonzero(counts)
+    counts = activity_counts(key, frame["kind"].to_numpy(), frame["duration"].to_numpy(), size)
+    present = np.flatnonzero(np.bincount(key, minlength=size))
     phase, category = present // n_categories, present % n_categories
-    phase_total = np.bincount(phase, weights=gpu_ns[present], minlength=len(phase_names))
+    gpu_ns = counts["gpu_ns"][present]
+    phase_total = np.bincount(phase, weights=gpu_ns, minlength=len(phase_names))
+    columns = _count_frame(counts, present)
+    del columns["kernel_time_ms"]
     table = pd.DataFrame(
         {
             "phase": phase_names[phase],
             "category": category_names[category],
-            "kernels": counts[present].astype(np.int64),
-            "gpu_time_ms": gpu_ns[present] / NS_PER_MS,
-            "share": gpu_ns[present] / np.where(phase_total[phase] > 0, phase_total[phase], np.nan),
+            **columns,
+            "share": gpu_ns / np.where(phase_total[phase] > 0, phase_total[phase], np.nan),
             "order": phase,
         }
     )

@@ -136,7 +136,10 @@ def _compare(
         err_console.print(f"{label} = {p}", highlight=False)
     steps = [(label, per_step(phases)) for label, (_, phases) in zip(labels, reports, strict=True)]
     table = compare_phases(steps, tolerance_pct=tolerance)
-    title = f"Per step: kernels and GPU ms of each phase, each trace against {labels[0]}"
+    title = (
+        "Per step: kernel launches and GPU ms (kernels, memcpy, memset) of each phase, "
+        f"each trace against {labels[0]}"
+    )
     emit_tables([(title, table)], fmt, out, json_value=table)
 
 

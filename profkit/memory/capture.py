@@ -23,8 +23,12 @@ from profkit.run.environment import environment
 from profkit.run.proc import check_timeout
 from profkit.run.recorder import DEFAULT_MAX_ENTRIES, STACKS
 from profkit.run.results import DEFAULT_DB, check_db, record
+<<<<<<< HEAD
 from profkit.sidecar import sidecar_path, write_sidecar
 from profkit.workload.config import WorkloadConfig
+=======
+from profkit.workload.config import RUN_FIELDS, WorkloadConfig
+>>>>>>> h2
 
 PHASE_COLUMNS = {
     "model_bytes": "after model creation",
@@ -34,7 +38,7 @@ PHASE_COLUMNS = {
     "peak_allocated_bytes": "peak allocated",
     "peak_reserved_bytes": "peak reserved",
 }
-CONFIG_FIELDS = ("size", "ctx", "batch", "mode", "dtype", "compile", "attention", "warmup", "steps")
+CONFIG_FIELDS = RUN_FIELDS
 
 
 def check_capture(configs: list[WorkloadConfig], max_entries: int, stacks: str) -> None:

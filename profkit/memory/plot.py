@@ -27,6 +27,7 @@ from profkit.memory.summary import (
     site_label,
 )
 from profkit.memory.timeline import Allocation, Timeline
+from profkit.workload.names import PHASES
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
 SITE_COLORS = [
@@ -35,7 +36,7 @@ SITE_COLORS = [
 ]  # fmt: skip
 OTHER_SITE_COLOR = "#bab0ac"
 SMALL_COLOR = "#dddddd"
-PHASE_COLORS = {"forward": "#4e79a7", "backward": "#e15759", "optimizer": "#59a14f"}
+PHASE_COLORS = dict(zip(PHASES, ("#4e79a7", "#e15759", "#59a14f"), strict=True))
 # Samples of the summarized band; the drawn bands are exact at every change.
 _SAMPLES = 6_000
 _PLOT_PIXELS = 450  # about the height of the plotting area in pixels

@@ -16,6 +16,7 @@ from typing import Any
 from profkit.errors import BadInput
 from profkit.run import bench as bench_lib
 from profkit.run import results
+from profkit.workload.config import RUN_FIELDS
 
 Row = dict[str, Any]
 
@@ -29,14 +30,8 @@ ATTENTION_KEY = (
     "impl", "compile", "dtype", "d_head", "seq", "batch", "causal", "iters", "warmup",
     "device", "device_name",
 )  # fmt: skip
-MEMORY_KEY = (
-    "size", "ctx", "batch", "mode", "dtype", "compile", "attention", "warmup", "steps",
-    "device", "gpu",
-)  # fmt: skip
-BENCH_KEY = (
-    "device", "gpu_name", "size", "ctx", "batch", "mode", "dtype", "compile", "attention",
-    "warmup", "steps",
-)  # fmt: skip
+MEMORY_KEY = (*RUN_FIELDS, "device", "gpu")
+BENCH_KEY = ("device", "gpu_name", *RUN_FIELDS)
 
 
 @dataclass

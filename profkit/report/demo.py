@@ -25,6 +25,7 @@ from profkit.run.environment import environment
 from profkit.run.results import check_db
 from profkit.workload import specs
 from profkit.workload.config import WorkloadConfig, resolve_device
+from profkit.workload.names import ATTENTION_RANGES
 
 SweepHooks = tuple[bench_lib.StartHook | None, bench_lib.RowHook | None]
 SweepProgress = Callable[[Sequence[WorkloadConfig]], AbstractContextManager[SweepHooks]]
@@ -124,31 +125,26 @@ def _kernels_step(ctx: DemoContext) -> str:
     if not EXAMPLE_EXPORT.exists():  # an installed wheel ships no profiles/
         return "The example export is not in this installation; skipped."
     report = analyze(load_trace(EXAMPLE_EXPORT), top=10)
-    phases = report.phases[["phase", "kernels", "gpu_time_ms", "python_ms"]].copy()
-    phases.insert(3, "share %", 100 * report.phases["share"])
+    counted = ["kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms"]
+    phases = report.phases[["phase", *counted, "python_ms"]].copy()
+    phases.insert(len(counted) + 1, "share %", 100 * report.phases["share"])
     kernels = report.top_kernels(n=10)[["short_name", "category", "total_ms", "instances"]]
-    attention = report.ranges[report.ranges["range"].isin(_ATTENTION_RANGES)]
+    attention = report.ranges[report.ranges["range"].isin(ATTENTION_RANGES)]
     sentence = attention_sentence(report.ranges)
     return (
         f"Where the GPU time of a real training step goes: `profkit kernels "
         f"{EXAMPLE_EXPORT.relative_to(EXAMPLE_EXPORT.parents[2])}` (small model, ctx 128, fp32, "
         "two steps captured by `profkit nsys` on an NVIDIA H100). Backward kernels, which "
-        "PyTorch launches from its autograd thread, count in `backward`.\n\n"
+        "PyTorch launches from its autograd thread, count in `backward`. `kernels` counts "
+        "kernel launches, `memcpy` and `memset` the copies and memsets; `gpu_time_ms` sums "
+        "all of them, `kernel_time_ms` the kernels alone.\n\n"
         + markdown_table(phases)
-        + "\n\nTop 10 kernels:\n\n"
+        + "\n\nTop 10 by GPU time (kernels, memcpy, memset):\n\n"
         + markdown_table(kernels)
         + "\n\nInside attention:\n\n"
-        + markdown_table(attention[["range", "instances", "kernels", "gpu_time_ms"]])
+        + markdown_table(attention[["range", "instances", *counted]])
         + (f"\n\n{sentence}" if sentence else "")
     )
-
-
-_ATTENTION_RANGES = (
-    "scaled dot product attention",
-    "computing attention scores",
-    "computing softmax",
-    "final matmul",
-)
 
 
 def _torch_step(ctx: DemoContext) -> str:

@@ -15,13 +15,13 @@ from typing import Any
 from profkit.analysis import compare as compare_lib
 from profkit.errors import BadInput
 from profkit.report.collect import Row, group_by, where
-from profkit.workload.config import DTYPES
+from profkit.workload.config import DTYPES, RUN_FIELDS
 from profkit.workload.specs import SIZES
 
 GIB = 1024**3
 MEASURES = {"forward": "forward", "forward-backward": "forward+backward", "train": "train step"}
 # Config fields that may tell two bars of a speed-up picture apart (besides the size).
-_LABEL_FIELDS = ("ctx", "batch", "dtype", "compile", "attention", "warmup", "steps")
+_LABEL_FIELDS = tuple(f for f in RUN_FIELDS if f not in ("size", "mode"))
 
 
 def _size_rank(size: str) -> int:

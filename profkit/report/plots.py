@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import BadInput
+from profkit.memory.plot import PHASE_COLORS
 from profkit.report.figures import MemoryCurves, SpeedupPanel, StepBars
 
-PHASE_COLORS = {"forward": "#4e79a7", "backward": "#e15759", "optimizer": "#59a14f"}
 SERIES_COLORS = [
     "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6",

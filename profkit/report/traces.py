@@ -18,14 +18,9 @@ from profkit.errors import ProfkitError
 from profkit.formats import markdown_table, write_text
 from profkit.report.collect import Inventory
 from profkit.report.sections import Section, skipped
+from profkit.workload.names import ATTENTION_RANGES
 
 TOP_KERNELS = 10
-ATTENTION_RANGES = (
-    "scaled dot product attention",
-    "computing attention scores",
-    "computing softmax",
-    "final matmul",
-)
 TRACE_SUFFIXES = (".nsys-rep", ".sqlite", ".pt.trace.json", ".json.gz", ".json")
 KERNEL_COLUMNS = {
     "short_name": "kernel",
@@ -35,6 +30,8 @@ KERNEL_COLUMNS = {
     "instances": "calls",
     "avg_us": "avg µs",
 }
+COUNTED = ["kernels", "memcpy", "memset", "graphs", "kernel_time_ms", "gpu_time_ms"]
+"""The columns that count GPU work: a CPU-only trace's tables leave them out."""
 Analyzer = Callable[[Path], Any]
 
 
@@ -94,15 +91,14 @@ def _trace_part(path: Path, out_dir: Path) -> str:
         write_text(full, kernel_report_markdown(report, f"Kernels: {trace_stem(path)}"))
     config = (trace.meta.get("sidecar") or {}).get("config") or trace.meta.get("config")
     lines = [heading, _describe(report, config, path, full, out_dir)]
-    totals = report.totals
     phases = report.phases.copy()
-    if totals["kernels"]:
+    if report.activities:
         phases.insert(list(phases.columns).index("share"), "time_%", 100 * phases["share"])
         lines.append(markdown_table(phases.drop(columns=["share"])))
         top = report.top_kernels().rename(columns=KERNEL_COLUMNS)
         top["time %"] = 100 * report.top_kernels()["share"]
         lines.append(
-            f"Top {len(top)} kernels, all phases:\n\n"
+            f"Top {len(top)} by GPU time (kernels, memcpy, memset), all phases:\n\n"
             + markdown_table(top[list(KERNEL_COLUMNS.values())])
         )
     else:
@@ -111,8 +107,8 @@ def _trace_part(path: Path, out_dir: Path) -> str:
             + markdown_table(phases[["phase", "instances", "cpu_time_ms"]])
         )
     attention = _attention_ranges(report.ranges)
-    if attention is not None and not totals["kernels"]:
-        attention = attention.drop(columns=["kernels", "gpu_time_ms"], errors="ignore")
+    if attention is not None and not report.activities:
+        attention = attention.drop(columns=COUNTED, errors="ignore")
     if attention is not None:
         from profkit.analysis.presentation import attention_sentence
 
@@ -138,7 +134,10 @@ def _describe(
         facts.append(f"{steps} captured step{'s' if steps != 1 else ''}")
     tool = f"{source.get('tool', '')} {source.get('tool_version', '')}".strip()
     facts += [f for f in (source.get("gpu"), tool) if f]
-    facts.append(f"{report.totals['kernels']:,} GPU activities")
+    totals = report.totals
+    facts.append(
+        f"{totals['kernels']:,} kernels, {totals['memcpy']:,} memcpy, {totals['memset']:,} memset"
+    )
     link = _relative(full, out_dir)
     return (
         f"{' · '.join(facts)}. Trace `{path}`; full kernel report: [{full.name}]({link})"

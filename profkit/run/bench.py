@@ -3,7 +3,7 @@
 ``bench`` runs each config through :func:`profkit.run.child.run_child`, so a CUDA OOM, a crash
 or a killed child becomes a row with ``status: oom|error`` and the sweep goes on. Each row
 is committed as soon as its config finishes; ``resume`` skips configs the DB already holds.
-Rows follow the ``profkit bench`` JSON contract in DESIGN.md, plus min/median/max per
+Rows follow the ``profkit bench`` JSON contract in docs/JSON.md, plus min/median/max per
 phase, every step's times (the first-step effect stays visible), FLOPs and the environment.
 """
 
@@ -24,16 +24,17 @@ from profkit.run.child import run_child
 from profkit.run.environment import environment, utc_now
 from profkit.run.proc import check_timeout
 from profkit.workload import flops
-from profkit.workload.config import WorkloadConfig, resolve_device
+from profkit.workload.config import RUN_FIELDS, WorkloadConfig, resolve_device
+from profkit.workload.names import PHASES as STEP_PHASES
 
 TABLE = "bench"
-PHASES = ("forward", "backward", "optimizer", "step")
+PHASES = (*STEP_PHASES, "step")
+"""The timed parts of a row: each phase of a step, then the whole step."""
 GIB = 1024**3
-CONFIG_FIELDS = (
-    "size", "ctx", "batch", "mode", "dtype", "compile", "device",
-    "attention", "warmup", "steps",
-)  # fmt: skip
-# The DESIGN.md contract, in order; every row has every one of these keys.
+_AFTER_COMPILE = RUN_FIELDS.index("compile") + 1
+# The contract's order: where the run ran right after what it ran.
+CONFIG_FIELDS = (*RUN_FIELDS[:_AFTER_COMPILE], "device", *RUN_FIELDS[_AFTER_COMPILE:])
+# The contract (docs/JSON.md, ``profkit bench``), in order; every row has all of these keys.
 CONTRACT_FIELDS = (
     *CONFIG_FIELDS, "status", "error",
     "forward_ms", "forward_ms_std", "backward_ms", "backward_ms_std",
@@ -73,7 +74,7 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def _step_ms(step: dict[str, float | None]) -> float:
-    return sum(step.get(f"{p}_ms") or 0.0 for p in ("forward", "backward", "optimizer"))
+    return sum(step.get(f"{p}_ms") or 0.0 for p in STEP_PHASES)
 
 
 def bench_row(
@@ -91,8 +92,7 @@ def bench_row(
     ok = row["status"] == "ok"
     steps: list[dict[str, Any]] = (result.get("steps") or []) if ok else []
     per_phase: dict[str, list[float]] = {
-        p: [s[f"{p}_ms"] for s in steps if s.get(f"{p}_ms") is not None]
-        for p in ("forward", "backward", "optimizer")
+        p: [s[f"{p}_ms"] for s in steps if s.get(f"{p}_ms") is not None] for p in STEP_PHASES
     }
     per_phase["step"] = [_step_ms(s) for s in steps]
     stats = {phase: _stats(values) if values else {} for phase, values in per_phase.items()}

@@ -18,17 +18,14 @@ import sqlite_utils
 
 from profkit.errors import BadInput
 from profkit.files import check_writable
-from profkit.workload.config import WorkloadConfig
+from profkit.workload.config import RUN_FIELDS, WorkloadConfig
 
 DEFAULT_DB = Path("profiles/results.db")
 SQLITE_HEADER = b"SQLite format 3\x00"
 # A second sweep writing the same DB waits for the lock instead of failing at once.
 BUSY_TIMEOUT_S = 30.0
 # The fields that make two runs "the same config" (what --resume compares).
-KEY_FIELDS = (
-    "size", "ctx", "batch", "mode", "dtype", "compile", "attention",
-    "warmup", "steps", "vocab_size", "seed",
-)  # fmt: skip
+KEY_FIELDS = (*RUN_FIELDS, "vocab_size", "seed")
 
 
 def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:

@@ -42,9 +42,9 @@ from profkit.sidecar import BrokenSidecar, read_sidecar, validate
 from profkit.traces.chrome_tables import (
     MAX_BASE_NS,
     Issues,
+    kernel_function_name,
     kernels_table,
     ranges_table,
-    short_kernel_name,
     to_ns,
 )
 from profkit.traces.schema import Trace
@@ -61,7 +61,7 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
     _loads = json.loads
     _DECODE_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
 
-__all__ = ["FORMAT", "is_chrome_trace", "read_chrome_trace", "short_kernel_name", "to_ns"]
+__all__ = ["FORMAT", "is_chrome_trace", "kernel_function_name", "read_chrome_trace", "to_ns"]
 
 FORMAT = "chrome"
 SNIFF_BYTES = 64 * 1024

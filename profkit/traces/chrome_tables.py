@@ -153,7 +153,7 @@ def kernels_table(
     )
     df["name"] = _activity_names(df["name"], df["kind"])
     unique = df["name"].unique()
-    shorts = {n: (n if n.startswith("[") else short_kernel_name(n)) for n in unique}
+    shorts = {n: (n if n.startswith("[") else kernel_function_name(n)) for n in unique}
     df["short_name"] = df["name"].map(shorts)
     l_corr, l_ts, l_tid = launches
     l_us, _, l_keep = valid_times(l_ts, np.zeros(len(l_ts)), issues)
@@ -184,11 +184,13 @@ def _activity_names(names: pd.Series, kinds: pd.Series) -> pd.Series:
     return out
 
 
-def short_kernel_name(name: str) -> str:
+def kernel_function_name(name: str) -> str:
     """A kernel's function name without namespaces, template arguments or parameters.
 
     ``void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)`` becomes
-    ``vectorized_elementwise_kernel`` (what nsys calls the short name).
+    ``vectorized_elementwise_kernel``: what nsys stores as ``shortName``, so the
+    ``short_name`` column means the same in both formats. (The readable names the tables
+    show come from :func:`profkit.analysis.names.short_kernel_name`.)
     """
     depth = 0
     kept: list[str] = []

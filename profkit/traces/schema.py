@@ -9,7 +9,8 @@ launches share it; GPU times are on the same clock in both formats).
 =================  =========================================================
 name               full (demangled) kernel name; ``[memcpy HtoD]`` style for copies
 short_name         short name (nsys ``shortName``; the reader derives one otherwise)
-kind               ``kernel`` | ``memcpy`` | ``memset``
+kind               one of :data:`KINDS`: ``kernel`` | ``memcpy`` | ``memset`` | ``graph``
+                   (a whole CUDA graph traced as one activity)
 start, end         GPU start and end, ns
 device, stream     device index and stream id
 correlation_id     ties the activity to its launching API call
@@ -41,6 +42,10 @@ import pandas as pd
 # row's text into the buffer: 3 M kernel rows of long demangled names took 2.9 GiB and
 # 3 s more to read (H100 machine), where python storage lets rows share a few str objects.
 STRING = pd.StringDtype("python")
+
+KINDS = ("kernel", "memcpy", "memset", "graph")
+"""The values of the kernels table's ``kind`` column: kernel launches, copies, memsets, and
+whole CUDA graphs (nsys ``--cuda-graph-trace=graph``). Counts are reported per kind."""
 
 KERNEL_COLUMNS: dict[str, Any] = {
     "name": STRING,

@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
+from profkit.workload.names import PHASES as PHASES  # re-exported: profkit.phase's names
+
 try:  # the nvtx package works without CUDA; without it we still emit record_function
     import nvtx as _nvtx
 except ImportError:  # pragma: no cover - nvtx is a declared dependency
     _nvtx = None
-
-PHASES = ("forward", "backward", "optimizer")
 
 
 def _profiler_enabled() -> bool:

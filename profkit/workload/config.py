@@ -117,6 +117,16 @@ class WorkloadConfig:
         return cls.from_dict(json.loads(text))
 
 
+RUN_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(WorkloadConfig)
+    if f.name not in ("device", "vocab_size", "seed", "extra")
+)
+"""The fields that say what a run does, in declaration order (``size`` ... ``steps``):
+what tables, result keys and report lines name a run by. Left out: where it ran (the
+device), the model's vocabulary and seed (never changed from the command line), labels."""
+
+
 def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise BadInput(f"unknown --{option} {value!r}; choose one of: {', '.join(choices)}")

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from profkit.workload.annotate import annotate
+from profkit.workload.names import ATTENTION, FINAL, SCORES, SOFTMAX
 from profkit.workload.specs import COURSE_SIZES, SIZES, ModelSpec, get_spec, sizes
 
 __all__ = [
@@ -101,14 +102,14 @@ def naive_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
 
     ``mask`` is boolean, True where attention is allowed.
     """
-    with annotate("scaled dot product attention"):
-        with annotate("computing attention scores"):
+    with annotate(ATTENTION):
+        with annotate(SCORES):
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
-        with annotate("computing softmax"):
+        with annotate(SOFTMAX):
             weights = torch.softmax(scores, dim=-1)
-        with annotate("final matmul"):
+        with annotate(FINAL):
             return weights @ v
 
 

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from profkit.workload.annotate import phase
 from profkit.workload.config import WorkloadConfig, resolve_device
 from profkit.workload.model import BasicsTransformerLM, build_model
+from profkit.workload.names import BACKWARD, FORWARD, OPTIMIZER
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PHASE_NAMES = ("forward", "backward", "optimizer")
 
 
 def synchronize(device: torch.device) -> None:
@@ -155,12 +155,12 @@ class Workload:
         if self.config.mode == "forward-backward":
             self.model.zero_grad(set_to_none=True)  # untimed: keep grads from accumulating
         synchronize(self.device)
-        loss, forward_ms = self._timed("forward", self._forward)
+        loss, forward_ms = self._timed(FORWARD, self._forward)
         times = StepTimes(forward_ms)
         if self.config.has_backward:
-            _, times.backward_ms = self._timed("backward", loss.backward)
+            _, times.backward_ms = self._timed(BACKWARD, loss.backward)
         if self.optimizer is not None:
-            _, times.optimizer_ms = self._timed("optimizer", self._optimizer_step)
+            _, times.optimizer_ms = self._timed(OPTIMIZER, self._optimizer_step)
         return times
 
     def run(
