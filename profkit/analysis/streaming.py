@@ -7,19 +7,21 @@ which are few (same rule, same sorts and binary searches as :mod:`.attribution`,
 range totals are sums, so each chunk adds its own; phase and category tables are
 bincounts. Only the per-kernel statistics need every duration: they come from one sorted
 int64 array of ``group << 40 | duration`` per table, read by binary searches and chunked
-passes (medians are two lookups per group). Memory: the columns, 2 bytes of phase per
-activity, the sorted keys (8 bytes), and chunk-sized temporaries.
+passes (medians are two lookups per group; :mod:`.stream_tables`). Memory: the columns,
+2 bytes of phase per activity, the sorted keys (8 bytes), and chunk-sized temporaries.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
+from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import (
+    Attribution,
     UNATTRIBUTED,
     _Lanes,
     _owner_of,
@@ -29,17 +31,12 @@ from profkit.analysis.attribution import (
     _union,
 )
 from profkit.analysis.categories import CATEGORIES
-from profkit.analysis.names import short_kernel_name
 from profkit.analysis.report import KernelReport, _category, _phase_index, _range_labels, _source
-from profkit.analysis.tables import ALL_PHASES, FLOP_RANGES, KERNEL_COLUMNS, NS_PER_MS, NS_PER_US
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
-from profkit.traces.schema import Trace
-from profkit.workload.flops import attention_flops
+from profkit.traces.schema import KINDS, Trace
 
-CHUNK = 1 << 20
-DURATION_BITS = 40  # durations below 2^40 ns (18 minutes) pack beside a group code
-DURATION_MASK = (1 << DURATION_BITS) - 1
+CHUNK = tables.CHUNK
 
 
 @dataclass
@@ -96,35 +93,43 @@ def _plan(cols: ActivityColumns, phase_domain: str | None) -> _Plan:
     )
 
 
-@dataclass
-class _Totals:
-    """What one pass over the chunks adds up."""
+QUANTITIES = (*KINDS, "kernel_ns", "gpu_ns")
+"""What every sum carries: a count per activity kind, then kernel and all-activity ns."""
+KERNEL_NS, GPU_NS = len(KINDS), len(KINDS) + 1
 
-    phase: np.ndarray  # per activity: its phase if selected, else -1
-    range_ns: np.ndarray
-    range_kernels: np.ndarray
-    moved: np.ndarray  # per phase: selected activities attributed through the owner
-    same: np.ndarray  # per phase: selected activities the launching thread alone places there
-    workers: list[set[int]]
+
+@dataclass
+class Totals:
+    """What one pass over the chunks adds up (the tables need nothing else but durations)."""
+
+    phase: np.ndarray
+    """Per activity: its phase if selected, else -1."""
+    by_phase_category: np.ndarray
+    """(phases × categories, QUANTITIES) sums of the selected activities."""
+    by_range: np.ndarray
+    """(ranges, QUANTITIES) sums of the selected activities each range encloses."""
+    moved: np.ndarray  # per phase: selected activities attributed through the owner thread
+    same: np.ndarray  # per phase: selected activities the launching thread alone puts there
+    workers: list[set[int]]  # per phase: threads that launched its moved activities
     unlaunched: int = 0
     unattributed_seen: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _attribute_pass(
     cols: ActivityColumns, plan: _Plan, phase_index: int | None, inside: tuple[Any, Any] | None
-) -> _Totals:
-    n_phases, n_ranges = len(plan.phase_names), len(plan.range_start)
-    last = n_phases - 1
-    totals = _Totals(
+) -> Totals:
+    """Attribute every chunk and add up its sums (the rule of :func:`.attribution.attribute`)."""
+    n_phases, last = len(plan.phase_names), len(plan.phase_names) - 1
+    totals = Totals(
         phase=np.full(len(cols), -1, dtype=np.int16),
-        range_ns=np.zeros(n_ranges, np.int64),
-        range_kernels=np.zeros(n_ranges, np.int64),
+        by_phase_category=np.zeros((n_phases * len(CATEGORIES), len(QUANTITIES)), np.int64),
+        by_range=np.zeros((len(plan.range_start), len(QUANTITIES)), np.int64),
         moved=np.zeros(n_phases, np.int64),
         same=np.zeros(n_phases, np.int64),
         workers=[set() for _ in range(n_phases)],
     )
     a = cols.arrays
+    name_kind, name_category = _name_codes(cols)
     for lo in range(0, len(cols), CHUNK):
         hi = min(lo + CHUNK, len(cols))
         launch = a["launch_start"][lo:hi]
@@ -152,28 +157,52 @@ def _attribute_pass(
             enclosed = np.zeros(hi - lo, dtype=bool)
             enclosed[point_rows[_stab(inside[0], inside[1], points) >= 0]] = True
             selected &= enclosed
-        duration = np.where(selected, a["duration"][lo:hi].clip(min=0), 0)
-        _add_range_totals(totals, plan, points, duration[point_rows], selected[point_rows])
+        names = a["name"][lo:hi]
+        weights = _weights(name_kind[names], a["duration"][lo:hi].clip(min=0), selected)
+        _add_range_sums(totals.by_range, plan, points, weights[point_rows])
+        key = phase * len(CATEGORIES) + name_category[names]
+        for q in range(len(QUANTITIES)):
+            totals.by_phase_category[:, q] += np.bincount(
+                key, weights=weights[:, q], minlength=len(totals.by_phase_category)
+            ).astype(np.int64)
         totals.phase[lo:hi] = np.where(selected, phase, -1)
         _add_notes(totals, phase, same, moved & selected, thread, selected, n_phases)
     return totals
 
 
-def _add_range_totals(
-    totals: _Totals, plan: _Plan, points: np.ndarray, weights: np.ndarray, counted: np.ndarray
+def _name_codes(cols: ActivityColumns) -> tuple[np.ndarray, np.ndarray]:
+    """Per name: the index of its kind in ``KINDS`` and of its category in ``CATEGORIES``."""
+    kind = np.array([KINDS.index(k) for k in cols.kinds], dtype=np.int64)
+    index = {c: i for i, c in enumerate(CATEGORIES)}
+    category = [index[_category(n, k)] for n, k in zip(cols.names, cols.kinds, strict=True)]
+    return kind, np.array(category, dtype=np.int64)
+
+
+def _weights(kind: np.ndarray, duration: np.ndarray, selected: np.ndarray) -> np.ndarray:
+    """Per activity, its contribution to each of ``QUANTITIES`` (0 unless selected)."""
+    weights = np.zeros((len(kind), len(QUANTITIES)), dtype=np.int64)
+    rows = np.flatnonzero(selected)
+    weights[rows, kind[rows]] = 1
+    weights[rows, KERNEL_NS] = np.where(kind[rows] == KINDS.index("kernel"), duration[rows], 0)
+    weights[rows, GPU_NS] = duration[rows]
+    return weights
+
+
+def _add_range_sums(
+    by_range: np.ndarray, plan: _Plan, points: np.ndarray, weights: np.ndarray
 ) -> None:
+    """Add the weights of the points each range encloses: cumulative sums over sorted points."""
     order = np.argsort(points, kind="stable")
-    points = points[order]
-    summed = np.concatenate([[0], np.cumsum(weights[order])])
-    number = np.concatenate([[0], np.cumsum(counted[order], dtype=np.int64)])
-    lo = np.searchsorted(points, plan.range_start, side="left")
-    hi = np.searchsorted(points, plan.range_end, side="left")
-    totals.range_ns += summed[hi] - summed[lo]
-    totals.range_kernels += number[hi] - number[lo]
+    summed = np.zeros((len(order) + 1, weights.shape[1]), dtype=np.int64)
+    np.cumsum(weights[order], axis=0, out=summed[1:])
+    sorted_points = points[order]
+    lo = np.searchsorted(sorted_points, plan.range_start, side="left")
+    hi = np.searchsorted(sorted_points, plan.range_end, side="left")
+    by_range += summed[hi] - summed[lo]
 
 
 def _add_notes(
-    totals: _Totals,
+    totals: Totals,
     phase: np.ndarray,
     same: np.ndarray,
     moved: np.ndarray,
@@ -217,12 +246,15 @@ def analyze_columns(
     totals = _attribute_pass(cols, plan, phase_index, inside)
     if phase is not None:  # the same check and message as analyze()
         seen = np.array([len(plan.phase_names) - 1] if totals.unattributed_seen else [])
-        _phase_index(_PhaseView(plan.phase_names, seen), phase)
+        _phase_index(cast(Attribution, _PhaseView(plan.phase_names, seen)), phase)
     return _report(cols, plan, totals, labels, top, phase, range)
 
 
 @dataclass
 class _PhaseView:
+    """What ``report._phase_index`` reads of an Attribution: names, and whether
+    ``unattributed`` occurs (one entry of its index when it does)."""
+
     phase_names: list[str]
     kernel_phase: np.ndarray
 
@@ -230,283 +262,37 @@ class _PhaseView:
 def _report(
     cols: ActivityColumns,
     plan: _Plan,
-    totals: _Totals,
+    totals: Totals,
     labels: np.ndarray,
     top: int,
     phase: str | None,
     range_: str | None,
 ) -> KernelReport:
     n_phases = len(plan.phase_names)
-    phase_names = np.array(plan.phase_names, dtype=object)
-    category_index = {c: i for i, c in enumerate(CATEGORIES)}
-    categories = np.array(
-        [category_index[_category(n, k)] for n, k in zip(cols.names, cols.kinds, strict=True)],
-        dtype=np.int64,
-    )
-    counts, gpu_ns = _phase_category_sums(cols, totals.phase, categories, n_phases)
+    by_phase = totals.by_phase_category.reshape(n_phases, len(CATEGORIES), -1).sum(axis=1)
     sidecar = cols.meta.get("sidecar") or {}
     config = sidecar.get("config") if isinstance(sidecar.get("config"), dict) else None
-    per_phase, overall = _kernel_tables(cols, totals.phase, categories, phase_names)
+    _, categories = _name_codes(cols)
+    per_phase, overall = tables.kernel_tables(cols, totals.phase, categories, plan.phase_names)
     trace = Trace(kernels=pd.DataFrame(), ranges=cols.ranges, meta=cols.meta)
     report = KernelReport(
         source=_source(trace, phase, range_, top, config),
-        totals={"kernels": int(counts.sum()), "gpu_time_ms": int(gpu_ns.sum()) / NS_PER_MS},
-        phases=_phase_table(
-            counts.sum(axis=1), gpu_ns.sum(axis=1), plan, cols.ranges, sidecar, phase is not None
+        totals=tables.totals_of(totals.by_phase_category),
+        phases=tables.phase_table(
+            by_phase, plan.phase_names, cols.ranges[plan.is_phase], sidecar, phase is not None
         ),
-        ranges=_range_table(totals, cols.ranges, labels, config, range_ or phase),
+        ranges=tables.range_table(totals.by_range, cols.ranges, labels, config, range_ or phase),
         kernels=per_phase,
         overall=overall,
-        categories=_category_table(counts, gpu_ns, phase_names),
+        categories=tables.category_table(totals.by_phase_category, plan.phase_names),
         top=top,
     )
-    report.notes = _notes(totals, plan, counts.sum(axis=1), cols.meta)
+    in_phase = by_phase[:, : len(KINDS)].sum(axis=1)
+    report.notes = _notes(totals, plan, in_phase, cols.meta)
     return report
 
 
-def _phase_category_sums(
-    cols: ActivityColumns, phase: np.ndarray, categories: np.ndarray, n_phases: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Activities and GPU ns per (phase, category) of the selected activities."""
-    size = n_phases * len(CATEGORIES)
-    counts, gpu_ns = np.zeros(size, np.int64), np.zeros(size, np.int64)
-    for lo in range(0, len(cols), CHUNK):
-        p = phase[lo : lo + CHUNK].astype(np.int64)
-        keep = p >= 0
-        key = p[keep] * len(CATEGORIES) + categories[cols.arrays["name"][lo : lo + CHUNK][keep]]
-        duration = cols.arrays["duration"][lo : lo + CHUNK][keep].clip(min=0)
-        counts += np.bincount(key, minlength=size)
-        gpu_ns += np.bincount(key, weights=duration, minlength=size).astype(np.int64)
-    shape = (n_phases, len(CATEGORIES))
-    return counts.reshape(shape), gpu_ns.reshape(shape)
-
-
-def _phase_table(
-    kernels: np.ndarray,
-    gpu_ns: np.ndarray,
-    plan: _Plan,
-    ranges: pd.DataFrame,
-    sidecar: dict[str, Any],
-    filtered: bool,
-) -> pd.DataFrame:
-    from profkit.analysis.tables import _python_ms
-
-    phase_names = plan.phase_names
-    phase_ranges = ranges[plan.is_phase]
-    cpu_ns = (phase_ranges["end"] - phase_ranges["start"]).groupby(phase_ranges["name"]).sum()
-    instances = phase_ranges.groupby("name").size()
-    total = gpu_ns.sum()
-    table = pd.DataFrame(
-        {
-            "phase": phase_names,
-            "instances": [int(instances.get(p, 0)) for p in phase_names],
-            "kernels": kernels.astype(np.int64),
-            "gpu_time_ms": gpu_ns.astype(np.float64) / NS_PER_MS,
-            "share": gpu_ns / total if total else np.zeros(len(phase_names)),
-            "cpu_time_ms": [cpu_ns.get(p, np.nan) / NS_PER_MS for p in phase_names],
-        }
-    )
-    python = _python_ms(sidecar)
-    if python:
-        table["python_ms"] = [python.get(p, np.nan) for p in phase_names]
-    keep = (table["kernels"] > 0) | ((table["instances"] > 0) & (not filtered))
-    keep &= (table["phase"] != UNATTRIBUTED) | (table["kernels"] > 0)
-    return table[keep].reset_index(drop=True)
-
-
-def _range_table(
-    totals: _Totals,
-    ranges: pd.DataFrame,
-    labels: np.ndarray,
-    config: dict[str, Any] | None,
-    filtered: str | None,
-) -> pd.DataFrame:
-    frame = pd.DataFrame(
-        {
-            "range": labels,
-            "domain": ranges["domain"].fillna("").to_numpy(dtype=object),
-            "kernels": totals.range_kernels,
-            "gpu_ns": totals.range_ns,
-            "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy(),
-        }
-    )
-    table = (
-        frame.groupby(["range", "domain"], sort=False)
-        .agg(
-            instances=("kernels", "size"),
-            kernels=("kernels", "sum"),
-            gpu_ns=("gpu_ns", "sum"),
-            cpu_ns=("cpu_ns", "sum"),
-        )
-        .reset_index()
-    )
-    table["gpu_time_ms"] = table["gpu_ns"] / NS_PER_MS
-    table["cpu_time_ms"] = table["cpu_ns"] / NS_PER_MS
-    table = table.drop(columns=["gpu_ns", "cpu_ns"])
-    if filtered:
-        table = table[table["kernels"] > 0]
-    flops = attention_flops(config) if config and table["range"].isin(FLOP_RANGES).any() else None
-    if flops:
-        mflop = table["range"].map(flops) / 1e6
-        table["mflop"] = mflop
-        gpu_ms = table["gpu_time_ms"].where(table["gpu_time_ms"] > 0)
-        table["tflop_s"] = mflop * table["instances"] / gpu_ms / 1e3
-    table = table.sort_values(["gpu_time_ms", "instances"], ascending=[False, False], kind="stable")
-    return table.reset_index(drop=True)
-
-
-def _category_table(
-    counts: np.ndarray, gpu_ns: np.ndarray, phase_names: np.ndarray
-) -> pd.DataFrame:
-    category_names = np.array(CATEGORIES, dtype=object)
-    flat_counts, flat_ns = counts.ravel(), gpu_ns.ravel().astype(np.float64)
-    present = np.flatnonzero(flat_counts)
-    phase, category = present // len(CATEGORIES), present % len(CATEGORIES)
-    phase_total = np.bincount(phase, weights=flat_ns[present], minlength=len(phase_names))
-    table = pd.DataFrame(
-        {
-            "phase": phase_names[phase],
-            "category": category_names[category],
-            "kernels": flat_counts[present].astype(np.int64),
-            "gpu_time_ms": flat_ns[present] / NS_PER_MS,
-            "share": flat_ns[present]
-            / np.where(phase_total[phase] > 0, phase_total[phase], np.nan),
-            "order": phase,
-        }
-    )
-    table = table.sort_values(["order", "gpu_time_ms"], ascending=[True, False], kind="stable")
-    return table.drop(columns=["order"]).reset_index(drop=True)
-
-
-def _kernel_tables(
-    cols: ActivityColumns, phase: np.ndarray, categories: np.ndarray, phase_names: np.ndarray
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per (name, phase) and per name statistics, as :func:`.tables.kernel_tables` has them."""
-    n_phases = len(phase_names)
-    names = np.array(cols.names, dtype=object)
-    per_phase = _duration_stats(cols, phase, n_phases, by_phase=True)
-    overall = _duration_stats(cols, phase, n_phases, by_phase=False)
-    per_phase["phase_total"] = per_phase.groupby("phase")["total_ms"].transform("sum")
-    overall["phase_total"] = overall["total_ms"].sum()
-    phase_order = {p: i for i, p in enumerate(phase_names)}
-    out = []
-    for table in (per_phase, overall):
-        table["share"] = table["total_ms"] / table["phase_total"].where(table["phase_total"] > 0)
-        table["short_name"] = [short_kernel_name(n) for n in names[table["name"]]]
-        table["category"] = np.array(CATEGORIES, dtype=object)[categories[table["name"]]]
-        shapes = [cols.shapes[s] for s in table["shape"]]
-        table["grid"] = [g for g, _ in shapes]
-        table["block"] = [b for _, b in shapes]
-        table["phase"] = np.where(
-            table["phase"] >= 0, phase_names[table["phase"].clip(lower=0)], ALL_PHASES
-        )
-        table["name"] = names[table["name"]]
-        table["phase_order"] = table["phase"].map(phase_order).fillna(-1)
-        table = table.sort_values(["phase_order", "total_ms"], ascending=[True, False])
-        out.append(table[KERNEL_COLUMNS].reset_index(drop=True))
-    return out[0], out[1]
-
-
-def _group_keys(
-    cols: ActivityColumns, phase: np.ndarray, n_phases: int, by_phase: bool
-) -> np.ndarray:
-    """Sorted ``group << 40 | duration`` of the selected activities."""
-    selected = int((phase >= 0).sum())
-    keys = np.empty(selected, dtype=np.int64)
-    at = 0
-    for lo in range(0, len(cols), CHUNK):
-        p = phase[lo : lo + CHUNK]
-        keep = p >= 0
-        group = cols.arrays["name"][lo : lo + CHUNK][keep].astype(np.int64)
-        if by_phase:
-            group = group * n_phases + p[keep]
-        duration = cols.arrays["duration"][lo : lo + CHUNK][keep].clip(min=0)
-        if len(duration) and duration.max() > DURATION_MASK:
-            raise BadInput("an activity lasts over 18 minutes: not a trace profkit can read")
-        keys[at : at + len(group)] = (group << DURATION_BITS) | duration
-        at += len(group)
-    keys.sort()
-    return keys
-
-
-def _duration_stats(
-    cols: ActivityColumns, phase: np.ndarray, n_phases: int, by_phase: bool
-) -> pd.DataFrame:
-    """count, sum, mean, median, min, max, std and the longest instance's shape per group."""
-    keys = _group_keys(cols, phase, n_phases, by_phase)
-    groups = np.unique(keys >> DURATION_BITS) if len(keys) else np.empty(0, np.int64)
-    first = np.searchsorted(keys, groups << DURATION_BITS)
-    count = np.diff(np.append(first, len(keys)))
-    low = keys[first] & DURATION_MASK
-    high = keys[first + count - 1] & DURATION_MASK
-    median = (
-        (keys[first + (count - 1) // 2] & DURATION_MASK)
-        + (keys[first + count // 2] & DURATION_MASK)
-    ) / 2
-    total, squares = _sums(keys, first, count)
-    mean = total / count
-    std = np.where(count > 1, np.sqrt(np.maximum(squares, 0) / np.maximum(count - 1, 1)), 0.0)
-    del keys
-    return pd.DataFrame(
-        {
-            "name": groups // n_phases if by_phase else groups,
-            "phase": groups % n_phases if by_phase else -1,
-            "instances": count.astype(np.int64),
-            "total_ms": total / NS_PER_MS,
-            "avg_us": mean / NS_PER_US,
-            "med_us": median / NS_PER_US,
-            "min_us": low / NS_PER_US,
-            "max_us": high / NS_PER_US,
-            "std_us": std / NS_PER_US,
-            "shape": _longest_shapes(cols, phase, groups, high, n_phases, by_phase),
-        }
-    )
-
-
-def _sums(keys: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per group: the sum of durations and the sum of squared deviations from the mean."""
-    groups = len(first)
-    total = np.zeros(groups)
-    shift = (keys[first] & DURATION_MASK).astype(np.float64) if groups else np.zeros(0)
-    shifted, shifted_sq = np.zeros(groups), np.zeros(groups)
-    for lo in range(0, len(keys), CHUNK):
-        part = keys[lo : lo + CHUNK]
-        group = np.searchsorted(first, np.arange(lo, lo + len(part)), side="right") - 1
-        duration = (part & DURATION_MASK).astype(np.float64)
-        total += np.bincount(group, weights=duration, minlength=groups)
-        deviation = duration - shift[group]
-        shifted += np.bincount(group, weights=deviation, minlength=groups)
-        shifted_sq += np.bincount(group, weights=deviation * deviation, minlength=groups)
-    # sum((d - mean)^2) = sum((d - s)^2) - (sum(d - s))^2 / n, with s a member: stable.
-    return total, shifted_sq - shifted * shifted / np.maximum(count, 1)
-
-
-def _longest_shapes(
-    cols: ActivityColumns,
-    phase: np.ndarray,
-    groups: np.ndarray,
-    high: np.ndarray,
-    n_phases: int,
-    by_phase: bool,
-) -> np.ndarray:
-    """Shape code of each group's first activity (in trace order) with its longest duration."""
-    shape = np.full(len(groups), -1, dtype=np.int64)
-    for lo in range(0, len(cols), CHUNK):
-        p = phase[lo : lo + CHUNK]
-        rows = np.flatnonzero(p >= 0)
-        group = cols.arrays["name"][lo : lo + CHUNK][rows].astype(np.int64)
-        if by_phase:
-            group = group * n_phases + p[rows]
-        index = np.searchsorted(groups, group)
-        duration = cols.arrays["duration"][lo : lo + CHUNK][rows].clip(min=0)
-        hit = duration == high[index]
-        found, at = np.unique(index[hit], return_index=True)
-        new = shape[found] < 0
-        shape[found[new]] = cols.arrays["shape"][lo + rows[hit][at[new]]]
-    return shape
-
-
-def _notes(totals: _Totals, plan: _Plan, in_phase: np.ndarray, meta: dict[str, Any]) -> list[str]:
+def _notes(totals: Totals, plan: _Plan, in_phase: np.ndarray, meta: dict[str, Any]) -> list[str]:
     """The sentences :func:`.report._notes` writes, from the pass's counts."""
     notes = list(meta.get("warnings") or [])
     threads = meta.get("thread_names") or {}

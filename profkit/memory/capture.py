@@ -23,12 +23,8 @@ from profkit.run.environment import environment
 from profkit.run.proc import check_timeout
 from profkit.run.recorder import DEFAULT_MAX_ENTRIES, STACKS
 from profkit.run.results import DEFAULT_DB, check_db, record
-<<<<<<< HEAD
 from profkit.sidecar import sidecar_path, write_sidecar
-from profkit.workload.config import WorkloadConfig
-=======
 from profkit.workload.config import RUN_FIELDS, WorkloadConfig
->>>>>>> h2
 
 PHASE_COLUMNS = {
     "model_bytes": "after model creation",

@@ -18,34 +18,6 @@ import pandas as pd
 from profkit.formats import markdown_table
 from profkit.workload.names import PHASES
 
-<<<<<<< HEAD
-PHASES = ("forward", "backward", "optimizer")
-=======
-SIDECAR_SUFFIX = ".profkit.json"
-
-
-def sidecar_path(trace: Path) -> Path:
-    """``profiles/NAME.profkit.json`` for ``profiles/NAME.sqlite`` or ``.nsys-rep``."""
-    return trace.with_name(trace.stem + SIDECAR_SUFFIX)
-
-
-def read_sidecar(trace: Path) -> dict[str, Any] | None:
-    """The sidecar beside a trace, or None when there is none (or it is unreadable)."""
-    try:
-        value = json.loads(sidecar_path(trace).read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def write_sidecar(path: Path, record: dict[str, Any]) -> None:
-    """Write the sidecar atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
->>>>>>> h2
-
 
 def new_record(
     name: str,

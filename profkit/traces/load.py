@@ -101,7 +101,7 @@ def load_columns(
 
 
 def _checked(path: str | os.PathLike[str]) -> Path:
-    path = check_readable(path, f"a trace file ({SUPPORTED})")  # before any read: no hang
+    path = check_readable(Path(path), f"a trace file ({SUPPORTED})")  # before reading: no hang
     if path.name.lower().endswith(".zst"):
         raise BadInput(f"{path} is zstd-compressed; unpack it first (`zstd -d` keeps the original)")
     return path

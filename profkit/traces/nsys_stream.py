@@ -149,7 +149,9 @@ class _Builder:
         if missing.any():
             self.unmatched.append((np.flatnonzero(missing) + self.rows, chunk["key"][missing]))
         if n:
-            self.trace_end = max(self.trace_end, int((chunk["start"] + chunk["duration"].clip(min=0)).max()))
+            self.trace_end = max(
+                self.trace_end, int((chunk["start"] + chunk["duration"].clip(min=0)).max())
+            )
         self.rows += n
 
     def _names(self, table: str, chunk: dict[str, np.ndarray]) -> np.ndarray:
