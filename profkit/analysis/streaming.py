@@ -21,8 +21,8 @@ import pandas as pd
 
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import (
-    Attribution,
     UNATTRIBUTED,
+    Attribution,
     _Lanes,
     _owner_of,
     _owners,
