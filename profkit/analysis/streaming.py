@@ -53,6 +53,11 @@ class _Plan:
     range_start: np.ndarray
     range_end: np.ndarray
 
+    @property
+    def bounds(self) -> np.ndarray:
+        """Every range start and end key, sorted: they cut the keys into slots."""
+        return np.unique(np.concatenate([self.range_start, self.range_end]))
+
 
 def _plan(cols: ActivityColumns, phase_domain: str | None) -> _Plan:
     r = cols.ranges
@@ -106,24 +111,41 @@ class Totals:
     """Per activity: its phase if selected, else -1."""
     by_phase_category: np.ndarray
     """(phases × categories, QUANTITIES) sums of the selected activities."""
-    by_range: np.ndarray
-    """(ranges, QUANTITIES) sums of the selected activities each range encloses."""
+    by_slot: np.ndarray
+    """(slots, QUANTITIES) sums of the selected activities' points in each slot between
+    consecutive range bounds; :meth:`by_range` adds them up per range."""
     moved: np.ndarray  # per phase: selected activities attributed through the owner thread
     same: np.ndarray  # per phase: selected activities the launching thread alone puts there
     workers: list[set[int]]  # per phase: threads that launched its moved activities
     unlaunched: int = 0
     unattributed_seen: bool = False
 
+    def by_range(self, plan: _Plan, bounds: np.ndarray) -> np.ndarray:
+        """(ranges, QUANTITIES): the slots from each range's start to its end, summed.
+
+        A point p lies in [start, end) exactly when its slot (bounds <= p, counted) is in
+        [bounds <= start, bounds <= end), so a range's sum is a difference of prefix sums.
+        """
+        prefix = np.zeros((len(self.by_slot) + 1, len(QUANTITIES)), dtype=np.int64)
+        np.cumsum(self.by_slot, axis=0, out=prefix[1:])
+        lo = np.searchsorted(bounds, plan.range_start, side="right")
+        hi = np.searchsorted(bounds, plan.range_end, side="right")
+        return prefix[hi] - prefix[lo]
+
 
 def _attribute_pass(
-    cols: ActivityColumns, plan: _Plan, phase_index: int | None, inside: tuple[Any, Any] | None
+    cols: ActivityColumns,
+    plan: _Plan,
+    bounds: np.ndarray,
+    phase_index: int | None,
+    inside: tuple[Any, Any] | None,
 ) -> Totals:
     """Attribute every chunk and add up its sums (the rule of :func:`.attribution.attribute`)."""
     n_phases, last = len(plan.phase_names), len(plan.phase_names) - 1
     totals = Totals(
         phase=np.full(len(cols), -1, dtype=np.int16),
         by_phase_category=np.zeros((n_phases * len(CATEGORIES), len(QUANTITIES)), np.int64),
-        by_range=np.zeros((len(plan.range_start), len(QUANTITIES)), np.int64),
+        by_slot=np.zeros((len(bounds) + 1, len(QUANTITIES)), np.int64),
         moved=np.zeros(n_phases, np.int64),
         same=np.zeros(n_phases, np.int64),
         workers=[set() for _ in range(n_phases)],
@@ -157,16 +179,17 @@ def _attribute_pass(
             enclosed = np.zeros(hi - lo, dtype=bool)
             enclosed[point_rows[_stab(inside[0], inside[1], points) >= 0]] = True
             selected &= enclosed
-        names = a["name"][lo:hi]
-        weights = _weights(name_kind[names], a["duration"][lo:hi].clip(min=0), selected)
-        _add_range_sums(totals.by_range, plan, points, weights[point_rows])
-        key = phase * len(CATEGORIES) + name_category[names]
-        for q in range(len(QUANTITIES)):
-            totals.by_phase_category[:, q] += np.bincount(
-                key, weights=weights[:, q], minlength=len(totals.by_phase_category)
-            ).astype(np.int64)
+        kind = name_kind[a["name"][lo:hi]]
+        duration = a["duration"][lo:hi].clip(min=0)
+        slot = np.searchsorted(bounds, points, side="right")
+        _add_sums(
+            totals.by_slot, slot, kind[point_rows], duration[point_rows], selected[point_rows]
+        )
+        key = phase * len(CATEGORIES) + name_category[a["name"][lo:hi]]
+        _add_sums(totals.by_phase_category, key, kind, duration, selected)
         totals.phase[lo:hi] = np.where(selected, phase, -1)
-        _add_notes(totals, phase, same, moved & selected, thread, selected, n_phases)
+        codes = a["launch_thread"][lo:hi]
+        _add_notes(totals, phase, same, moved & selected, codes, selected, n_phases, cols.threads)
     return totals
 
 
@@ -178,27 +201,18 @@ def _name_codes(cols: ActivityColumns) -> tuple[np.ndarray, np.ndarray]:
     return kind, np.array(category, dtype=np.int64)
 
 
-def _weights(kind: np.ndarray, duration: np.ndarray, selected: np.ndarray) -> np.ndarray:
-    """Per activity, its contribution to each of ``QUANTITIES`` (0 unless selected)."""
-    weights = np.zeros((len(kind), len(QUANTITIES)), dtype=np.int64)
-    rows = np.flatnonzero(selected)
-    weights[rows, kind[rows]] = 1
-    weights[rows, KERNEL_NS] = np.where(kind[rows] == KINDS.index("kernel"), duration[rows], 0)
-    weights[rows, GPU_NS] = duration[rows]
-    return weights
-
-
-def _add_range_sums(
-    by_range: np.ndarray, plan: _Plan, points: np.ndarray, weights: np.ndarray
+def _add_sums(
+    into: np.ndarray, key: np.ndarray, kind: np.ndarray, duration: np.ndarray, selected: np.ndarray
 ) -> None:
-    """Add the weights of the points each range encloses: cumulative sums over sorted points."""
-    order = np.argsort(points, kind="stable")
-    summed = np.zeros((len(order) + 1, weights.shape[1]), dtype=np.int64)
-    np.cumsum(weights[order], axis=0, out=summed[1:])
-    sorted_points = points[order]
-    lo = np.searchsorted(sorted_points, plan.range_start, side="left")
-    hi = np.searchsorted(sorted_points, plan.range_end, side="left")
-    by_range += summed[hi] - summed[lo]
+    """Add each selected activity to row ``key`` of ``into``: its kind's count, its ns."""
+    key, kind, duration = key[selected], kind[selected], duration[selected]
+    size = len(into)
+    for code in range(len(KINDS)):
+        into[:, code] += np.bincount(key[kind == code], minlength=size)
+    kernel_ns = np.where(kind == KINDS.index("kernel"), duration, 0)
+    # Float sums of integer ns are exact below 2^53 ns (104 days) per row.
+    into[:, KERNEL_NS] += np.bincount(key, weights=kernel_ns, minlength=size).astype(np.int64)
+    into[:, GPU_NS] += np.bincount(key, weights=duration, minlength=size).astype(np.int64)
 
 
 def _add_notes(
@@ -206,17 +220,19 @@ def _add_notes(
     phase: np.ndarray,
     same: np.ndarray,
     moved: np.ndarray,
-    thread: np.ndarray,
+    thread_codes: np.ndarray,
     selected: np.ndarray,
     n_phases: int,
+    threads: np.ndarray,
 ) -> None:
+    """Counts for the notes; ``thread_codes`` index ``threads`` (-1: no launch call)."""
     totals.moved += np.bincount(phase[moved], minlength=n_phases)
     totals.same += np.bincount(same[selected], minlength=n_phases)
-    totals.unlaunched += int((selected & (thread < 0)).sum())
+    totals.unlaunched += int((selected & (thread_codes < 0)).sum())
     if moved.any():
-        pairs = np.unique(np.stack([phase[moved], thread[moved]]), axis=1)
-        for p, t in pairs.T.tolist():
-            totals.workers[p].add(t)
+        pairs = phase[moved] * len(threads) + thread_codes[moved]  # moved ones have a launch
+        for pair in np.flatnonzero(np.bincount(pairs)).tolist():
+            totals.workers[pair // len(threads)].add(int(threads[pair % len(threads)]))
 
 
 def analyze_columns(
@@ -243,11 +259,12 @@ def analyze_columns(
             known = ", ".join(list(dict.fromkeys(labels.tolist()))[:12]) or "none"
             raise BadInput(f"no range named {range!r} in this trace; ranges: {known}")
         inside = _union(plan.range_start[rows], plan.range_end[rows])
-    totals = _attribute_pass(cols, plan, phase_index, inside)
+    bounds = plan.bounds
+    totals = _attribute_pass(cols, plan, bounds, phase_index, inside)
     if phase is not None:  # the same check and message as analyze()
         seen = np.array([len(plan.phase_names) - 1] if totals.unattributed_seen else [])
         _phase_index(cast(Attribution, _PhaseView(plan.phase_names, seen)), phase)
-    return _report(cols, plan, totals, labels, top, phase, range)
+    return _report(cols, plan, totals, totals.by_range(plan, bounds), labels, top, phase, range)
 
 
 @dataclass
@@ -263,6 +280,7 @@ def _report(
     cols: ActivityColumns,
     plan: _Plan,
     totals: Totals,
+    by_range: np.ndarray,
     labels: np.ndarray,
     top: int,
     phase: str | None,
@@ -281,7 +299,7 @@ def _report(
         phases=tables.phase_table(
             by_phase, plan.phase_names, cols.ranges[plan.is_phase], sidecar, phase is not None
         ),
-        ranges=tables.range_table(totals.by_range, cols.ranges, labels, config, range_ or phase),
+        ranges=tables.range_table(by_range, cols.ranges, labels, config, range_ or phase),
         kernels=per_phase,
         overall=overall,
         categories=tables.category_table(totals.by_phase_category, plan.phase_names),
