@@ -17,7 +17,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from nsys_data import GRAPH_NODES, GRAPH_WHOLE, SMALL_BF16, SMALL_FP32, TINY_COMPILE, unpack
+from nsys_data import (
+    GRAPH_NODES,
+    GRAPH_WHOLE,
+    MAIN,
+    SMALL_BF16,
+    SMALL_FP32,
+    TINY_COMPILE,
+    WORKER,
+    Export,
+    unpack,
+)
 
 from profkit.analysis import analyze
 from profkit.analysis import kernels as kernel_report
@@ -83,6 +93,56 @@ def test_chunked_report_equals_in_memory_report(exports: Path, name: str, option
 def test_chrome_columns_give_the_same_report(name: str) -> None:
     trace = load_trace(DATA / name)
     assert_same_report(analyze_columns(from_trace(trace)), analyze(trace))
+
+
+def _old_columns_driver_calls_open_range(export: Export) -> None:
+    export.range("forward", 0, 1_000)
+    export.range("open at capture end", 2_000, None)
+    export.kernel("gemm_kernel", 100, 50, launch_at=10)
+    export.kernel("ampere_sgemm_128x64_tn", 300, 70, launch_at=20, api="cuLaunchKernel",
+                  table="CUPTI_ACTIVITY_KIND_DRIVER")  # fmt: skip
+    export.kernel("lost_kernel", 5_000, 30, launch_at=None)
+    export.kernel("backwards_kernel", 6_000, -5, launch_at=30)  # ends before it starts
+
+
+def _two_processes_one_correlation_id(export: Export) -> None:
+    export.range("forward", 0, 1_000)
+    export.kernel("a_kernel", 100, 10, launch_at=50, correlation=1)
+    other = (1 << 48) | (200 << 24) | 200
+    export.kernel("b_kernel", 100, 10, launch_at=70, correlation=1, thread=other, pid=200)
+
+
+def _unusual_launch_names(export: Export) -> None:
+    export.ranges([("forward", 0, 100), ("backward", 100, 200)])
+    export.kernel("k", 100, 10, launch_at=40, api="cudaSomethingNew_v99000", thread=WORKER)
+    export.kernel("j", 300, 10, launch_at=150, thread=WORKER)
+    export.kernel("i", 400, 10, launch_at=160, thread=MAIN)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        _old_columns_driver_calls_open_range,
+        _two_processes_one_correlation_id,
+        _unusual_launch_names,
+    ],
+)
+def test_synthetic_edge_cases_give_the_same_columns_and_report(tmp_path: Path, build) -> None:  # type: ignore[no-untyped-def]
+    """Driver-table launches, 2022-era columns, open ranges, negative durations, two
+    processes sharing a correlation id, launches found only in the second pass."""
+    options = {"pid_column": False, "short_names": False, "text_ids": False,
+               "meta_table": "EXPORT_META_DATA"} if "old" in build.__name__ else {}  # fmt: skip
+    export = Export(tmp_path / "synthetic.sqlite", **options)
+    build(export)
+    path = export.save()
+    streamed, tables = read_nsys_columns(path), from_trace(load_trace(path))
+    np.testing.assert_array_equal(streamed.arrays["launch_start"], tables.arrays["launch_start"])
+    np.testing.assert_array_equal(
+        streamed.launch_threads(streamed.arrays["launch_thread"]),
+        tables.launch_threads(tables.arrays["launch_thread"]),
+    )
+    pd.testing.assert_frame_equal(streamed.ranges, tables.ranges)
+    assert_same_report(analyze_columns(streamed), analyze(load_trace(path)))
 
 
 def test_small_chunks_give_the_same_report(exports: Path, monkeypatch: pytest.MonkeyPatch) -> None:
