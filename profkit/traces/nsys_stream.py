@@ -17,6 +17,7 @@ launch calls (about 0.7 GB for 33 M), whatever the number of API rows.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,9 @@ def _read(
     path: Path, conn: sqlite3.Connection, tables: dict[str, list[str]], progress: Progress | None
 ) -> tuple[_Builder, np.ndarray, tuple[Any, Any]]:
     codec = Codec.of(conn, tables)
+    one_process = _single_cuda_process(conn, tables, codec)
+    if one_process is not None:  # keys are correlation ids: no pid arithmetic per row
+        codec = dataclasses.replace(codec, use_pid=False)
     launch_ids = launch_name_ids(conn)
     activity = activity_tables(tables)
     api = [t for t in API_TABLES if t in tables and "globalTid" in tables[t]]
@@ -267,7 +271,9 @@ def _read(
         calls = _Calls(codec.tid0, base, sum(bounds[t] for t in api))
         exprs = _api_exprs(codec, base)
         for table in api:
-            for chunk in reader.stream(conn, table, exprs, _where(launch_ids, True)):
+            # No process filter here: a launch needs a CUDA context, so with one context
+            # process every launch-like call is that process's.
+            for chunk in reader.stream(conn, table, exprs, _where(launch_ids, True, None)):
                 calls.add(chunk)
                 done = _tick(progress, done, len(chunk["key"]), total)
         calls.seal()
@@ -279,7 +285,8 @@ def _read(
             # The thread codes dict is shared: one code per thread across both reads.
             others = _Calls(codec.tid0, base, sum(bounds[t] for t in api), calls.thread_code)
             for table in api:
-                for chunk in reader.stream(conn, table, exprs, _where(launch_ids, False)):
+                where = _where(launch_ids, False, one_process)
+                for chunk in reader.stream(conn, table, exprs, where):
                     others.add(chunk)
             others.seal()
             builder.fill_unmatched(others)
@@ -328,11 +335,32 @@ def _trace_end(conn: sqlite3.Connection, tables: dict[str, list[str]], ranges: l
     return max((int(e) for e in ends if e is not None), default=0)
 
 
-def _where(launch_ids: list[int], launch_only: bool) -> str:
+def _where(launch_ids: list[int], launch_only: bool, process: int | None) -> str:
     ids = ",".join(str(i) for i in launch_ids)
     if not ids:
-        return "" if launch_only else "0"
-    return f"nameId IN ({ids})" if launch_only else f"nameId NOT IN ({ids})"
+        where = "1" if launch_only else "0"
+    else:
+        where = f"nameId IN ({ids})" if launch_only else f"nameId NOT IN ({ids})"
+    # With correlation ids alone as keys, calls of other processes must not match.
+    return where if process is None else f"{where} AND {TID_PID_BITS} = {process}"
+
+
+def _single_cuda_process(
+    conn: sqlite3.Connection, tables: dict[str, list[str]], codec: Codec
+) -> int | None:
+    """The process id when every activity belongs to one process (else None).
+
+    Every activity runs in a CUDA context, and ``TARGET_INFO_CUDA_CONTEXT_INFO`` lists the
+    process of each; when they are all one process, the activities' keys need no process
+    bits (the API calls are then filtered to that process).
+    """
+    table = "TARGET_INFO_CUDA_CONTEXT_INFO"
+    if not codec.use_pid or "processId" not in tables.get(table, []):
+        return None
+    found = conn.execute(f"SELECT DISTINCT processId FROM {table}").fetchall()
+    if len(found) != 1 or found[0][0] is None or int(found[0][0]) != codec.pid0:
+        return None
+    return codec.pid0
 
 
 def _activity_exprs(codec: Codec, tables: dict[str, list[str]], table: str) -> dict[str, str]:
