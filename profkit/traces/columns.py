@@ -3,7 +3,7 @@
 A :class:`~profkit.traces.schema.Trace` keeps twelve columns per activity, text included:
 at 30 million kernels that is over 8 GiB. The kernel report needs only each activity's
 name, duration, launch shape and launching call, so :class:`ActivityColumns` keeps those
-as integer codes (28 bytes per activity) beside small lookup tables, and the analysis
+as integer codes (26 bytes per activity) beside small lookup tables, and the analysis
 (:mod:`profkit.analysis.streaming`) walks them in chunks. Readers that stream
 (:mod:`profkit.traces.nsys_stream`) build them directly; :func:`from_trace` converts any
 reader's tables, and the cache (:mod:`profkit.traces.cache`) stores them as Parquet.
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profkit.errors import BadInput
 from profkit.traces.schema import Trace
 
 Progress = Callable[[int, int], None]
@@ -28,7 +29,7 @@ ARRAYS = {
     "shape": np.int32,  # index into ``shapes`` (grid, block)
     "duration": np.int64,  # ns, end - start
     "launch_start": np.int64,  # ns; -1 when the launch call is unknown
-    "launch_thread": np.int32,  # index into ``threads``; -1 when unknown
+    "launch_thread": np.int16,  # index into ``threads``; -1 when unknown
 }
 
 
@@ -57,6 +58,15 @@ class ActivityColumns:
         return ids[codes.astype(np.int64)]
 
 
+MAX_THREADS = np.iinfo(np.int16).max
+
+
+def check_threads(count: int) -> None:
+    """Launching threads are coded in 16 bits: more than 32,767 of them is refused."""
+    if count > MAX_THREADS:
+        raise BadInput(f"{count:,} threads launch GPU work: profkit reads at most {MAX_THREADS:,}")
+
+
 def from_trace(trace: Trace) -> ActivityColumns:
     """The compact columns of a reader's tables (same rows, same order)."""
     k = trace.kernels
@@ -68,6 +78,7 @@ def from_trace(trace: Trace) -> ActivityColumns:
     launch = k["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
     thread = k["launch_thread"].to_numpy(dtype=np.int64, na_value=-1)
     thread_codes, threads = pd.factorize(thread[launch >= 0])
+    check_threads(len(threads))
     codes = np.full(len(k), -1, dtype=np.int64)
     codes[launch >= 0] = thread_codes
     arrays = {

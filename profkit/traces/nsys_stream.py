@@ -2,9 +2,9 @@
 
 The same tables as :mod:`profkit.traces.nsys_sqlite`, read chunk by chunk with a few chunks
 in flight (:meth:`~profkit.traces._sqlite.ParallelReader.stream`), so memory holds the
-compact columns (28 bytes per activity) and the launch calls, never a whole table's text:
+compact columns (26 bytes per activity) and the launch calls, never a whole table's text:
 
-1. the launch-like API calls go into :class:`_Calls`: key, start and thread code (20 bytes
+1. the launch-like API calls go into :class:`_Calls`: key, start and thread code (18 bytes
    a call), in the correlation-id order real exports already store them in;
 2. each chunk of kernels, copies, memsets and graph rows is joined to its call by looking
    its key up (a binary search), its names and shapes become codes, and it is copied into
@@ -12,7 +12,7 @@ compact columns (28 bytes per activity) and the launch calls, never a whole tabl
 3. activities left without a call look in the other API calls, read only then.
 
 The calls are freed before the analysis starts, so the read's peak is the columns plus the
-launch calls (about 0.7 GB for 33 M), whatever the number of API rows.
+launch calls (about 0.6 GB for 33 M), whatever the number of API rows.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from profkit.errors import BadInput
 from profkit.files import plain_copy
 from profkit.sidecar import read_sidecar
 from profkit.traces import _sqlite
-from profkit.traces.columns import ARRAYS, ActivityColumns, Progress
+from profkit.traces.columns import ARRAYS, ActivityColumns, Progress, check_threads
 from profkit.traces.nsys_activity import (
     API_TABLES,
     BLOCK_EXPR,
@@ -76,7 +76,7 @@ class _Calls:
         # (every API call) costs only the launch calls actually kept.
         self.key = np.empty(capacity, np.int64)
         self.start = np.empty(capacity, np.int64)
-        self.thread = np.empty(capacity, np.int32)
+        self.thread = np.empty(capacity, np.int16)
         self.rows = 0
         self.thread_code = {} if thread_code is None else thread_code
 
@@ -90,7 +90,8 @@ class _Calls:
         codes = [
             self.thread_code.setdefault(int(t) + self.tid0, len(self.thread_code)) for t in uniques
         ]
-        self.thread[rows] = np.asarray(codes, dtype=np.int32)[local] if n else 0
+        check_threads(len(self.thread_code))
+        self.thread[rows] = np.asarray(codes, dtype=np.int16)[local] if n else 0
         self.rows += n
 
     def seal(self) -> None:
@@ -112,7 +113,7 @@ class _Calls:
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Launch start (-1 if unknown) and thread code (-1) for each key."""
         start = np.full(len(keys), -1, dtype=np.int64)
-        thread = np.full(len(keys), -1, dtype=np.int32)
+        thread = np.full(len(keys), -1, dtype=np.int16)
         if not len(self.key):
             return start, thread
         index = np.minimum(np.searchsorted(self.key, keys), len(self.key) - 1)
