@@ -50,7 +50,7 @@ _SCHEMA: dict[str, Any] = {
     ),
     "phase_marks": ({"phase": "str", "time_us": "number?", "monotonic_us": "number?"},),
     "capture": (("map", "scalar"), "?"),
-    "timings_s": ("map", "number"),
+    "timings_s": ("map", "number?"),
     "nsys": ({"argv": ("str",), "version": "str?"}, "?"),
     "files": (("map", "str"), "?"),
 }

@@ -92,10 +92,11 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
+            said: list[str] = []
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("always", ProfkitWarning)
-                    warnings.showwarning = _show_warning
+                    warnings.showwarning = functools.partial(_show_warning, said)
                     # Every command's --out is checked before its work, not when it is written.
                     if isinstance(kw.get("out"), Path):
                         check_writable(kw["out"])
@@ -103,15 +104,20 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
                     sys.stdout.flush()  # a closed or full stdout fails here, not at exit
                     return result
             except ProfkitError as exc:
-                _error(str(exc))
+                _error(str(exc), said)
             except OSError as exc:
                 if exc.errno not in _OUTPUT_ERRNOS:
                     raise
                 _silence_stdout()
-                _error(f"cannot write the output: {exc.strerror or exc}")
+                _error(f"cannot write the output: {exc.strerror or exc}", said)
             except KeyboardInterrupt:
                 err_console.print("interrupted; results already written are kept")
                 raise typer.Exit(130) from None
+            finally:
+                for line in said:  # warnings of a command that succeeded, after its output
+                    err_console.print(
+                        f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True
+                    )
 
         return app.command(name, cls=ListOptionsCommand, **kwargs)(wrapper)  # type: ignore[return-value]
 
@@ -123,15 +129,21 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
 _OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT}
 
 
-def _error(message: str) -> None:
+def _error(message: str, said: list[str]) -> None:
+    """One ``error:`` line; warnings said before it are folded in, so it stays one line."""
     line = " ".join(message.split())  # one line, even if a message (from pickle, say) has more
+    if said:
+        line += f" (after {len(said)} warning(s); the first: {said[0]})"
+        said.clear()
     err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
     raise typer.Exit(2) from None
 
 
-def _show_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
-    line = " ".join(str(message).split())  # one line, whatever the message holds
-    err_console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+def _show_warning(said: list[str], message: Any, *args: Any, **kwargs: Any) -> None:
+    """Keep a warning to print when the command ends (one line, whatever it holds)."""
+    line = " ".join(str(message).split())
+    if line not in said:
+        said.append(line)
 
 
 def _silence_stdout() -> None:

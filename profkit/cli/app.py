@@ -29,7 +29,7 @@ class OneLineErrors(typer.core.TyperGroup):
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
             print(f"error: {message}{hint}", file=sys.stderr)
             sys.exit(2)
-        except click.exceptions.Abort:
+        except typer.Abort:
             print("aborted", file=sys.stderr)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)

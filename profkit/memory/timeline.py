@@ -245,7 +245,7 @@ def _event_times(events: list[dict[str, Any]]) -> np.ndarray | None:
     times = [e.get("time_us") for e in events]
     if not events or any(t is None for t in times):
         return None
-    return np.array([int(t) for t in times], dtype=np.int64)  # normalize: finite, in range
+    return np.array([int(t) for t in times if t is not None], dtype=np.int64)  # finite: normalize
 
 
 def _infer_large_blocks(

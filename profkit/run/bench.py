@@ -10,6 +10,7 @@ phase, every step's times (the first-step effect stays visible), FLOPs and the e
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import uuid
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.errors import BadInput
+from profkit.errors import BadInput, warn
 from profkit.run import results
 from profkit.run.child import run_child
 from profkit.run.environment import environment, utc_now
@@ -42,6 +43,8 @@ CONTRACT_FIELDS = (
     "tokens_per_s", "tflops", "mfu", "peak_memory_gib",
 )  # fmt: skip
 LIST_FIELDS = (*(f"{p}_times_ms" for p in PHASES), "warmup_step_times_ms")
+# What a row must have to be compared or reported: which config it was and how it ended.
+REQUIRED = ("size", "ctx", "batch", "mode", "dtype", "status")
 BOOL_FIELDS = ("compile", "git_dirty", "tf32")
 # Column types for the DB, so a first row of nulls (an OOM) doesn't decide them.
 COLUMN_TYPES: dict[str, type] = {
@@ -129,21 +132,61 @@ def bench_row(
     return row
 
 
-def decode_row(row: dict[str, Any]) -> Row:
-    """A row read back from SQLite with its lists and booleans restored."""
+def decode_row(row: dict[str, Any], bad: list[str] | None = None) -> Row:
+    """A row read back from SQLite with its lists and booleans restored.
+
+    A cell of the wrong type for its column (text where a number belongs, a list that is
+    not JSON, a non-finite time) reads as null; its column is appended to ``bad``.
+    """
     out = dict(row)
+    for name, kind in COLUMN_TYPES.items():
+        value = out.get(name)
+        if value is None or name in LIST_FIELDS:
+            continue
+        if not _fits(value, kind):
+            out[name] = None
+            (bad if bad is not None else []).append(name)
     for name in LIST_FIELDS:
         if isinstance(out.get(name), str):
-            out[name] = json.loads(out[name])
+            out[name] = _number_list(out[name])
+            if out[name] is None:
+                (bad if bad is not None else []).append(name)
     for name in BOOL_FIELDS:
         if out.get(name) is not None:
             out[name] = bool(out[name])
     return out
 
 
+def _fits(value: Any, kind: type) -> bool:
+    if kind is str:
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and (kind is float or float(value).is_integer())
+
+
+def _number_list(text: str) -> list[float] | None:
+    try:
+        values = json.loads(text)
+    except ValueError:
+        return None
+    ok = isinstance(values, list) and all(_fits(v, float) for v in values)
+    return values if ok else None
+
+
 def load(db_path: Path | str = results.DEFAULT_DB) -> list[Row]:
-    """Every bench row in a results DB, oldest first, decoded."""
-    return [decode_row(r) for r in results.rows(db_path, TABLE)]
+    """Every bench row in a results DB, oldest first, decoded.
+
+    Raises :class:`BadInput` when the ``bench`` table is not one profkit wrote (a view, or
+    without the config columns); cells of the wrong type read as null, said in one warning.
+    """
+    bad: list[str] = []
+    decoded = [decode_row(r, bad) for r in results.rows(db_path, TABLE, required=REQUIRED)]
+    if bad:
+        columns = ", ".join(sorted(set(bad)))
+        warn(f"{db_path}: {len(bad):,} cell(s) of the bench table held values of the wrong "
+             f"type and read as empty ({columns})")  # fmt: skip
+    return decoded
 
 
 def _done_rows(db: Any) -> dict[str, Row]:

@@ -17,7 +17,7 @@ from typing import Any
 import sqlite_utils
 
 from profkit.errors import BadInput
-from profkit.files import check_writable
+from profkit.files import check_readable, check_writable
 from profkit.workload.config import RUN_FIELDS, WorkloadConfig
 
 DEFAULT_DB = Path("profiles/results.db")
@@ -37,6 +37,8 @@ def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:
     path = Path(path)
     if path.is_dir():
         raise BadInput(f"{path} is a directory, not a results database (give the .db file)")
+    if path.exists():
+        check_readable(path, "a results database")  # a FIFO would hang the first read
     if write:
         check_writable(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,12 +161,30 @@ def rows(
     table: str,
     where: str | None = None,
     where_args: dict[str, Any] | None = None,
+    required: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """All rows of ``table`` in insertion order (empty if the table does not exist).
 
-    JSON columns come back as text; callers that know their schema decode them.
+    Raises :class:`BadInput` (one line) when ``table`` is a view or an index rather than a
+    table, or lacks one of the ``required`` columns: a table another tool made under the
+    same name, whose rows would otherwise be read with every missing field as null. JSON
+    columns come back as text; callers that know their schema decode them.
     """
     with opened(db_path, write=False) as db:
-        if not db[table].exists():
+        found = db.execute(
+            "SELECT type FROM sqlite_master WHERE name = ? COLLATE NOCASE", [table]
+        ).fetchone()
+        if found is None:
             return []
-        return list(db.table(table).rows_where(where, where_args, order_by="rowid"))
+        if found[0] != "table":
+            raise BadInput(f"{db_path}: {table!r} is a {found[0]}, not a table of profkit rows")
+        missing = [c for c in required if c not in db.table(table).columns_dict]
+        if missing:
+            raise BadInput(
+                f"{db_path}: its {table} table lacks column(s) {', '.join(missing)}: "
+                "not one profkit wrote (or damaged)"
+            )
+        try:
+            return list(db.table(table).rows_where(where, where_args, order_by="rowid"))
+        except sqlite3.Error as exc:
+            raise BadInput(f"cannot read the {table} table of {db_path}: {exc}") from None

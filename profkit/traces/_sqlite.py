@@ -340,10 +340,13 @@ def _read_chunk(
     count, *texts = conn.execute(query.sql, bounds).fetchone()
     chunk = {}
     for name, text in zip(query.names, texts, strict=True):
-        with warnings.catch_warnings():  # numpy warns where it stops parsing: we say why
-            warnings.simplefilter("ignore")
-            values = np.fromstring(text or "", dtype=np.int64, sep=",")  # text mode: supported
-        if len(values) != count:
+        try:
+            with warnings.catch_warnings():  # numpy warns (or raises) where it stops parsing
+                warnings.simplefilter("ignore")
+                values = np.fromstring(text or "", dtype=np.int64, sep=",")  # text mode: kept
+        except ValueError:
+            values = None
+        if values is None or len(values) != count:
             # Only now look for the cell that broke the parse: checking every cell's type
             # in the scan itself doubled the read time of a real export.
             where = f"rowid >= {bounds[0]} AND rowid < {bounds[1]}"

@@ -70,6 +70,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # What each Kineto event category is to the reader (the capitalised names come from
 # older Kineto versions). GPU activities map to their ``kind``; metadata has no category.
 _LAUNCH, _RANGE, _META = "launch", "range", "meta"
+_MALFORMED: Any = object()  # what an event that is not an object, or its odd category, is
 _ROLE: dict[Any, str] = {
     "kernel": "kernel",
     "Kernel": "kernel",
@@ -191,20 +192,15 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
     gpu: list[tuple[str, str, float, float, int, int, int, str, str]] = []
     launches: list[tuple[int, float, int]] = []
     threads: dict[int, str] = {}
-    malformed = 0
-    total = 0
+    malformed = total = 0
     role_of = _ROLE.get
     for ev in events:
         total += 1
-        if type(ev) is not dict:
-            malformed += 1
-            continue
-        cat = ev.get("cat")
-        if cat is not None and type(cat) is not str:  # a list, a number: not a category
-            malformed += 1
-            continue
-        role = role_of(cat)
-        if role is None:
+        cat = ev.get("cat") if type(ev) is dict else _MALFORMED  # not an object: malformed
+        # A category that is a list or a number is no category: malformed too.
+        role = role_of(cat) if cat is None or type(cat) is str else _MALFORMED
+        if role is None or role is _MALFORMED:
+            malformed += role is _MALFORMED
             continue
         try:
             if role == _LAUNCH:
@@ -317,17 +313,24 @@ def _meta(
                 "cupti_version", "record_shapes", "with_stack", "profile_memory"):  # fmt: skip
         if key in header:
             meta[key] = header[key]
-    profkit = header.get("profkit")  # what profkit torch adds: command, version, config
-    if isinstance(profkit, dict):
-        try:  # the same checks as a sidecar's: a broken record costs only its extras
-            validate({"config": profkit.get("config")})
-        except BrokenSidecar as exc:
-            warn(f"ignored the profkit record in {path}: {exc}")
-        else:
-            meta["profkit"] = profkit
-            if isinstance(profkit.get("config"), dict):
-                meta["config"] = profkit["config"]
+    meta.update(_profkit_record(path, header.get("profkit")))
     return meta
+
+
+def _profkit_record(path: Path, profkit: Any) -> dict[str, Any]:
+    """What ``profkit torch`` adds to the header (command, version, config), if it is sound.
+
+    Checked like a sidecar: a broken record costs only its extras, with one warning.
+    """
+    if not isinstance(profkit, dict):
+        return {}
+    try:
+        validate({"config": profkit.get("config")})
+    except BrokenSidecar as exc:
+        warn(f"ignored the profkit record in {path}: {exc}")
+        return {}
+    config = profkit.get("config")
+    return {"profkit": profkit, **({"config": config} if isinstance(config, dict) else {})}
 
 
 def _register() -> None:

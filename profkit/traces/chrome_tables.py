@@ -160,8 +160,10 @@ def kernels_table(
     launch = pd.DataFrame(
         {
             "correlation_id": int64_ids(l_corr)[l_keep],
-            "launch_start": to_ns(l_us[l_keep], base_ns),
-            "launch_thread": int64_ids(l_tid)[l_keep],
+            # Nullable from the start: the left merge's misses must not turn them into
+            # floats, which cannot hold every int64 id (2^63 - 1 comes back out of range).
+            "launch_start": pd.array(to_ns(l_us[l_keep], base_ns), dtype="Int64"),
+            "launch_thread": pd.array(int64_ids(l_tid)[l_keep], dtype="Int64"),
         }
     )
     # One launch per correlation id: the outermost (earliest) call if a runtime call and

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.traces.schema import Trace
+from profkit.traces.schema import MAX_SPAN_NS, Trace
 
 Progress = Callable[[int, int], None]
 """``progress(rows_done, rows_total)``: called by long reads as they go."""
@@ -97,3 +97,21 @@ def from_trace(trace: Trace) -> ActivityColumns:
         ranges=trace.ranges,
         meta=trace.meta,
     )
+
+
+def check_column_span(cols: ActivityColumns) -> ActivityColumns:
+    """:func:`~profkit.traces.schema.check_time_span` for columns: launch times, range times
+    and durations within ``MAX_SPAN_NS`` (the columns keep no GPU start times)."""
+    launch = cols.arrays["launch_start"]
+    values = [launch[launch >= 0], *(cols.ranges[c].to_numpy(np.int64) for c in ("start", "end"))]
+    values = [v for v in values if len(v)]
+    low = min((int(v.min()) for v in values), default=0)
+    high = max((int(v.max()) for v in values), default=0)
+    longest = int(cols.arrays["duration"].max()) if len(cols) else 0
+    if high - low > MAX_SPAN_NS or longest > MAX_SPAN_NS:
+        span = max(high - low, longest)
+        raise BadInput(
+            f"{cols.meta.get('path', 'the trace')}: its timestamps span "
+            f"{span / 86_400e9:,.0f} days: a damaged timestamp, not a capture"
+        )
+    return cols

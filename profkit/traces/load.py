@@ -25,10 +25,10 @@ from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input
 from profkit.sidecar import read_sidecar
 from profkit.traces._sqlite import SQLITE_MAGIC
 from profkit.traces.cache import cached_columns
-from profkit.traces.columns import ActivityColumns, Progress, from_trace
+from profkit.traces.columns import ActivityColumns, Progress, check_column_span, from_trace
 from profkit.traces.nsys_sqlite import FORMAT, read_nsys_sqlite
 from profkit.traces.nsys_stream import read_nsys_columns
-from profkit.traces.schema import Trace
+from profkit.traces.schema import Trace, check_time_span
 
 Reader = Callable[[Path], Trace]
 
@@ -60,14 +60,14 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
     path = _checked(path)
     name = path.name.lower()
     if name.endswith(NSYS_REPORT_SUFFIXES):
-        return read_nsys_sqlite(_export(path, nsys))
+        return check_time_span(read_nsys_sqlite(_export(path, nsys)))
     if _head(path).startswith(SQLITE_MAGIC):
-        return read_nsys_sqlite(path)
+        return check_time_span(read_nsys_sqlite(path))
     _import_plugin(name)
     inner = _without_compression(name)
     for suffix in sorted(READERS, key=len, reverse=True):  # ".json.gz" before ".gz"
         if name.endswith(suffix) or inner.endswith(suffix):
-            return READERS[suffix](path)
+            return check_time_span(READERS[suffix](path))
     raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED})")
 
 
@@ -90,7 +90,7 @@ def load_columns(
 
     def read() -> ActivityColumns:
         if _head(source).startswith(SQLITE_MAGIC):
-            return read_nsys_columns(source, progress)
+            return check_column_span(read_nsys_columns(source, progress))
         return from_trace(load_trace(source))
 
     def fresh_sidecar(columns: ActivityColumns) -> None:

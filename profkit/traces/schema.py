@@ -35,7 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
+
+from profkit.errors import BadInput
 
 # Text columns hold Python str objects ("python" storage), never Arrow buffers. pandas 3's
 # plain "string" picks pyarrow storage wherever pyarrow is installed, which copies every
@@ -93,3 +96,30 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
     """``path``, ``format`` (``nsys-sqlite`` | ``chrome``), and what the reader knows:
     tool version, GPU name, the profkit run config from a sidecar file, warnings."""
+
+
+# A capture of a few hours spans ~2^44 ns; a span past this (about 13 days) means a
+# timestamp is damaged, and analysis that packs (thread, time) into one int64 cannot work.
+MAX_SPAN_NS = 1 << 50
+
+
+def check_time_span(trace: Trace) -> Trace:
+    """Raise :class:`BadInput` if the trace's times span more than ``MAX_SPAN_NS``; return it.
+
+    Every reader's result passes here (``load_trace``): one timestamp from another era (a
+    damaged cell, ``2**63 - 1``) would otherwise fail deep inside the analysis.
+    """
+    k, r = trace.kernels, trace.ranges
+    columns = [k["start"], k["end"], k["launch_start"].dropna(), r["start"], r["end"]]
+    values = [c.to_numpy(np.int64) for c in columns if len(c)]
+    if not values:
+        return trace
+    low = min(int(v.min()) for v in values)
+    high = max(int(v.max()) for v in values)
+    if high - low > MAX_SPAN_NS:
+        days = (high - low) / 86_400e9
+        raise BadInput(
+            f"{trace.meta.get('path', 'the trace')}: its timestamps span {days:,.0f} days "
+            f"(from {low:,} to {high:,} ns): a damaged timestamp, not a capture"
+        )
+    return trace
