@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from nsys_data import (
     GRAPH_NODES,
@@ -22,6 +24,7 @@ from nsys_data import (
     PROBE,
     SMALL_BF16,
     SMALL_FP32,
+    STATS,
     TINY_COMPILE,
     sql_counts,
     sql_counts_in_ranges,
@@ -167,3 +170,44 @@ def test_titles_and_markdown_say_what_they_count(exports: Path) -> None:
     assert "Top 3 by GPU time (kernels, memcpy, memset), all phases" in titles
     text = kernel_report_markdown(report, "t")
     assert "GPU activities: 3,858 kernels, 98 memcpy, 72 memset" in text
+
+
+@pytest.mark.parametrize("name", [SMALL_FP32, SMALL_BF16, TINY_COMPILE, GRAPH_NODES, GRAPH_WHOLE])
+def test_kernels_agree_with_nsys_cuda_gpu_kern_sum(name: str, exports: Path) -> None:
+    """Nsight Systems' own kernel summary, run on the same export: same count, same time."""
+    totals = analyze(load_trace(unpack(name, exports))).totals
+    nsys = pd.read_csv(STATS / f"{name}_cuda_gpu_kern_sum.csv")
+    assert totals["kernels"] == nsys["Instances"].sum()
+    assert round(totals["kernel_time_ms"] * 1e6) == nsys["Total Time (ns)"].sum()
+
+
+def _keys(value: object, prefix: str = "") -> set[str]:
+    """Every object key in a JSON value (list items and nested objects included)."""
+    if isinstance(value, dict):
+        return set(value) | {k for v in value.values() for k in _keys(v)}
+    if isinstance(value, list):
+        return {k for v in value for k in _keys(v)}
+    return set()
+
+
+def test_docs_json_names_every_key_the_commands_print(exports: Path) -> None:
+    """docs/JSON.md stays true: each key these commands print is named there."""
+    doc = (Path(__file__).parents[1] / "docs" / "JSON.md").read_text()
+    # The words inside `code` spans: `{phase, kernels, ...}` names phase and kernels.
+    text = re.sub(r"```.*?```", "", doc, flags=re.DOTALL)  # spans only, not code blocks
+    named = {w for span in re.findall(r"`([^`]+)`", text) for w in re.findall(r"\w+", span)}
+    fp32, bf16 = unpack(SMALL_FP32, exports), unpack(SMALL_BF16, exports)
+    runs = [
+        ["kernels", str(fp32), "-f", "json", "-n", "0"],
+        ["kernels", str(unpack(GRAPH_WHOLE, exports)), "-f", "json"],
+        ["diff", str(fp32), str(bf16), "-f", "json"],
+        ["sizes", "-f", "json"],
+        ["doctor", "-f", "json"],
+        ["precision", "accumulate", "-f", "json"],
+        ["memory", "summarize", str(DATA / "memory-tiny-ctx64-train-fp32.pickle.xz"), "-f", "json"],
+    ]
+    for args in runs:
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        missing = _keys(json.loads(result.stdout)) - named
+        assert not missing, (args[0], missing)

@@ -11,7 +11,7 @@ from profkit.errors import BadInput
 from profkit.workload.config import WorkloadConfig
 from profkit.workload.model import SIZES, build_model, naive_attention
 
-# DESIGN.md's table: (total params, params without the LM head).
+# The CS336 handout's sizes: (total params, params without the LM head).
 EXPECTED = {
     "small": (128_625_408, 120_945_408),
     "medium": (423_183_360, 412_943_360),

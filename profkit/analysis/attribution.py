@@ -1,11 +1,11 @@
-"""Which ranges and which phase each GPU activity belongs to (DESIGN.md, "Attribution").
+"""Which ranges and which phase each GPU activity belongs to (docs/ATTRIBUTION.md).
 
 The rule: an activity belongs to the ranges open on its *launching* thread when its launch
 call started. PyTorch launches every backward kernel from autograd worker threads, which
 hold no ranges; an activity launched from any thread other than its process's *phase
 owner* (the thread whose phase ranges cover the most time: the main thread) also belongs
 to the ranges open on the owner at that moment, and takes its phase from there. When
-worker threads hold no ranges this is exactly DESIGN.md's rule; when they do
+worker threads hold no ranges that is the whole rule; when they do
 (``emit_nvtx``, a library's NVTX domain) their own ranges are kept as well.
 docs/ATTRIBUTION.md explains why Nsight Systems' own reports differ.
 
