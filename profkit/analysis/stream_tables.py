@@ -24,7 +24,7 @@ from profkit.analysis.tables import (
     KERNEL_COLUMNS,
     NS_PER_MS,
     NS_PER_US,
-    _count_frame,
+    _count_columns,
     _python_ms,
 )
 from profkit.errors import BadInput
@@ -80,7 +80,7 @@ def phase_table(
         {
             "phase": phase_names,
             "instances": [int(instances.get(p, 0)) for p in phase_names],
-            **_count_frame(found, slice(None)),
+            **_count_columns(found, slice(None)),
             "share": gpu_ns / total if total else np.zeros(n),
             "cpu_time_ms": [cpu_ns.get(p, np.nan) / NS_PER_MS for p in phase_names],
         }
@@ -146,7 +146,7 @@ def category_table(by_phase_category: np.ndarray, phase_names: list[str]) -> pd.
     found = counts(by_phase_category)
     gpu_ns = found["gpu_ns"][present]
     phase_total = np.bincount(phase, weights=gpu_ns, minlength=len(phase_names))
-    columns = _count_frame(found, present)
+    columns = _count_columns(found, present)
     del columns["kernel_time_ms"]
     table = pd.DataFrame(
         {
