@@ -106,8 +106,8 @@ def command(app: typer.Typer, name: str | None = None, **kwargs: Any) -> Callabl
             except ProfkitError as exc:
                 _error(str(exc), said)
             except OSError as exc:
-                if exc.errno not in _OUTPUT_ERRNOS:
-                    raise
+                if exc.errno not in _OUTPUT_ERRNOS or exc.filename is not None:
+                    raise  # a file's own error, not stdout's: the readers say those
                 _silence_stdout()
                 _error(f"cannot write the output: {exc.strerror or exc}", said)
             except KeyboardInterrupt:

@@ -7,6 +7,8 @@ and progress bar goes to stderr (``err_console``).
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,8 +23,17 @@ from rich.table import Table
 
 from profkit.formats import cell_text, check_format, dumps, file_format, markdown_table, write_text
 
+
+class _Console(Console):
+    """Rich exits with status 1 by itself when the pipe's reader is gone; raise instead, so
+    that the CLI's error boundary says it in one line like every other output error."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 # Piped output has no terminal width; don't squeeze tables into 80 columns then.
-console = Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 200)
+console = _Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
 
 

@@ -230,7 +230,7 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
                         _dim3(args.get("block")),
                     )
                 )
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # int(inf)
             malformed += 1
     return {
         "ranges": _columns(ranges, 4),
