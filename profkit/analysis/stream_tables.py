@@ -220,8 +220,8 @@ def _duration_stats(
 ) -> pd.DataFrame:
     """count, sum, mean, median, min, max, std and the longest instance's shape per group."""
     keys = _group_keys(cols, phase, n_phases, by_phase)
-    groups = np.unique(keys >> DURATION_BITS) if len(keys) else np.empty(0, np.int64)
-    first = np.searchsorted(keys, groups << DURATION_BITS)
+    first = _runs(keys)  # keys are sorted: each group is one run
+    groups = keys[first] >> DURATION_BITS
     count = np.diff(np.append(first, len(keys)))
     low = keys[first] & DURATION_MASK
     high = keys[first + count - 1] & DURATION_MASK
@@ -247,6 +247,15 @@ def _duration_stats(
             "shape": _longest_shapes(cols, phase, groups, high, n_phases, by_phase),
         }
     )
+
+
+def _runs(keys: np.ndarray) -> np.ndarray:
+    """Index of the first key of each group (a run of equal ``key >> DURATION_BITS``)."""
+    starts = [np.zeros(min(len(keys), 1), dtype=np.int64)]
+    for lo in range(0, max(len(keys) - 1, 0), CHUNK):  # chunked: no full-length temporaries
+        group = keys[lo : lo + CHUNK + 1] >> DURATION_BITS
+        starts.append(np.flatnonzero(group[1:] != group[:-1]) + lo + 1)
+    return np.concatenate(starts)
 
 
 def _sums(keys: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

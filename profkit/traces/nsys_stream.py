@@ -58,6 +58,7 @@ from profkit.traces.nsys_sqlite import (
 )
 
 NO_SHAPE = ("", "")
+BAD_TIME = -(1 << 62)  # the duration of a row whose start or end is not an integer
 
 
 class _Calls:
@@ -144,6 +145,8 @@ class _Builder:
 
     def add(self, table: str, chunk: dict[str, np.ndarray], calls: _Calls) -> None:
         n = len(chunk["duration"])
+        if (chunk["duration"] == BAD_TIME).any():
+            raise _sqlite._bad_cell(self.conn, table, ["start", "end"], "1")
         rows = slice(self.rows, self.rows + n)
         self.arrays["duration"][rows] = chunk["duration"]
         self.arrays["name"][rows] = self._names(table, chunk)
@@ -367,7 +370,11 @@ def _single_cuda_process(
 def _activity_exprs(codec: Codec, tables: dict[str, list[str]], table: str) -> dict[str, str]:
     common = codec.common()
     # No start times: the report needs durations (and launch times, from the API calls).
-    exprs = {"duration": common["duration"], "key": common["key"]}
+    # Unread, a start of the wrong type would go unseen (SQLite reads text as 0 in
+    # arithmetic): such rows get BAD_TIME instead, and the reader names the cell.
+    times = "typeof(start) IN ('integer', 'null') AND typeof(\"end\") IN ('integer', 'null')"
+    duration = f"CASE WHEN {times} THEN {common['duration']} ELSE {BAD_TIME} END"
+    exprs = {"duration": duration, "key": common["key"]}
     cols = tables[table]
     if table == KERNEL_TABLE:
         name_col = next(c for c in ("demangledName", "name", "mangledName") if c in cols)
