@@ -207,8 +207,9 @@ def _add_sums(
     """Add each selected activity to row ``key`` of ``into``: its kind's count, its ns."""
     key, kind, duration = key[selected], kind[selected], duration[selected]
     size = len(into)
-    for code in range(len(KINDS)):
-        into[:, code] += np.bincount(key[kind == code], minlength=size)
+    n_kinds = len(KINDS)  # one bincount for every kind's count
+    counts = np.bincount(key * n_kinds + kind, minlength=size * n_kinds).reshape(size, n_kinds)
+    into[:, :n_kinds] += counts
     kernel_ns = np.where(kind == KINDS.index("kernel"), duration, 0)
     # Float sums of integer ns are exact below 2^53 ns (104 days) per row.
     into[:, KERNEL_NS] += np.bincount(key, weights=kernel_ns, minlength=size).astype(np.int64)
