@@ -66,9 +66,8 @@ def _plan(cols: ActivityColumns, phase_domain: str | None) -> _Plan:
     domains = r["domain"].fillna("").astype(str)
     if phase_domain is None:
         phase_domain = "" if (domains == "").any() or domains.empty else domains.mode().iloc[0]
-    launch = cols.arrays["launch_start"]
-    known = launch[launch >= 0]
-    bounds = np.array([known.min(), known.max()]) if len(known) else np.empty(0, np.int64)
+    known = cols.launch_bounds()
+    bounds = np.array(known if known else [], dtype=np.int64)
     lanes = _Lanes(r_thread, [r_start, r_end, bounds])
     candidates = _phase_rows(r, domains == phase_domain, lanes)
     owners = _owners(r_thread[candidates], r_end[candidates] - r_start[candidates])

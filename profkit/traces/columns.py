@@ -52,6 +52,18 @@ class ActivityColumns:
     def __len__(self) -> int:
         return len(self.arrays["name"])
 
+    def launch_bounds(self) -> tuple[int, int] | None:
+        """Earliest and latest known launch start (None if none is known), chunk by chunk."""
+        low, high = None, None
+        launch = self.arrays["launch_start"]
+        for lo in range(0, len(launch), 1 << 20):  # no full-length temporaries
+            known = launch[lo : lo + (1 << 20)]
+            known = known[known >= 0]
+            if len(known):
+                low = int(known.min()) if low is None else min(low, int(known.min()))
+                high = int(known.max()) if high is None else max(high, int(known.max()))
+        return None if low is None or high is None else (low, high)
+
     def launch_threads(self, codes: np.ndarray) -> np.ndarray:
         """Global thread ids of ``launch_thread`` codes (-1 stays -1)."""
         ids = np.append(self.threads.astype(np.int64), -1)
@@ -102,8 +114,9 @@ def from_trace(trace: Trace) -> ActivityColumns:
 def check_column_span(cols: ActivityColumns) -> ActivityColumns:
     """:func:`~profkit.traces.schema.check_time_span` for columns: launch times, range times
     and durations within ``MAX_SPAN_NS`` (the columns keep no GPU start times)."""
-    launch = cols.arrays["launch_start"]
-    values = [launch[launch >= 0], *(cols.ranges[c].to_numpy(np.int64) for c in ("start", "end"))]
+    bounds = cols.launch_bounds()
+    launch = np.array(bounds if bounds else [], dtype=np.int64)
+    values = [launch, *(cols.ranges[c].to_numpy(np.int64) for c in ("start", "end"))]
     values = [v for v in values if len(v)]
     low = min((int(v.min()) for v in values), default=0)
     high = max((int(v.max()) for v in values), default=0)
