@@ -33,7 +33,7 @@ from profkit.traces.schema import KINDS
 from profkit.workload.flops import attention_flops
 from profkit.workload.names import ATTENTION_RANGES
 
-CHUNK = 1 << 20
+CHUNK = 1 << 19  # activities per analysis chunk: ~50 MB of temporaries
 DURATION_BITS = 40  # durations below 2^40 ns (18 minutes) pack beside a group code
 DURATION_MASK = (1 << DURATION_BITS) - 1
 
