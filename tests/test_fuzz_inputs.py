@@ -147,7 +147,7 @@ def damage_export(path: Path, damages: list[tuple[Any, ...]]) -> None:
                     db.execute(f'UPDATE "{table}" SET "end" = "start" - 1000 WHERE rowid % 2 = 0')
 
 
-@fuzz_settings(12)
+@fuzz_settings(10)
 @given(
     damages=st.lists(nsys_damage(), min_size=1, max_size=3),
     cut=st.sampled_from([1.0, 1.0, 1.0, 0.5, 0.02]),
@@ -300,7 +300,7 @@ def test_memory_summarize_on_damaged_snapshots(
         check_clean("memory", "summarize", path, "--format", "json")
 
 
-@fuzz_settings(4)
+@fuzz_settings(3)
 @given(damages=st.lists(snapshot_damage(), min_size=1, max_size=2), sidecar=BROKEN_SIDECARS)
 def test_memory_plot_on_damaged_snapshots(damages: list[tuple[Any, ...]], sidecar: str) -> None:
     snapshot = copy.deepcopy(SNAPSHOT_DATA)

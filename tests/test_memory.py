@@ -21,7 +21,7 @@ import pytest
 from matplotlib import image as mpimg
 from memory_synth import MIB, SnapshotBuilder, frames, transformer_step
 
-from profkit.errors import BadInput
+from profkit.errors import BadInput, ProfkitWarning
 from profkit.memory.snapshot import load_snapshot, loads_plain
 from profkit.memory.summary import call_site, summarize, summarize_file
 from profkit.memory.timeline import reconstruct
@@ -276,8 +276,10 @@ def test_summarize_file_reads_the_sidecar(tmp_path: Path) -> None:
     summary = summarize_file(path)
     assert summary["residual_stream_bytes"] == 2 * 16 * 64 * 4
     sidecar_path(path).write_text("{ not json")
-    assert read_sidecar(path) is None
-    assert summarize_file(path)["residual_stream_bytes"] is None  # the summary still works
+    with pytest.warns(ProfkitWarning, match="not valid JSON"):
+        assert read_sidecar(path) is None
+    with pytest.warns(ProfkitWarning, match="goes on without its extras"):
+        assert summarize_file(path)["residual_stream_bytes"] is None  # the summary still works
 
 
 def test_top_must_be_positive() -> None:

@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 import profkit.nsys.profile
 from profkit.cli import app
-from profkit.errors import BadInput, MissingTool, ProfkitError
+from profkit.errors import BadInput, MissingTool, ProfkitError, ProfkitWarning
 from profkit.nsys.argv import NsysOptions, RunFiles, check_name, default_name, profile_argv
 from profkit.nsys.profile import _check_capture
 from profkit.nsys.record import python_phase_times, run_section
@@ -683,7 +683,8 @@ def test_sidecar_sits_beside_either_trace(tmp_path: Path) -> None:
     assert sidecar_path(Path("p/run.nsys-rep")) == Path("p/run.profkit.json")
     assert read_sidecar(tmp_path / "none.sqlite") is None
     (tmp_path / "bad.profkit.json").write_text("{not json")
-    assert read_sidecar(tmp_path / "bad.sqlite") is None
+    with pytest.warns(ProfkitWarning, match="ignored .*bad.profkit.json: not valid JSON"):
+        assert read_sidecar(tmp_path / "bad.sqlite") is None
 
 
 # --- end to end with the real Nsight Systems (GPU machine) ----------------------------------
