@@ -292,3 +292,12 @@ def test_cli_no_cache_writes_nothing(cache_dir: Path, export: Path) -> None:
     result = CliRunner().invoke(app, ["kernels", str(export), "--format", "json"])
     assert result.exit_code == 0
     assert _entry(export) is not None
+
+
+def test_progress_counts_every_row_once(exports: Path) -> None:
+    """rows read / total: rising, and ending at the total (the rows of the tables read)."""
+    seen: list[tuple[int, int]] = []
+    read_nsys_columns(unpack(SMALL_FP32, exports), lambda done, total: seen.append((done, total)))
+    done = [d for d, _ in seen]
+    assert done == sorted(done)
+    assert seen[-1] == (6_934 + 4_028, 6_934 + 4_028)  # runtime rows + GPU activities

@@ -277,9 +277,12 @@ def _read(
         for table in api:
             # No process filter here: a launch needs a CUDA context, so with one context
             # process every launch-like call is that process's.
+            scanned = 0  # rows the chunk's scan went over (the launch-like ones are fewer)
             for chunk in reader.stream(conn, table, exprs, _where(launch_ids, True, None)):
                 calls.add(chunk)
-                done = _tick(progress, done, len(chunk["key"]), total)
+                step = min(_sqlite.CHUNK_ROWS, bounds[table] - scanned)
+                scanned += step
+                done = _tick(progress, done, step, total)
         calls.seal()
         for table in activity:
             for chunk in reader.stream(conn, table, _activity_exprs(codec, tables, table)):
