@@ -204,7 +204,8 @@ def _add_sums(
     into: np.ndarray, key: np.ndarray, kind: np.ndarray, duration: np.ndarray, selected: np.ndarray
 ) -> None:
     """Add each selected activity to row ``key`` of ``into``: its kind's count, its ns."""
-    key, kind, duration = key[selected], kind[selected], duration[selected]
+    if not selected.all():  # with no --phase/--range filter, skip three copies
+        key, kind, duration = key[selected], kind[selected], duration[selected]
     size = len(into)
     n_kinds = len(KINDS)  # one bincount for every kind's count
     counts = np.bincount(key * n_kinds + kind, minlength=size * n_kinds).reshape(size, n_kinds)
