@@ -8,12 +8,24 @@ one pass) in a fresh process and reads its peak RSS with ``wait4`` (tracemalloc 
 numpy's and SQLite's own allocations). With ``--breakdown`` it also times the stages in
 this process.
 
+Scales: ``--scale N`` is the issue's ×N, N units of 8 copies of the fixture (one unit:
+30,864 kernels, 55,472 runtime rows; ×1000: 30.9 M kernels, 55.5 M runtime rows, ~5 GB);
+``--copies`` counts fixture copies directly.
+
+It also measures the floor: one bare SQL scan of the kernel, copy, memset and runtime
+tables (``SELECT sum(start), sum(end), sum(correlationId)`` over each, one connection),
+which any reader of those rows must pay, and prints ``profkit kernels``' wall time as a
+multiple of it. ``--cache`` adds the columnar cache: a first read that writes it, then a
+``--phase backward`` query that reads it (the figure to compare with the first read).
+``--legacy`` also times the in-memory path (``load_trace`` + ``analyze``) for comparison.
+
 Where nsys is installed (``--nsys``, ``$PROFKIT_NSYS`` or PATH) it also times
 ``nsys stats --report cuda_gpu_kern_sum`` and ``--report nvtx_gpu_proj_sum`` on the same
 file and prints the ratio. Outputs go under ``--workdir`` (default ``$OUT`` or a temp dir):
 the big export itself is not kept unless ``--keep``.
 
     python benchmarks/kernels_scale.py                  # ~3 M activities, ~5 M API rows
+    python benchmarks/kernels_scale.py --scale 1000 --cache --runs 1
     python benchmarks/kernels_scale.py --copies 10      # a quick look
 """
 
@@ -43,6 +55,17 @@ REPLICATED = (
     "NVTX_EVENTS",
 )
 GIB = 1024**3
+UNIT_COPIES = 8  # the issue's ×1: 8 copies of the fixture (30,864 kernels, 55,472 API rows)
+SCANNED = REPLICATED[:4]
+# One bare scan: every row of the tables a kernel report must read, nothing else done.
+SCAN = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+for table in sys.argv[2:]:
+    if table in names:
+        conn.execute(f'SELECT sum(start), sum("end"), sum(correlationId) FROM "{table}"').fetchone()
+"""
 
 
 def build(fixture: Path, copies: int, target: Path) -> dict[str, int]:
@@ -77,7 +100,8 @@ def build(fixture: Path, copies: int, target: Path) -> dict[str, int]:
         conn.execute("DROP TABLE original")
         rows[table] = conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
     conn.commit()
-    conn.execute("VACUUM")
+    if copies <= 1000:  # a 5 GB file gains nothing from a rewrite: the copies are appended
+        conn.execute("VACUUM")
     conn.close()
     stamp.write_text(json.dumps({"copies": copies, "fixture": fixture.name, "rows": rows}))
     return rows
@@ -109,10 +133,12 @@ def _max_correlation(conn: sqlite3.Connection, tables: set[str]) -> int:
     return max(f for f in found if f is not None)
 
 
-def timed(argv: list[str], cwd: Path) -> dict[str, float]:
+def timed(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[str, float]:
     """Run ``argv`` to completion; wall seconds, CPU seconds and peak RSS of that process."""
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
     assert proc.stderr is not None
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
@@ -123,7 +149,47 @@ def timed(argv: list[str], cwd: Path) -> dict[str, float]:
         "wall_s": wall,
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "peak_rss_gib": usage.ru_maxrss * 1024 / GIB,  # ru_maxrss is KiB on Linux
+        "load_1min": os.getloadavg()[0],
     }
+
+
+def show(what: str, run: dict[str, float]) -> None:
+    print(
+        f"{what}: {run['wall_s']:.2f} s wall, {run['cpu_s']:.2f} s CPU, peak RSS "
+        f"{run['peak_rss_gib']:.2f} GiB (load average {run['load_1min']:.1f})"
+    )
+
+
+def measure(big: Path, runs: int, with_cache: bool, legacy: bool) -> dict[str, object]:
+    """The scan floor, ``profkit kernels`` uncached, and optionally cached and legacy."""
+    result: dict[str, object] = {}
+    kernels = [sys.executable, "-m", "profkit", "kernels", str(big), "--format", "json"]
+    floor = [timed([sys.executable, "-c", SCAN, str(big), *SCANNED], ROOT) for _ in range(runs)]
+    result["scan_floor"] = best = min(floor, key=lambda r: r["wall_s"])
+    show("bare SQL scan (the floor)", best)
+    read = [timed([*kernels, "--no-cache"], ROOT) for _ in range(runs)]
+    result["profkit_kernels"] = top = min(read, key=lambda r: r["wall_s"])
+    result["profkit_kernels_runs"] = read
+    result["ratio_to_floor"] = top["wall_s"] / best["wall_s"]
+    show(f"profkit kernels --no-cache (best of {runs})", top)
+    print(f"  = {result['ratio_to_floor']:.2f}x the scan floor")
+    if with_cache:
+        env = {**os.environ, "PROFKIT_CACHE_DIR": tempfile.mkdtemp(prefix="kscale-cache-")}
+        result["cache_first_read"] = first = timed(kernels, ROOT, env)
+        show("profkit kernels, first read (writes the cache)", first)
+        hits = [timed([*kernels, "--phase", "backward"], ROOT, env) for _ in range(runs)]
+        result["cache_hit"] = hit = min(hits, key=lambda r: r["wall_s"])
+        show("profkit kernels --phase backward, from the cache", hit)
+        print(f"  = {hit['wall_s'] / top['wall_s']:.0%} of an uncached read")
+        shutil.rmtree(env["PROFKIT_CACHE_DIR"], ignore_errors=True)
+    if legacy:
+        code = (
+            "import sys; from profkit.analysis import analyze; from profkit.traces import "
+            "load_trace; analyze(load_trace(sys.argv[1]))"
+        )
+        result["legacy"] = old = timed([sys.executable, "-c", code, str(big)], ROOT)
+        show("load_trace + analyze (the in-memory path)", old)
+    return result
 
 
 def breakdown(path: Path) -> dict[str, dict[str, float]]:
@@ -138,14 +204,14 @@ def breakdown(path: Path) -> dict[str, dict[str, float]]:
         stages[stage] = {"wall_s": now[0] - clock[0], "cpu_s": now[1] - clock[1]}
         clock = now
 
-    from profkit.analysis import analyze
+    from profkit.analysis.streaming import analyze_columns
     from profkit.formats import dumps
-    from profkit.traces import load_trace
+    from profkit.traces.load import load_columns
 
     lap("import")
-    trace = load_trace(path)
+    columns = load_columns(path, cache=False)
     lap("read")
-    report = analyze(trace)
+    report = analyze_columns(columns)
     lap("analyze")
     dumps(report.to_json())
     lap("json")
@@ -161,12 +227,18 @@ def main() -> int:
     parser.add_argument(
         "--copies", type=int, default=745, help="copies of the fixture (745 ≈ 3 M activities)"
     )
+    parser.add_argument("--scale", type=int, default=None, help="the issue's xN (N*8 copies)")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each timing (best kept)")
+    parser.add_argument("--cache", action="store_true", help="also time the columnar cache")
+    parser.add_argument("--legacy", action="store_true", help="also time load_trace + analyze")
     parser.add_argument("--fixture", type=Path, default=FIXTURE)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--nsys", default=None, help="nsys executable for the comparison")
     parser.add_argument("--breakdown", action="store_true", help="also time the stages in-process")
     parser.add_argument("--keep", action="store_true", help="keep the big export")
     args = parser.parse_args()
+    if args.scale:
+        args.copies = args.scale * UNIT_COPIES
 
     workdir = args.workdir or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="kscale-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -194,15 +266,9 @@ def main() -> int:
         f"import profkit.cli alone: {baseline['wall_s']:.2f} s wall, {baseline['cpu_s']:.2f} s "
         f"CPU, peak RSS {baseline['peak_rss_gib']:.2f} GiB"
     )
-    argv = [sys.executable, "-m", "profkit", "kernels", str(big), "--format", "json"]
-    runs = [timed(argv, ROOT) for _ in range(3)]  # the first warms the page cache
-    best = min(runs, key=lambda r: r["wall_s"])
-    result["profkit_kernels"] = best
-    result["profkit_kernels_runs"] = runs
-    print(
-        f"profkit kernels: {best['wall_s']:.2f} s wall, {best['cpu_s']:.2f} s CPU, "
-        f"peak RSS {best['peak_rss_gib']:.2f} GiB (best of {len(runs)})"
-    )
+    result.update(measure(big, args.runs, args.cache, args.legacy))
+    best = result["profkit_kernels"]
+    assert isinstance(best, dict)
     if args.breakdown:
         stages = breakdown(big)
         result["breakdown"] = stages

@@ -24,6 +24,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if "PROFKIT_DB" not in os.environ:
         db_dir = Path(tempfile.mkdtemp(prefix="profkit-test-db-"))
         os.environ["PROFKIT_DB"] = str(db_dir / "results.db")
+    # The columnar cache of traces (profkit.traces.cache) goes to a folder of this run's.
+    if "PROFKIT_CACHE_DIR" not in os.environ:
+        os.environ["PROFKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="profkit-test-cache-")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -77,6 +77,7 @@ def test_kernels_reads_a_compressed_export_directly_and_keeps_it(tmp_path: Path)
     totals = packed_json["totals"]
     activities = totals["kernels"] + totals["memcpy"] + totals["memset"]
     assert activities == sql_activity_totals(unpacked)[0] == 4_028
+    assert totals["kernels"] == 3_858  # kernel launches alone
     assert packed_json["source"]["path"] == str(xz)
     assert packed_json["source"]["config"]["size"] == "small"  # the sidecar beside the .xz
     assert xz.is_file()

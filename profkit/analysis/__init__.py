@@ -7,13 +7,23 @@ from a reader; :func:`kernels` is the one-call facade (read, then analyze) the C
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from profkit.analysis.attribution import Attribution, PhaseMode, attribute
 from profkit.analysis.categories import CATEGORIES, categorize
+from profkit.analysis.intervals import PROCESS_SHIFT
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.presentation import display_tables, kernel_report_markdown
 from profkit.analysis.report import KernelReport, analyze
 from profkit.traces.schema import Trace
+from profkit.workload.names import PHASES
+
+if TYPE_CHECKING:
+    from profkit.traces.columns import ActivityColumns, Progress
+
+PROCESS_MASK = (1 << 24) - 1  # globalTid: the process id sits in bits 24-47
 
 __all__ = [
     "CATEGORIES",
@@ -38,15 +48,37 @@ def kernels(
     nsys: str | os.PathLike[str] | None = None,
     rank: int | None = None,
     phases: PhaseMode = "auto",
+    cache: bool | None = None,
+    progress: Progress | None = None,
 ) -> KernelReport:
     """Read the trace at ``path`` (any supported format) and build its kernel report.
 
-    A multi-process trace (several ranks) gives a :class:`~profkit.analysis.ranks.RankedReport`;
-    ``rank`` narrows its tables to one rank.
+    One process whose steps carry phase ranges is read and analysed in bounded memory, from
+    compact columns, through the columnar cache unless ``cache`` is False or
+    ``$PROFKIT_CACHE=0`` (:mod:`profkit.traces.cache`). Phases to infer, or several ranks,
+    take the full tables (:func:`analyze_any`): the streaming analysis does neither. A
+    multi-process trace gives a :class:`~profkit.analysis.ranks.RankedReport`; ``rank``
+    narrows its tables to one rank.
     """
+    from profkit.analysis.streaming import analyze_columns
     from profkit.traces import load_trace
+    from profkit.traces.load import load_columns
 
+    columns = load_columns(path, nsys=nsys, cache=cache, progress=progress)
+    if _streamable(columns, rank, phases):
+        return analyze_columns(columns, top=top, phase=phase, range=range)
     return analyze_any(load_trace(path, nsys=nsys), top, phase, range, rank, phases)
+
+
+def _streamable(columns: ActivityColumns, rank: int | None, phases: PhaseMode) -> bool:
+    """Whether the bounded-memory analysis gives what :func:`analyze` would: one process,
+    its phases annotated (the streaming path neither infers phases nor splits ranks)."""
+    if rank is not None or phases == "inferred" or len(columns.meta.get("ranks") or ()) > 1:
+        return False
+    threads = np.asarray(columns.threads, dtype=np.int64)
+    if len(np.unique((threads >> PROCESS_SHIFT) & PROCESS_MASK)) > 1:
+        return False
+    return bool(set(columns.ranges["name"]) & set(PHASES))
 
 
 def analyze_any(

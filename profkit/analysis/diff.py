@@ -147,10 +147,11 @@ def diff(
     nsys: str | os.PathLike[str] | None = None,
 ) -> ProfileDiff:
     """Read two traces (any supported formats) and compare B against A."""
-    from profkit.analysis.report import analyze
-    from profkit.traces import load_trace
+    from profkit.analysis import kernels
 
-    a, b = (analyze(load_trace(p, nsys=nsys), top=0) for p in (path_a, path_b))
+    # As `profkit kernels` reads them: bounded memory and the columnar cache where the
+    # phases are annotated, inferred phases and ranks where they are not.
+    a, b = (kernels(p, top=0, nsys=nsys) for p in (path_a, path_b))
     return diff_reports(a, b, per_step=per_step, top=top)
 
 

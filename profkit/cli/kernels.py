@@ -12,7 +12,7 @@ from profkit.analysis.attribution import PHASE_MODES, PhaseMode
 from profkit.analysis.ranks import RankedReport, rank_tables
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
-from profkit.cli.render import console, emit_tables, err_console
+from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
 from profkit.formats import check_format, file_format, write_text
 from profkit.traces import Trace, load_trace
@@ -48,6 +48,14 @@ PhasesOpt = Annotated[
 TopOpt = Annotated[int, typer.Option("--top", "-n", help="Kernels per top table (0 = all).")]
 
 
+NoCacheOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-cache",
+        help="Read the trace itself, neither using nor writing the columnar cache kept in "
+        "PROFKIT_CACHE_DIR or ~/.cache/profkit (or set PROFKIT_CACHE=0).",
+    ),
+]
 CompareOpt = Annotated[
     bool,
     typer.Option(
@@ -92,6 +100,7 @@ def kernels(
     rank: RankOpt = None,
     plot: PlotOpt = None,
     phases: PhasesOpt = "auto",
+    no_cache: NoCacheOpt = False,
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
@@ -101,16 +110,22 @@ def kernels(
     if not tolerance >= 0:  # also catches nan
         raise BadInput(f"--tolerance must be >= 0 (a percentage); got {tolerance:g}")
     paths = list(path)
-    traces = [_read(p, nsys) for p in paths]
-    if len(traces) > 1 and not compare and is_rank_set(traces):
-        traces, compare = [merge_rank_traces(traces)], False
-    if compare or len(traces) > 1:
-        _compare(paths, traces, top, phase, range_, tolerance, fmt, out, phases)
-        return
+    if len(paths) > 1 or compare:
+        traces = [_read(p, nsys) for p in paths]
+        if len(traces) > 1 and not compare and is_rank_set(traces):
+            report = analysis.analyze_any(
+                merge_rank_traces(traces), top, phase, range_, rank, _mode(phases)
+            )
+        else:
+            _compare(paths, traces, top, phase, range_, tolerance, fmt, out, phases)
+            return
+    else:
+        with read_progress(paths[0].name) as progress:
+            report = analysis.kernels(
+                paths[0], top, phase, range_, nsys, rank, _mode(phases),
+                cache=False if no_cache else None, progress=progress,
+            )  # fmt: skip
     single = paths[0]
-    report = analysis.analyze_any(
-        traces[0], top=top, phase=phase, range=range_, rank=rank, phases=_mode(phases)
-    )
     if plot is not None:
         if not isinstance(report, RankedReport):
             raise BadInput("--plot draws the ranks of a multi-GPU trace; this one has one process")

@@ -10,7 +10,9 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +138,41 @@ def emit_tables(
         err_console.print(f"wrote {out}")
     else:
         print(text, end="")
+
+
+# Progress of long trace reads: rows read / total, on stderr, only on a terminal. The library
+# reports through a callback (progress(rows_done, rows_total)); a read that ends within
+# SHOW_AFTER_S shows only the spinner, and off a terminal (a pipe, CI) nothing is drawn.
+SHOW_AFTER_S = 2.0
+
+
+@contextmanager
+def read_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A callback drawing ``label: [bar] done/total rows`` once the read passes 2 s."""
+    started = time.monotonic()
+    bar: Progress | None = None
+    task = None
+    status = err_console.status(f"reading {label}")
+    status.start()
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar, task
+        if bar is None:
+            if not err_console.is_terminal or time.monotonic() - started < SHOW_AFTER_S:
+                return
+            status.stop()
+            bar = Progress(
+                TextColumn(f"reading {label}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("rows"), TimeElapsedColumn(), console=err_console, transient=True,
+            )  # fmt: skip
+            bar.start()
+            task = bar.add_task(label, total=total)
+        assert task is not None
+        bar.update(task, completed=done, total=total)
+
+    try:
+        yield update
+    finally:
+        status.stop()
+        if bar is not None:
+            bar.stop()

@@ -76,13 +76,11 @@ def torch_section(inv: Inventory, out_dir: Path) -> Section:
 
 
 def _trace_part(path: Path, out_dir: Path) -> str:
-    from profkit.analysis import analyze, kernel_report_markdown
-    from profkit.traces import load_trace
+    from profkit.analysis import kernel_report_markdown, kernels
 
     heading = f"### {trace_stem(path)}"
     try:
-        trace = load_trace(path)
-        report = analyze(trace, top=TOP_KERNELS)
+        report = kernels(path, top=TOP_KERNELS)  # as `profkit kernels` reads it, cache too
     except ProfkitError as exc:
         return f"{heading}\n\n_Could not read `{path.name}`: {exc}._"
     full = out_dir / f"{trace_stem(path)}.md"

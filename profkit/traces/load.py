@@ -22,8 +22,12 @@ from pathlib import Path
 
 from profkit.errors import BadInput, MissingTool
 from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input
+from profkit.sidecar import read_sidecar
 from profkit.traces._sqlite import SQLITE_MAGIC
-from profkit.traces.nsys_sqlite import read_nsys_sqlite
+from profkit.traces.cache import cached_columns
+from profkit.traces.columns import ActivityColumns, Progress, check_column_span, from_trace
+from profkit.traces.nsys_sqlite import FORMAT, read_nsys_sqlite
+from profkit.traces.nsys_stream import read_nsys_columns
 from profkit.traces.schema import Trace, check_time_span
 
 Reader = Callable[[Path], Trace]
@@ -53,10 +57,8 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
     ``nsys`` is the Nsight Systems executable used to export a ``.nsys-rep`` (else
     ``$PROFKIT_NSYS``, else ``nsys`` on PATH).
     """
-    path = check_readable(Path(path), f"a trace file ({SUPPORTED})")  # before any read: no hang
+    path = _checked(path)
     name = path.name.lower()
-    if name.endswith(".zst"):
-        raise BadInput(f"{path} is zstd-compressed; unpack it first (`zstd -d` keeps the original)")
     if name.endswith(NSYS_REPORT_SUFFIXES):
         return check_time_span(read_nsys_sqlite(_export(path, nsys)))
     if _head(path).startswith(SQLITE_MAGIC):
@@ -67,6 +69,42 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
         if name.endswith(suffix) or inner.endswith(suffix):
             return check_time_span(READERS[suffix](path))
     raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED})")
+
+
+def load_columns(
+    path: str | os.PathLike[str],
+    nsys: str | os.PathLike[str] | None = None,
+    cache: bool | None = None,
+    progress: Progress | None = None,
+) -> ActivityColumns:
+    """The compact columns of ``path`` (any supported trace), through the cache.
+
+    Nsight Systems exports are read chunk by chunk in bounded memory; other formats through
+    their reader's tables. ``cache`` overrides ``$PROFKIT_CACHE`` (:mod:`.cache`);
+    ``progress(rows_done, rows_total)`` hears from long reads.
+    """
+    path = _checked(path)
+    if path.name.lower().endswith(NSYS_REPORT_SUFFIXES):
+        path = _export(path, nsys)
+    source = path
+
+    def read() -> ActivityColumns:
+        if _head(source).startswith(SQLITE_MAGIC):
+            return check_column_span(read_nsys_columns(source, progress))
+        return from_trace(load_trace(source))
+
+    def fresh_sidecar(columns: ActivityColumns) -> None:
+        if columns.meta.get("format") == FORMAT and "sidecar" not in columns.meta:
+            columns.meta["sidecar"] = read_sidecar(source)
+
+    return cached_columns(source, read, cache, fresh_sidecar)
+
+
+def _checked(path: str | os.PathLike[str]) -> Path:
+    path = check_readable(Path(path), f"a trace file ({SUPPORTED})")  # before reading: no hang
+    if path.name.lower().endswith(".zst"):
+        raise BadInput(f"{path} is zstd-compressed; unpack it first (`zstd -d` keeps the original)")
+    return path
 
 
 def _without_compression(name: str) -> str:

@@ -1,0 +1,301 @@
+"""The tables of :func:`~profkit.analysis.streaming.analyze_columns`, from sums and sorts.
+
+The same tables, columns and order as :mod:`profkit.analysis.tables` builds from a
+per-activity frame (tests compare them), built instead from what the chunked pass added up
+(:class:`~profkit.analysis.streaming.Totals`: a row of ``QUANTITIES`` per phase × category
+and per range) and, for the per-kernel statistics, from one sorted int64 array of
+``group << 40 | duration`` per table: counts, sums, minima, maxima and medians are binary
+searches and chunked passes over it, never a group-by over millions of rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.analysis.attribution import UNATTRIBUTED
+from profkit.analysis.categories import CATEGORIES
+from profkit.analysis.names import short_kernel_name
+from profkit.analysis.tables import (
+    ALL_PHASES,
+    COUNT_COLUMNS,
+    KERNEL_COLUMNS,
+    NS_PER_MS,
+    NS_PER_US,
+    _count_columns,
+    _python_ms,
+)
+from profkit.errors import BadInput
+from profkit.traces.columns import ActivityColumns
+from profkit.traces.schema import KINDS
+from profkit.workload.flops import attention_flops
+from profkit.workload.names import ATTENTION_RANGES
+
+CHUNK = 1 << 19  # activities per analysis chunk: ~50 MB of temporaries
+DURATION_BITS = 40  # durations below 2^40 ns (18 minutes) pack beside a group code
+DURATION_MASK = (1 << DURATION_BITS) - 1
+
+
+def counts(sums: np.ndarray, rows: np.ndarray | slice = slice(None)) -> dict[str, np.ndarray]:
+    """``activity_counts``' dict (:mod:`.tables`) from rows of QUANTITIES sums.
+
+    ``graphs`` is there only where some graph was counted, as there.
+    """
+    picked = sums[rows]
+    out: dict[str, np.ndarray] = {}
+    for code, kind in enumerate(KINDS):
+        if kind != "graph" or sums[:, code].any():
+            out[COUNT_COLUMNS[kind]] = picked[:, code].astype(np.int64)
+    out["kernel_ns"] = picked[:, len(KINDS)].astype(np.float64)
+    out["gpu_ns"] = picked[:, len(KINDS) + 1].astype(np.float64)
+    return out
+
+
+def totals_of(sums: np.ndarray) -> dict[str, Any]:
+    """The report's ``totals``: every count, kernel and GPU time (ms)."""
+    found = counts(sums.sum(axis=0, keepdims=True))
+    totals: dict[str, Any] = {c: int(found[c][0]) for c in COUNT_COLUMNS.values() if c in found}
+    totals["kernel_time_ms"] = float(found["kernel_ns"][0]) / NS_PER_MS
+    totals["gpu_time_ms"] = float(found["gpu_ns"][0]) / NS_PER_MS
+    return totals
+
+
+def phase_table(
+    by_phase: np.ndarray,
+    phase_names: list[str],
+    phase_ranges: pd.DataFrame,
+    sidecar: dict[str, Any],
+    filtered: bool,
+) -> pd.DataFrame:
+    """:func:`.tables.phase_table` from per-phase sums."""
+    n = len(phase_names)
+    found = counts(by_phase)
+    cpu_ns = (phase_ranges["end"] - phase_ranges["start"]).groupby(phase_ranges["name"]).sum()
+    instances = phase_ranges.groupby("name").size()
+    gpu_ns = found["gpu_ns"]
+    total = gpu_ns.sum()
+    table = pd.DataFrame(
+        {
+            "phase": phase_names,
+            "instances": [int(instances.get(p, 0)) for p in phase_names],
+            **_count_columns(found, slice(None)),
+            "share": gpu_ns / total if total else np.zeros(n),
+            "cpu_time_ms": [cpu_ns.get(p, np.nan) / NS_PER_MS for p in phase_names],
+        }
+    )
+    python = _python_ms(sidecar)
+    if python:
+        table["python_ms"] = [python.get(p, np.nan) for p in phase_names]
+    active = by_phase[:, : len(KINDS)].sum(axis=1) > 0
+    keep = active | ((table["instances"] > 0) & (not filtered))
+    keep &= (table["phase"] != UNATTRIBUTED) | active
+    return table[keep].reset_index(drop=True)
+
+
+def range_table(
+    by_range: np.ndarray,
+    ranges: pd.DataFrame,
+    labels: np.ndarray,
+    config: dict[str, Any] | None,
+    filtered: str | None,
+) -> pd.DataFrame:
+    """:func:`.tables.range_table` from per-range sums."""
+    found = counts(by_range)
+    columns = {c: found[c] for c in found if c not in ("kernel_ns", "gpu_ns")}
+    columns["kernel_ns"] = by_range[:, len(KINDS)]
+    columns["gpu_ns"] = by_range[:, len(KINDS) + 1]
+    per_range = pd.DataFrame(
+        {
+            "range": labels,
+            "domain": ranges["domain"].fillna("").to_numpy(dtype=object),
+            **columns,
+            "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy(),
+        }
+    )
+    summed = {c: (c, "sum") for c in [*columns, "cpu_ns"]}
+    table = (
+        per_range.groupby(["range", "domain"], sort=False)
+        .agg(instances=("cpu_ns", "size"), **summed)
+        .reset_index()
+    )
+    table["kernel_time_ms"] = table.pop("kernel_ns") / NS_PER_MS
+    table["gpu_time_ms"] = table.pop("gpu_ns") / NS_PER_MS
+    table["cpu_time_ms"] = table.pop("cpu_ns") / NS_PER_MS
+    if filtered:
+        counted = [c for c in COUNT_COLUMNS.values() if c in table]
+        table = table[table[counted].sum(axis=1) > 0]
+    flops = (
+        attention_flops(config) if config and table["range"].isin(ATTENTION_RANGES).any() else None
+    )
+    if flops:
+        mflop = table["range"].map(flops) / 1e6
+        table["mflop"] = mflop  # forward FLOPs of one call, analytic
+        gpu_ms = table["gpu_time_ms"].where(table["gpu_time_ms"] > 0)
+        table["tflop_s"] = mflop * table["instances"] / gpu_ms / 1e3
+    table = table.sort_values(["gpu_time_ms", "instances"], ascending=[False, False], kind="stable")
+    return table.reset_index(drop=True)
+
+
+def category_table(by_phase_category: np.ndarray, phase_names: list[str]) -> pd.DataFrame:
+    """:func:`.tables.category_table` from per (phase, category) sums."""
+    n_categories = len(CATEGORIES)
+    present = np.flatnonzero(by_phase_category[:, : len(KINDS)].sum(axis=1))
+    phase, category = present // n_categories, present % n_categories
+    found = counts(by_phase_category)
+    gpu_ns = found["gpu_ns"][present]
+    phase_total = np.bincount(phase, weights=gpu_ns, minlength=len(phase_names))
+    columns = _count_columns(found, present)
+    del columns["kernel_time_ms"]
+    table = pd.DataFrame(
+        {
+            "phase": np.array(phase_names, dtype=object)[phase],
+            "category": np.array(CATEGORIES, dtype=object)[category],
+            **columns,
+            "share": gpu_ns / np.where(phase_total[phase] > 0, phase_total[phase], np.nan),
+            "order": phase,
+        }
+    )
+    table = table.sort_values(["order", "gpu_time_ms"], ascending=[True, False], kind="stable")
+    return table.drop(columns=["order"]).reset_index(drop=True)
+
+
+def kernel_tables(
+    cols: ActivityColumns, phase: np.ndarray, categories: np.ndarray, phase_names: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`.tables.kernel_tables` from the columns and each activity's phase (-1: not selected)."""
+    n_phases = len(phase_names)
+    names = np.array(cols.names, dtype=object)
+    kinds = np.array(cols.kinds, dtype=object)
+    per_phase = _duration_stats(cols, phase, n_phases, by_phase=True)
+    overall = _duration_stats(cols, phase, n_phases, by_phase=False)
+    per_phase["phase_total"] = per_phase.groupby("phase")["total_ms"].transform("sum")
+    overall["phase_total"] = overall["total_ms"].sum()
+    phase_order = {p: i for i, p in enumerate(phase_names)}
+    labels = np.array(phase_names, dtype=object)
+    out = []
+    for table in (per_phase, overall):
+        table["share"] = table["total_ms"] / table["phase_total"].where(table["phase_total"] > 0)
+        table["short_name"] = [short_kernel_name(n) for n in names[table["name"]]]
+        table["category"] = np.array(CATEGORIES, dtype=object)[categories[table["name"]]]
+        table["kind"] = kinds[table["name"]]
+        shapes = [cols.shapes[s] for s in table["shape"]]
+        table["grid"] = [g for g, _ in shapes]
+        table["block"] = [b for _, b in shapes]
+        table["phase"] = np.where(
+            table["phase"] >= 0, labels[table["phase"].clip(lower=0)], ALL_PHASES
+        )
+        table["name"] = names[table["name"]]
+        table["phase_order"] = table["phase"].map(phase_order).fillna(-1)
+        table = table.sort_values(["phase_order", "total_ms"], ascending=[True, False])
+        out.append(table[KERNEL_COLUMNS].reset_index(drop=True))
+    return out[0], out[1]
+
+
+def _group_keys(
+    cols: ActivityColumns, phase: np.ndarray, n_phases: int, by_phase: bool
+) -> np.ndarray:
+    """Sorted ``group << 40 | duration`` of the selected activities."""
+    selected = int((phase >= 0).sum())
+    keys = np.empty(selected, dtype=np.int64)
+    at = 0
+    for lo in range(0, len(cols), CHUNK):
+        p = phase[lo : lo + CHUNK]
+        keep = p >= 0
+        group = cols.arrays["name"][lo : lo + CHUNK][keep].astype(np.int64)
+        if by_phase:
+            group = group * n_phases + p[keep]
+        duration = cols.arrays["duration"][lo : lo + CHUNK][keep].clip(min=0)
+        if len(duration) and duration.max() > DURATION_MASK:
+            raise BadInput("an activity lasts over 18 minutes: not a trace profkit can read")
+        keys[at : at + len(group)] = (group << DURATION_BITS) | duration
+        at += len(group)
+    keys.sort()
+    return keys
+
+
+def _duration_stats(
+    cols: ActivityColumns, phase: np.ndarray, n_phases: int, by_phase: bool
+) -> pd.DataFrame:
+    """count, sum, mean, median, min, max, std and the longest instance's shape per group."""
+    keys = _group_keys(cols, phase, n_phases, by_phase)
+    first = _runs(keys)  # keys are sorted: each group is one run
+    groups = keys[first] >> DURATION_BITS
+    count = np.diff(np.append(first, len(keys)))
+    low = keys[first] & DURATION_MASK
+    high = keys[first + count - 1] & DURATION_MASK
+    median = (
+        (keys[first + (count - 1) // 2] & DURATION_MASK)
+        + (keys[first + count // 2] & DURATION_MASK)
+    ) / 2
+    total, squares = _sums(keys, first, count)
+    mean = total / count
+    std = np.where(count > 1, np.sqrt(np.maximum(squares, 0) / np.maximum(count - 1, 1)), 0.0)
+    del keys
+    return pd.DataFrame(
+        {
+            "name": groups // n_phases if by_phase else groups,
+            "phase": groups % n_phases if by_phase else -1,
+            "instances": count.astype(np.int64),
+            "total_ms": total / NS_PER_MS,
+            "avg_us": mean / NS_PER_US,
+            "med_us": median / NS_PER_US,
+            "min_us": low / NS_PER_US,
+            "max_us": high / NS_PER_US,
+            "std_us": std / NS_PER_US,
+            "shape": _longest_shapes(cols, phase, groups, high, n_phases, by_phase),
+        }
+    )
+
+
+def _runs(keys: np.ndarray) -> np.ndarray:
+    """Index of the first key of each group (a run of equal ``key >> DURATION_BITS``)."""
+    starts = [np.zeros(min(len(keys), 1), dtype=np.int64)]
+    for lo in range(0, max(len(keys) - 1, 0), CHUNK):  # chunked: no full-length temporaries
+        group = keys[lo : lo + CHUNK + 1] >> DURATION_BITS
+        starts.append(np.flatnonzero(group[1:] != group[:-1]) + lo + 1)
+    return np.concatenate(starts)
+
+
+def _sums(keys: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group: the sum of durations and the sum of squared deviations from the mean."""
+    groups = len(first)
+    total = np.zeros(groups)
+    shift = (keys[first] & DURATION_MASK).astype(np.float64) if groups else np.zeros(0)
+    shifted, shifted_sq = np.zeros(groups), np.zeros(groups)
+    for lo in range(0, len(keys), CHUNK):
+        part = keys[lo : lo + CHUNK]
+        group = np.searchsorted(first, np.arange(lo, lo + len(part)), side="right") - 1
+        duration = (part & DURATION_MASK).astype(np.float64)
+        total += np.bincount(group, weights=duration, minlength=groups)
+        deviation = duration - shift[group]
+        shifted += np.bincount(group, weights=deviation, minlength=groups)
+        shifted_sq += np.bincount(group, weights=deviation * deviation, minlength=groups)
+    # sum((d - mean)^2) = sum((d - s)^2) - (sum(d - s))^2 / n, with s a member: stable.
+    return total, shifted_sq - shifted * shifted / np.maximum(count, 1)
+
+
+def _longest_shapes(
+    cols: ActivityColumns,
+    phase: np.ndarray,
+    groups: np.ndarray,
+    high: np.ndarray,
+    n_phases: int,
+    by_phase: bool,
+) -> np.ndarray:
+    """Shape code of each group's first activity (in trace order) with its longest duration."""
+    shape = np.full(len(groups), -1, dtype=np.int64)
+    for lo in range(0, len(cols), CHUNK):
+        p = phase[lo : lo + CHUNK]
+        rows = np.flatnonzero(p >= 0)
+        group = cols.arrays["name"][lo : lo + CHUNK][rows].astype(np.int64)
+        if by_phase:
+            group = group * n_phases + p[rows]
+        index = np.searchsorted(groups, group)
+        duration = cols.arrays["duration"][lo : lo + CHUNK][rows].clip(min=0)
+        hit = duration == high[index]
+        found, at = np.unique(index[hit], return_index=True)
+        new = shape[found] < 0
+        shape[found[new]] = cols.arrays["shape"][lo + rows[hit][at[new]]]
+    return shape

@@ -1,0 +1,389 @@
+"""Nsight Systems exports read in bounded memory, as :class:`ActivityColumns`.
+
+The same tables as :mod:`profkit.traces.nsys_sqlite`, read chunk by chunk with a few chunks
+in flight (:meth:`~profkit.traces._sqlite.ParallelReader.stream`), so memory holds the
+compact columns (26 bytes per activity) and the launch calls, never a whole table's text:
+
+1. the launch-like API calls go into :class:`_Calls`: key, start and thread code (18 bytes
+   a call), in the correlation-id order real exports already store them in;
+2. each chunk of kernels, copies, memsets and graph rows is joined to its call by looking
+   its key up (a binary search), its names and shapes become codes, and it is copied into
+   preallocated columns;
+3. activities left without a call look in the other API calls, read only then.
+
+The calls are freed before the analysis starts, so the read's peak is the columns plus the
+launch calls (about 0.6 GB for 33 M), whatever the number of API rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.errors import BadInput
+from profkit.files import plain_copy
+from profkit.sidecar import read_sidecar
+from profkit.traces import _sqlite
+from profkit.traces.columns import ARRAYS, ActivityColumns, Progress, check_threads
+from profkit.traces.nsys_activity import (
+    API_TABLES,
+    BLOCK_EXPR,
+    GRAPH_TABLE,
+    GRID_EXPR,
+    KERNEL_TABLE,
+    MEMCPY_LABELS,
+    MEMCPY_TABLE,
+    MEMSET_TABLE,
+    TID_PID_BITS,
+    Codec,
+    _clamp_negative,
+    _enum_labels,
+    _shape,
+    activity_tables,
+    launch_name_ids,
+)
+from profkit.traces.nsys_ranges import build_ranges, nvtx_rows
+from profkit.traces.nsys_sqlite import (
+    WHAT,
+    NoKernelsTraced,
+    _check_columns,
+    _check_nsys,
+    _meta,
+    _no_kernels_message,
+)
+
+NO_SHAPE = ("", "")
+BAD_TIME = -(1 << 62)  # the duration of a row whose start or end is not an integer
+
+
+class _Calls:
+    """Start and thread code of API calls, sorted by key, for the activities to look up.
+
+    Rows arrive in rowid order, which real exports keep in correlation-id order (checked
+    on all fixtures): then the arrays are already sorted and need no argsort. Otherwise
+    (several processes, a driver table after the runtime one) they are sorted once.
+    """
+
+    def __init__(
+        self, tid0: int, base: int, capacity: int, thread_code: dict[int, int] | None = None
+    ) -> None:
+        self.tid0, self.base = tid0, base  # starts arrive as offsets from ``base``
+        # np.empty only reserves: pages are resident once written, so a bound on the rows
+        # (every API call) costs only the launch calls actually kept.
+        self.key = np.empty(capacity, np.int64)
+        self.start = np.empty(capacity, np.int64)
+        self.thread = np.empty(capacity, np.int16)
+        self.rows = 0
+        self.thread_code = {} if thread_code is None else thread_code
+
+    def add(self, chunk: dict[str, np.ndarray]) -> None:
+        valid = chunk["key"] >= 0
+        n = int(valid.sum())
+        rows = slice(self.rows, self.rows + n)
+        self.key[rows] = chunk["key"][valid]
+        self.start[rows] = chunk["start"][valid] + self.base
+        local, uniques = pd.factorize(chunk["thread"][valid])
+        codes = [
+            self.thread_code.setdefault(int(t) + self.tid0, len(self.thread_code)) for t in uniques
+        ]
+        check_threads(len(self.thread_code))
+        self.thread[rows] = np.asarray(codes, dtype=np.int16)[local] if n else 0
+        self.rows += n
+
+    def seal(self) -> None:
+        """Sort by key (if needed) and keep the first call of each key (runtime over driver)."""
+        key, start, thread = (
+            self.key[: self.rows],
+            self.start[: self.rows],
+            self.thread[: self.rows],
+        )
+        if len(key) and (key[1:] < key[:-1]).any():
+            order = np.argsort(key, kind="stable")
+            key, start, thread = key[order], start[order], thread[order]
+        if len(key) and (key[1:] == key[:-1]).any():
+            first = np.ones(len(key), dtype=bool)
+            first[1:] = key[1:] != key[:-1]
+            key, start, thread = key[first], start[first], thread[first]
+        self.key, self.start, self.thread = key, start, thread
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Launch start (-1 if unknown) and thread code (-1) for each key."""
+        start = np.full(len(keys), -1, dtype=np.int64)
+        thread = np.full(len(keys), -1, dtype=np.int16)
+        if not len(self.key):
+            return start, thread
+        index = np.minimum(np.searchsorted(self.key, keys), len(self.key) - 1)
+        hit = (self.key[index] == keys) & (keys >= 0)
+        start[hit] = self.start[index[hit]]
+        thread[hit] = self.thread[index[hit]]
+        return start, thread
+
+    def threads(self) -> np.ndarray:
+        return np.array(list(self.thread_code), dtype=np.int64)
+
+
+class _Builder:
+    """Fills preallocated columns chunk by chunk, turning names and shapes into codes."""
+
+    def __init__(
+        self, conn: sqlite3.Connection, tables: dict[str, list[str]], capacity: int, codec: Codec
+    ) -> None:
+        self.conn, self.tables, self.codec = conn, tables, codec
+        self.arrays = {name: np.empty(capacity, dtype=t) for name, t in ARRAYS.items()}
+        self.rows = 0
+        self.name_code: dict[str, int] = {}
+        self.kinds: list[str] = []
+        self.by_value: dict[tuple[str, int], int] = {}  # (table, packed id) -> name code
+        self.shape_code: dict[tuple[str, str], int] = {NO_SHAPE: 0}
+        self.unmatched: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, keys)
+        self.memcpy_labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER") or MEMCPY_LABELS
+
+    def add(self, table: str, chunk: dict[str, np.ndarray], calls: _Calls) -> None:
+        n = len(chunk["duration"])
+        if (chunk["duration"] == BAD_TIME).any():
+            raise _sqlite._bad_cell(self.conn, table, ["start", "end"], "1")
+        rows = slice(self.rows, self.rows + n)
+        self.arrays["duration"][rows] = chunk["duration"]
+        self.arrays["name"][rows] = self._names(table, chunk)
+        self.arrays["shape"][rows] = self._shapes(chunk) if table == KERNEL_TABLE else 0
+        start, thread = calls.lookup(chunk["key"])
+        self.arrays["launch_start"][rows] = start
+        self.arrays["launch_thread"][rows] = thread
+        missing = (start < 0) & (chunk["key"] >= 0)
+        if missing.any():
+            self.unmatched.append((np.flatnonzero(missing) + self.rows, chunk["key"][missing]))
+        self.rows += n
+
+    def _names(self, table: str, chunk: dict[str, np.ndarray]) -> np.ndarray:
+        field = {KERNEL_TABLE: "names", MEMCPY_TABLE: "copy_kind", GRAPH_TABLE: "graph"}
+        values = (
+            chunk[field[table]] if table in field else np.zeros(len(chunk["duration"]), np.int64)
+        )
+        local, uniques = pd.factorize(values)
+        new = [int(v) for v in uniques if (table, int(v)) not in self.by_value]
+        if new:
+            for value, (name, kind) in zip(new, self._describe(table, new), strict=True):
+                code = self.name_code.setdefault(name, len(self.name_code))
+                if code == len(self.kinds):
+                    self.kinds.append(kind)
+                self.by_value[(table, value)] = code
+        lookup = np.array([self.by_value[(table, int(v))] for v in uniques], dtype=np.int32)
+        return lookup[local] if len(uniques) else np.empty(0, np.int32)
+
+    def _describe(self, table: str, values: list[int]) -> list[tuple[str, str]]:
+        if table == KERNEL_TABLE:
+            strings = _sqlite.strings_by_id(self.conn, np.array(values, dtype=np.int64))
+            return [(strings.get(i, f"kernel {i}"), "kernel") for i in values]
+        if table == MEMCPY_TABLE:
+            labels = self.memcpy_labels
+            return [(f"[CUDA memcpy {labels.get(v, f'kind {v}')}]", "memcpy") for v in values]
+        if table == MEMSET_TABLE:
+            return [("[CUDA memset]", "memset") for _ in values]
+        return [(f"[CUDA graph {g}]", "graph") for g in values]
+
+    def _shapes(self, chunk: dict[str, np.ndarray]) -> np.ndarray:
+        grid_local, grids = pd.factorize(chunk["grid"])
+        block_local, blocks = pd.factorize(chunk["block"])
+        pair_local, pairs = pd.factorize(grid_local.astype(np.int64) * len(blocks) + block_local)
+        codes = []
+        for pair in pairs:
+            grid, block = int(grids[pair // len(blocks)]), int(blocks[pair % len(blocks)])
+            shape = (_shape(grid, 31, 16), _shape(block, 11, 10))
+            codes.append(self.shape_code.setdefault(shape, len(self.shape_code)))
+        return np.array(codes, dtype=np.int32)[pair_local] if codes else np.empty(0, np.int32)
+
+    def fill_unmatched(self, calls: _Calls) -> None:
+        """Look the activities without a launch call up in ``calls`` (the other API calls)."""
+        for rows, keys in self.unmatched:
+            start, thread = calls.lookup(keys)
+            self.arrays["launch_start"][rows] = start
+            self.arrays["launch_thread"][rows] = thread
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {name: array[: self.rows] for name, array in self.arrays.items()}
+
+
+def read_nsys_columns(path: str | Path, progress: Progress | None = None) -> ActivityColumns:
+    """Read an Nsight Systems export as compact columns (see the module doc).
+
+    Raises what :func:`~profkit.traces.nsys_sqlite.read_nsys_sqlite` raises, with the same
+    one-line messages. ``progress(rows_done, rows_total)`` is called after each chunk.
+    """
+    path = Path(path)
+    with plain_copy(path, WHAT) as plain:
+        _sqlite.check_sqlite_file(plain, WHAT, shown=path)
+        conn = _sqlite.open_readonly(plain)
+        try:
+            columns = _columns(conn, plain, path, progress)
+        except _sqlite.BadColumn as exc:
+            raise BadInput(f"{path}: {exc}; not a usable Nsight Systems export") from None
+        except sqlite3.DatabaseError as exc:
+            raise BadInput(f"{path} is corrupt or truncated (SQLite: {exc})") from None
+        except (ValueError, TypeError, OverflowError, KeyError) as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            raise BadInput(f"{path}: unexpected values in the export ({detail})") from None
+        finally:
+            conn.close()
+    columns.meta["sidecar"] = read_sidecar(path)
+    return columns
+
+
+def _columns(
+    conn: sqlite3.Connection, plain: Path, path: Path, progress: Progress | None
+) -> ActivityColumns:
+    tables = _sqlite.table_columns(conn)
+    _check_nsys(path, tables)
+    _check_columns(conn, tables)
+    meta = _meta(conn, tables, path)
+    builder, threads, nvtx = _read(plain, conn, tables, progress)
+    if not builder.rows:
+        raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
+    arrays = builder.columns()
+    _clamp_negative(arrays["duration"], meta, "activities", "GPU activities")
+    return ActivityColumns(
+        arrays=arrays,
+        names=sorted(builder.name_code, key=builder.name_code.__getitem__),
+        kinds=builder.kinds,
+        shapes=sorted(builder.shape_code, key=builder.shape_code.__getitem__),
+        threads=threads,
+        ranges=build_ranges(*nvtx, _trace_end(conn, tables, nvtx[0]), meta),
+        meta=meta,
+    )
+
+
+def _read(
+    path: Path, conn: sqlite3.Connection, tables: dict[str, list[str]], progress: Progress | None
+) -> tuple[_Builder, np.ndarray, tuple[Any, Any]]:
+    codec = Codec.of(conn, tables)
+    one_process = _single_cuda_process(conn, tables, codec)
+    if one_process is not None:  # keys are correlation ids: no pid arithmetic per row
+        codec = dataclasses.replace(codec, use_pid=False)
+    launch_ids = launch_name_ids(conn)
+    activity = activity_tables(tables)
+    api = [t for t in API_TABLES if t in tables and "globalTid" in tables[t]]
+    bounds = {t: _sqlite.row_bound(conn, t) for t in (*activity, *api)}
+    done, total = 0, sum(bounds.values())
+    builder = _Builder(conn, tables, sum(bounds[t] for t in activity), codec)
+    with _sqlite.ParallelReader(path) as reader:
+        nvtx = reader.call(lambda worker: nvtx_rows(worker, tables))
+        base = _first_start(conn, api)
+        calls = _Calls(codec.tid0, base, sum(bounds[t] for t in api))
+        exprs = _api_exprs(codec, base)
+        for table in api:
+            # No process filter here: a launch needs a CUDA context, so with one context
+            # process every launch-like call is that process's.
+            scanned = 0  # rows the chunk's scan went over (the launch-like ones are fewer)
+            for chunk in reader.stream(conn, table, exprs, _where(launch_ids, True, None)):
+                calls.add(chunk)
+                step = min(_sqlite.CHUNK_ROWS, bounds[table] - scanned)
+                scanned += step
+                done = _tick(progress, done, step, total)
+        calls.seal()
+        for table in activity:
+            for chunk in reader.stream(conn, table, _activity_exprs(codec, tables, table)):
+                builder.add(table, chunk, calls)
+                done = _tick(progress, done, len(chunk["duration"]), total)
+        if builder.unmatched and launch_ids:
+            # The thread codes dict is shared: one code per thread across both reads.
+            others = _Calls(codec.tid0, base, sum(bounds[t] for t in api), calls.thread_code)
+            for table in api:
+                where = _where(launch_ids, False, one_process)
+                for chunk in reader.stream(conn, table, exprs, where):
+                    others.add(chunk)
+            others.seal()
+            builder.fill_unmatched(others)
+        range_rows = nvtx.result()
+    return builder, calls.threads(), range_rows
+
+
+def _tick(progress: Progress | None, done: int, rows: int, total: int) -> int:
+    done += rows
+    if progress is not None:
+        progress(done, max(total, done))
+    return done
+
+
+def _api_exprs(codec: Codec, base: int) -> dict[str, str]:
+    # Starts travel as offsets: ~5 fewer digits to format and parse per call.
+    return {
+        "key": codec.key(TID_PID_BITS),
+        "start": f"start - {base}",
+        "thread": f"globalTid - {codec.tid0}",
+    }
+
+
+def _first_start(conn: sqlite3.Connection, tables: list[str]) -> int:
+    for table in tables:
+        row = conn.execute(f'SELECT start FROM "{table}" LIMIT 1').fetchone()
+        if row and row[0] is not None:
+            return int(row[0])
+    return 0
+
+
+def _trace_end(conn: sqlite3.Connection, tables: dict[str, list[str]], ranges: list[Any]) -> int:
+    """Where ranges left open end: the last activity's end (as ``read_nsys_sqlite`` has it).
+
+    Only ranges still open when the capture stopped need it, so the scan it costs is paid
+    only then; the columns carry durations, not start times.
+    """
+    if not any(row[1] is None for row in ranges):
+        return 0
+    ends = [
+        conn.execute(
+            f'SELECT max(max(start, start + max("end" - start, 0))) FROM "{t}"'
+        ).fetchone()[0]
+        for t in activity_tables(tables)
+    ]
+    return max((int(e) for e in ends if e is not None), default=0)
+
+
+def _where(launch_ids: list[int], launch_only: bool, process: int | None) -> str:
+    ids = ",".join(str(i) for i in launch_ids)
+    if not ids:
+        where = "1" if launch_only else "0"
+    else:
+        where = f"nameId IN ({ids})" if launch_only else f"nameId NOT IN ({ids})"
+    # With correlation ids alone as keys, calls of other processes must not match.
+    return where if process is None else f"{where} AND {TID_PID_BITS} = {process}"
+
+
+def _single_cuda_process(
+    conn: sqlite3.Connection, tables: dict[str, list[str]], codec: Codec
+) -> int | None:
+    """The process id when every activity belongs to one process (else None).
+
+    Every activity runs in a CUDA context, and ``TARGET_INFO_CUDA_CONTEXT_INFO`` lists the
+    process of each; when they are all one process, the activities' keys need no process
+    bits (the API calls are then filtered to that process).
+    """
+    table = "TARGET_INFO_CUDA_CONTEXT_INFO"
+    if not codec.use_pid or "processId" not in tables.get(table, []):
+        return None
+    found = conn.execute(f"SELECT DISTINCT processId FROM {table}").fetchall()
+    if len(found) != 1 or found[0][0] is None or int(found[0][0]) != codec.pid0:
+        return None
+    return codec.pid0
+
+
+def _activity_exprs(codec: Codec, tables: dict[str, list[str]], table: str) -> dict[str, str]:
+    common = codec.common()
+    # No start times: the report needs durations (and launch times, from the API calls).
+    # Unread, a start of the wrong type would go unseen (SQLite reads text as 0 in
+    # arithmetic): such rows get BAD_TIME instead, and the reader names the cell.
+    times = "typeof(start) IN ('integer', 'null') AND typeof(\"end\") IN ('integer', 'null')"
+    duration = f"CASE WHEN {times} THEN {common['duration']} ELSE {BAD_TIME} END"
+    exprs = {"duration": duration, "key": common["key"]}
+    cols = tables[table]
+    if table == KERNEL_TABLE:
+        name_col = next(c for c in ("demangledName", "name", "mangledName") if c in cols)
+        exprs.update(names=name_col, grid=GRID_EXPR, block=BLOCK_EXPR)
+    elif table == MEMCPY_TABLE:
+        exprs["copy_kind"] = "copyKind" if "copyKind" in cols else "0"
+    elif table == GRAPH_TABLE:
+        exprs["graph"] = "graphId" if "graphId" in cols else "0"
+    return exprs
