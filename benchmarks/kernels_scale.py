@@ -13,7 +13,8 @@ Scales: ``--scale N`` is the issue's ×N, N units of 8 copies of the fixture (on
 ``--copies`` counts fixture copies directly.
 
 It also measures the floor: one bare SQL scan of the kernel, copy, memset and runtime
-tables (``SELECT sum(start), sum(end), sum(correlationId)`` over each, one connection),
+tables (``SELECT total(start), total(end), total(correlationId)`` over each, one connection;
+total, not sum: sums of ×1000 start times overflow 64 bits),
 which any reader of those rows must pay, and prints ``profkit kernels``' wall time as a
 multiple of it. ``--cache`` adds the columnar cache: a first read that writes it, then a
 ``--phase backward`` query that reads it (the figure to compare with the first read).
@@ -64,7 +65,7 @@ conn = sqlite3.connect(sys.argv[1])
 names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 for table in sys.argv[2:]:
     if table in names:
-        conn.execute(f'SELECT sum(start), sum("end"), sum(correlationId) FROM "{table}"').fetchone()
+        conn.execute(f'SELECT total(start), total("end"), total(correlationId) FROM "{table}"').fetchone()
 """
 
 
