@@ -138,7 +138,7 @@ def analyze(
     category_names = np.array(CATEGORIES, dtype=object)
     phase_names = np.array(att.phase_names, dtype=object)
     sidecar = trace.meta.get("sidecar") or {}
-    config = sidecar.get("config") if isinstance(sidecar.get("config"), dict) else None
+    config = run_config(sidecar, trace.meta)
 
     frame = pd.DataFrame(
         {"name": codes, "phase": att.kernel_phase, "duration": duration, "kind": name_kinds[codes]}
@@ -233,6 +233,15 @@ def _category(name: str, kind: str) -> str:
     if kind == "graph":
         return "graph"
     return categorize(name)
+
+
+def run_config(sidecar: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's config: the sidecar's beside the trace, else the trace's own (a Chrome
+    trace written by ``profkit torch`` carries it in its header)."""
+    for config in (sidecar.get("config"), meta.get("config")):
+        if isinstance(config, dict):
+            return config
+    return None
 
 
 def _source(

@@ -23,7 +23,14 @@ from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import UNATTRIBUTED, Attribution, _outermost, _owners
 from profkit.analysis.categories import CATEGORIES
 from profkit.analysis.intervals import PROCESS_SHIFT, Lanes, stab, union
-from profkit.analysis.report import KernelReport, _category, _phase_index, _range_labels, _source
+from profkit.analysis.report import (
+    KernelReport,
+    _category,
+    _phase_index,
+    _range_labels,
+    _source,
+    run_config,
+)
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.schema import KINDS, Trace
@@ -286,7 +293,7 @@ def _report(
     n_phases = len(plan.phase_names)
     by_phase = totals.by_phase_category.reshape(n_phases, len(CATEGORIES), -1).sum(axis=1)
     sidecar = cols.meta.get("sidecar") or {}
-    config = sidecar.get("config") if isinstance(sidecar.get("config"), dict) else None
+    config = run_config(sidecar, cols.meta)
     _, categories = _name_codes(cols)
     per_phase, overall = tables.kernel_tables(cols, totals.phase, categories, plan.phase_names)
     trace = Trace(kernels=pd.DataFrame(), ranges=cols.ranges, meta=cols.meta)

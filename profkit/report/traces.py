@@ -86,7 +86,7 @@ def _trace_part(path: Path, out_dir: Path) -> str:
     full = out_dir / f"{trace_stem(path)}.md"
     if not full.exists() or full.stat().st_mtime < path.stat().st_mtime:
         write_text(full, kernel_report_markdown(report, f"Kernels: {trace_stem(path)}"))
-    config = (trace.meta.get("sidecar") or {}).get("config") or trace.meta.get("config")
+    config = report.source.get("config")  # the sidecar's, or the trace's own
     lines = [heading, _describe(report, config, path, full, out_dir)]
     phases = report.phases.copy()
     if report.activities:
