@@ -26,12 +26,11 @@ from profkit.analysis.tables import (
     NS_PER_US,
     _count_columns,
     _python_ms,
+    ranges_from_counts,
 )
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.schema import KINDS
-from profkit.workload.flops import attention_flops
-from profkit.workload.names import ATTENTION_RANGES
 
 CHUNK = 1 << 19  # activities per analysis chunk: ~50 MB of temporaries
 DURATION_BITS = 40  # durations below 2^40 ns (18 minutes) pack beside a group code
@@ -106,36 +105,7 @@ def range_table(
     columns = {c: found[c] for c in found if c not in ("kernel_ns", "gpu_ns")}
     columns["kernel_ns"] = by_range[:, len(KINDS)]
     columns["gpu_ns"] = by_range[:, len(KINDS) + 1]
-    per_range = pd.DataFrame(
-        {
-            "range": labels,
-            "domain": ranges["domain"].fillna("").to_numpy(dtype=object),
-            **columns,
-            "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy(),
-        }
-    )
-    summed = {c: (c, "sum") for c in [*columns, "cpu_ns"]}
-    table = (
-        per_range.groupby(["range", "domain"], sort=False)
-        .agg(instances=("cpu_ns", "size"), **summed)
-        .reset_index()
-    )
-    table["kernel_time_ms"] = table.pop("kernel_ns") / NS_PER_MS
-    table["gpu_time_ms"] = table.pop("gpu_ns") / NS_PER_MS
-    table["cpu_time_ms"] = table.pop("cpu_ns") / NS_PER_MS
-    if filtered:
-        counted = [c for c in COUNT_COLUMNS.values() if c in table]
-        table = table[table[counted].sum(axis=1) > 0]
-    flops = (
-        attention_flops(config) if config and table["range"].isin(ATTENTION_RANGES).any() else None
-    )
-    if flops:
-        mflop = table["range"].map(flops) / 1e6
-        table["mflop"] = mflop  # forward FLOPs of one call, analytic
-        gpu_ms = table["gpu_time_ms"].where(table["gpu_time_ms"] > 0)
-        table["tflop_s"] = mflop * table["instances"] / gpu_ms / 1e3
-    table = table.sort_values(["gpu_time_ms", "instances"], ascending=[False, False], kind="stable")
-    return table.reset_index(drop=True)
+    return ranges_from_counts(columns, ranges, labels, config, filtered)
 
 
 def category_table(by_phase_category: np.ndarray, phase_names: list[str]) -> pd.DataFrame:

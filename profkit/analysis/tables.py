@@ -185,37 +185,7 @@ def range_table(
     filtered: str | None,
 ) -> pd.DataFrame:
     """Per range name: instances, activities of each kind and their time, wall time, FLOPs."""
-    columns = _range_counts(att, frame)
-    totals = pd.DataFrame(
-        {
-            "range": labels,
-            "domain": ranges["domain"].fillna("").to_numpy(dtype=object),
-            **columns,
-            "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy(),
-        }
-    )
-    summed = {c: (c, "sum") for c in [*columns, "cpu_ns"]}
-    table = (
-        totals.groupby(["range", "domain"], sort=False)
-        .agg(instances=("cpu_ns", "size"), **summed)
-        .reset_index()
-    )
-    table["kernel_time_ms"] = table.pop("kernel_ns") / NS_PER_MS
-    table["gpu_time_ms"] = table.pop("gpu_ns") / NS_PER_MS
-    table["cpu_time_ms"] = table.pop("cpu_ns") / NS_PER_MS
-    if filtered:
-        counted = [c for c in COUNT_COLUMNS.values() if c in table]
-        table = table[table[counted].sum(axis=1) > 0]
-    flops = (
-        attention_flops(config) if config and table["range"].isin(ATTENTION_RANGES).any() else None
-    )
-    if flops:
-        mflop = table["range"].map(flops) / 1e6
-        table["mflop"] = mflop  # forward FLOPs of one call, analytic
-        gpu_ms = table["gpu_time_ms"].where(table["gpu_time_ms"] > 0)
-        table["tflop_s"] = mflop * table["instances"] / gpu_ms / 1e3
-    table = table.sort_values(["gpu_time_ms", "instances"], ascending=[False, False], kind="stable")
-    return table.reset_index(drop=True)
+    return ranges_from_counts(_range_counts(att, frame), ranges, labels, config, filtered)
 
 
 def _range_counts(att: Attribution, frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -271,3 +241,44 @@ def category_table(
     )
     table = table.sort_values(["order", "gpu_time_ms"], ascending=[True, False], kind="stable")
     return table.drop(columns=["order"]).reset_index(drop=True)
+
+
+def ranges_from_counts(
+    columns: dict[str, np.ndarray],
+    ranges: pd.DataFrame,
+    labels: np.ndarray,
+    config: dict[str, Any] | None,
+    filtered: str | None,
+) -> pd.DataFrame:
+    """The range table from per-range-row counts and ns (``kernel_ns``, ``gpu_ns``): summed
+    by name, wall time, and the attention ranges' analytic FLOPs."""
+    totals = pd.DataFrame(
+        {
+            "range": labels,
+            "domain": ranges["domain"].fillna("").to_numpy(dtype=object),
+            **columns,
+            "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy(),
+        }
+    )
+    summed = {c: (c, "sum") for c in [*columns, "cpu_ns"]}
+    table = (
+        totals.groupby(["range", "domain"], sort=False)
+        .agg(instances=("cpu_ns", "size"), **summed)
+        .reset_index()
+    )
+    table["kernel_time_ms"] = table.pop("kernel_ns") / NS_PER_MS
+    table["gpu_time_ms"] = table.pop("gpu_ns") / NS_PER_MS
+    table["cpu_time_ms"] = table.pop("cpu_ns") / NS_PER_MS
+    if filtered:
+        counted = [c for c in COUNT_COLUMNS.values() if c in table]
+        table = table[table[counted].sum(axis=1) > 0]
+    flops = (
+        attention_flops(config) if config and table["range"].isin(ATTENTION_RANGES).any() else None
+    )
+    if flops:
+        mflop = table["range"].map(flops) / 1e6
+        table["mflop"] = mflop  # forward FLOPs of one call, analytic
+        gpu_ms = table["gpu_time_ms"].where(table["gpu_time_ms"] > 0)
+        table["tflop_s"] = mflop * table["instances"] / gpu_ms / 1e3
+    table = table.sort_values(["gpu_time_ms", "instances"], ascending=[False, False], kind="stable")
+    return table.reset_index(drop=True)
