@@ -18,7 +18,9 @@ of its names (``EXPORT_META_DATA`` before 2023, ``META_DATA_EXPORT`` after).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,23 +74,31 @@ def read_nsys_sqlite(path: str | Path) -> Trace:
     file). The sidecar beside it, if any, is ``meta["sidecar"]``.
     """
     path = Path(path)
+    with opened_export(path) as (conn, plain):
+        trace = _read(conn, plain, path)
+    trace.meta["sidecar"] = read_sidecar(path)
+    return trace
+
+
+@contextlib.contextmanager
+def opened_export(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
+    """The export at ``path`` opened read-only (unpacked first when compressed), with the
+    file on disk; whatever goes wrong reading it inside the block is one :class:`BadInput`."""
     with plain_copy(path, WHAT) as plain:
         _sqlite.check_sqlite_file(plain, WHAT, shown=path)
         conn = _sqlite.open_readonly(plain)
         try:
-            trace = _read(conn, plain, path)
+            yield conn, plain
         except _sqlite.BadColumn as exc:
             raise BadInput(f"{path}: {exc}; not a usable Nsight Systems export") from None
         except sqlite3.DatabaseError as exc:
             raise BadInput(f"{path} is corrupt or truncated (SQLite: {exc})") from None
         except (ValueError, TypeError, OverflowError, KeyError) as exc:
-            # Anything the checks above let through: still the file's fault, one line.
+            # Anything the checks let through: still the file's fault, one line.
             detail = f"{type(exc).__name__}: {exc}"
             raise BadInput(f"{path}: unexpected values in the export ({detail})") from None
         finally:
             conn.close()
-    trace.meta["sidecar"] = read_sidecar(path)
-    return trace
 
 
 def _read(conn: sqlite3.Connection, plain: Path, path: Path) -> Trace:

@@ -25,8 +25,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.errors import BadInput
-from profkit.files import plain_copy
 from profkit.sidecar import read_sidecar
 from profkit.traces import _sqlite
 from profkit.traces.columns import ARRAYS, ActivityColumns, Progress, check_threads
@@ -49,12 +47,12 @@ from profkit.traces.nsys_activity import (
 )
 from profkit.traces.nsys_ranges import build_ranges, nvtx_rows
 from profkit.traces.nsys_sqlite import (
-    WHAT,
     NoKernelsTraced,
     _check_columns,
     _check_nsys,
     _meta,
     _no_kernels_message,
+    opened_export,
 )
 
 NO_SHAPE = ("", "")
@@ -215,20 +213,8 @@ def read_nsys_columns(path: str | Path, progress: Progress | None = None) -> Act
     one-line messages. ``progress(rows_done, rows_total)`` is called after each chunk.
     """
     path = Path(path)
-    with plain_copy(path, WHAT) as plain:
-        _sqlite.check_sqlite_file(plain, WHAT, shown=path)
-        conn = _sqlite.open_readonly(plain)
-        try:
-            columns = _columns(conn, plain, path, progress)
-        except _sqlite.BadColumn as exc:
-            raise BadInput(f"{path}: {exc}; not a usable Nsight Systems export") from None
-        except sqlite3.DatabaseError as exc:
-            raise BadInput(f"{path} is corrupt or truncated (SQLite: {exc})") from None
-        except (ValueError, TypeError, OverflowError, KeyError) as exc:
-            detail = f"{type(exc).__name__}: {exc}"
-            raise BadInput(f"{path}: unexpected values in the export ({detail})") from None
-        finally:
-            conn.close()
+    with opened_export(path) as (conn, plain):
+        columns = _columns(conn, plain, path, progress)
     columns.meta["sidecar"] = read_sidecar(path)
     return columns
 
