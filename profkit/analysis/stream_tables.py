@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.attribution import UNATTRIBUTED
 from profkit.analysis.categories import CATEGORIES
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.tables import (
@@ -25,7 +24,7 @@ from profkit.analysis.tables import (
     NS_PER_MS,
     NS_PER_US,
     _count_columns,
-    _python_ms,
+    phases_from_counts,
     ranges_from_counts,
 )
 from profkit.errors import BadInput
@@ -69,28 +68,11 @@ def phase_table(
     filtered: bool,
 ) -> pd.DataFrame:
     """:func:`.tables.phase_table` from per-phase sums."""
-    n = len(phase_names)
     found = counts(by_phase)
     cpu_ns = (phase_ranges["end"] - phase_ranges["start"]).groupby(phase_ranges["name"]).sum()
     instances = phase_ranges.groupby("name").size()
-    gpu_ns = found["gpu_ns"]
-    total = gpu_ns.sum()
-    table = pd.DataFrame(
-        {
-            "phase": phase_names,
-            "instances": [int(instances.get(p, 0)) for p in phase_names],
-            **_count_columns(found, slice(None)),
-            "share": gpu_ns / total if total else np.zeros(n),
-            "cpu_time_ms": [cpu_ns.get(p, np.nan) / NS_PER_MS for p in phase_names],
-        }
-    )
-    python = _python_ms(sidecar)
-    if python:
-        table["python_ms"] = [python.get(p, np.nan) for p in phase_names]
     active = by_phase[:, : len(KINDS)].sum(axis=1) > 0
-    keep = active | ((table["instances"] > 0) & (not filtered))
-    keep &= (table["phase"] != UNATTRIBUTED) | active
-    return table[keep].reset_index(drop=True)
+    return phases_from_counts(phase_names, found, instances, cpu_ns, active, sidecar, filtered)
 
 
 def range_table(

@@ -142,6 +142,22 @@ def phase_table(
         frame["phase"].to_numpy(), frame["kind"].to_numpy(), frame["duration"].to_numpy(), n
     )
     instances, cpu_ns = att.phase_spans(ranges)
+    active = np.bincount(frame["phase"], minlength=n) > 0
+    return phases_from_counts(phase_names, counts, instances, cpu_ns, active, sidecar, filtered)
+
+
+def phases_from_counts(
+    phase_names: np.ndarray | list[str],
+    counts: dict[str, np.ndarray],
+    instances: pd.Series,
+    cpu_ns: pd.Series,
+    active: np.ndarray,
+    sidecar: dict[str, Any],
+    filtered: bool,
+) -> pd.DataFrame:
+    """The phase table from per-phase counts and ns, instances and wall ns per phase name:
+    share of GPU time, the run's own Python time, and only the phases worth a row."""
+    n = len(phase_names)
     gpu_ns = counts["gpu_ns"]
     total = gpu_ns.sum()
     table = pd.DataFrame(
@@ -156,7 +172,6 @@ def phase_table(
     python = _python_ms(sidecar)
     if python:
         table["python_ms"] = [python.get(p, np.nan) for p in phase_names]
-    active = np.bincount(frame["phase"], minlength=n) > 0
     keep = active | ((table["instances"] > 0) & (not filtered))
     keep &= (table["phase"] != UNATTRIBUTED) | active
     return table[keep].reset_index(drop=True)
