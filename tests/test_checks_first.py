@@ -3,31 +3,21 @@ only to be thrown away. Real runs; the point is what did not happen (no child ra
 
 from __future__ import annotations
 
-import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import profkit as run_profkit
 
-ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT = Path(__file__).parent / "data" / "memory-tiny-ctx64-forward-fp32.pickle.xz"
 BENCH = ["bench", "--size", "tiny", "--ctx", "16", "--steps", "2", "--device", "cpu"]
 ATTENTION = ["attention", "--seq", "16", "--d-head", "8", "--iters", "1", "--device", "cpu"]
 
 
 def profkit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(cwd)}
-    return subprocess.run(
-        [sys.executable, "-m", "profkit", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_profkit(*args, cwd=cwd, env={"TMPDIR": str(cwd)})
 
 
 def foreign_db(path: Path, schema: str) -> bytes:

@@ -11,15 +11,14 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import profkit as run_profkit
 
 from profkit.errors import BadInput
 from profkit.files import check_output, file_kind
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
 RESULTS_DB = DATA / "results-h100.db"
 PROBE_SQLITE = DATA / "nsys-2025.3-probe.sqlite"
@@ -33,16 +32,7 @@ def digest(path: Path) -> str:
 
 
 def profkit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("PROFKIT_DB", None)
-    return subprocess.run(
-        [sys.executable, "-m", "profkit", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_profkit(*args, cwd=cwd, drop=("PROFKIT_DB",))
 
 
 def refused(result: subprocess.CompletedProcess[str], words: str) -> None:
