@@ -11,6 +11,8 @@ import gzip
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -347,3 +349,21 @@ def test_plot_draws_the_ranks_of_a_two_process_export(tmp_path: Path, data_dir: 
     )
     assert single.exit_code == 2
     assert "--plot draws the ranks of a multi-GPU trace" in single.output
+
+
+def test_the_driver_probe_counts_what_torch_counts() -> None:
+    # The parent asks the driver, not torch (seconds of import saved); both must agree, on a
+    # machine without CUDA (0) and on the GPU machine alike.
+    import torch
+
+    from profkit.run import cuda
+
+    assert cuda.device_count() == torch.cuda.device_count()
+
+
+def test_the_driver_probe_honours_cuda_visible_devices() -> None:
+    code = "from profkit.run.cuda import device_count; print(device_count())"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"

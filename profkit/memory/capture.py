@@ -18,12 +18,13 @@ import pandas as pd
 
 from profkit.errors import BadInput, MissingTool
 from profkit.memory.summary import GIB, residual_stream_bytes
+from profkit.run import cuda
 from profkit.run.child import run_child
 from profkit.run.environment import environment
 from profkit.run.proc import check_timeout
 from profkit.run.recorder import DEFAULT_MAX_ENTRIES, STACKS
 from profkit.run.results import DEFAULT_DB, check_db, record
-from profkit.run.torchrun import rank_snapshot_path
+from profkit.run.torchrun import check_nproc, rank_snapshot_path
 from profkit.sidecar import sidecar_path, write_sidecar
 from profkit.workload.config import RUN_FIELDS, WorkloadConfig
 
@@ -50,13 +51,13 @@ def check_capture(configs: list[WorkloadConfig], max_entries: int, stacks: str) 
                 f"--device {config.device}: snapshots record the CUDA caching allocator; "
                 "use --device cuda (or auto)"
             )
-    import torch
-
-    if not torch.cuda.is_available():
+    if cuda.device_count() == 0:
         raise MissingTool(
             "memory snapshots need a CUDA device and none is visible here "
             "(`profkit memory summarize` and `profkit memory plot` work anywhere)"
         )
+    for config in configs:
+        check_nproc(config, "cuda")
 
 
 def snapshot_stem(config: WorkloadConfig, name: str | None, sweep: bool) -> str:

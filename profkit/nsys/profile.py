@@ -30,9 +30,11 @@ from profkit.nsys.argv import (
     profile_argv,
 )
 from profkit.nsys.record import new_record, run_section
+from profkit.run import cuda
 from profkit.run.child import child_argv, collect_result
 from profkit.run.proc import Outcome, check_timeout, describe_exit, private_tempdir, run_logged
 from profkit.run.tools import export_sqlite, find_nsys, nsys_version
+from profkit.run.torchrun import check_nproc
 from profkit.sidecar import write_sidecar
 from profkit.workload.config import WorkloadConfig
 
@@ -147,6 +149,7 @@ def profile(
     check_timeout(timeout_s)
     if isinstance(target, WorkloadConfig):
         require_cuda(target)
+        check_nproc(target, "cuda")
     else:
         check_program(target)
     with private_tempdir("nsys") as tmp:
@@ -254,9 +257,7 @@ def require_cuda(config: WorkloadConfig) -> None:
             f"nsys profiling of the built-in model needs a CUDA device, not --device "
             f"{config.device} ({hint})"
         )
-    import torch
-
-    if not torch.cuda.is_available():
+    if cuda.device_count() == 0:
         raise MissingTool(
             f"nsys profiling of the built-in model needs a CUDA device, and none is visible "
             f"here ({hint})"

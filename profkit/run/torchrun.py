@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import BadInput
+from profkit.run import cuda
 from profkit.workload.config import WorkloadConfig
 
 STATUS_ORDER = ("ok", "oom", "error")  # the merged status is the worst a rank reached
@@ -41,9 +42,7 @@ def check_nproc(config: WorkloadConfig, device: str) -> None:
     """One clear line when ``--nproc`` asks for more GPUs than this machine has."""
     if config.nproc <= 1 or device != "cuda":
         return
-    import torch
-
-    found = torch.cuda.device_count()
+    found = cuda.device_count()
     if config.nproc > found:
         raise BadInput(
             f"--nproc {config.nproc} needs {config.nproc} GPUs; this machine has {found} "
