@@ -32,8 +32,8 @@ stamp() { date +%s.%N; }
   echo "python -c 'import torch': $(echo "$e - $s" | bc) s"
   s=$(stamp); $py -c 'import torch; torch.cuda.device_count()'; e=$(stamp)
   echo "python -c 'import torch; torch.cuda.device_count()': $(echo "$e - $s" | bc) s"
-  s=$(stamp); $py -c 'from profkit.run.cuda import device_count; print(device_count())' > /dev/null; e=$(stamp)
-  echo "profkit.run.cuda.device_count() (driver probe): $(echo "$e - $s" | bc) s"
+  s=$(stamp); $py -c 'from profkit.workload.cuda import device_count; print(device_count())' > /dev/null; e=$(stamp)
+  echo "profkit.workload.cuda.device_count() (driver probe): $(echo "$e - $s" | bc) s"
 } | tee -a "$log"
 
 config=$($py -c "from profkit.workload.config import WorkloadConfig as W; print(W(size='small', ctx=128, warmup=2, steps=3, nproc=$nproc).to_json())")

@@ -356,13 +356,13 @@ def test_the_driver_probe_counts_what_torch_counts() -> None:
     # machine without CUDA (0) and on the GPU machine alike.
     import torch
 
-    from profkit.run import cuda
+    from profkit.workload import cuda
 
     assert cuda.device_count() == torch.cuda.device_count()
 
 
 def test_the_driver_probe_honours_cuda_visible_devices() -> None:
-    code = "from profkit.run.cuda import device_count; print(device_count())"
+    code = "from profkit.workload.cuda import device_count; print(device_count())"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -18,7 +18,6 @@ import pandas as pd
 
 from profkit.errors import BadInput, MissingTool
 from profkit.memory.summary import GIB, residual_stream_bytes
-from profkit.run import cuda
 from profkit.run.child import run_child
 from profkit.run.environment import environment
 from profkit.run.proc import check_timeout
@@ -26,6 +25,7 @@ from profkit.run.recorder import DEFAULT_MAX_ENTRIES, STACKS
 from profkit.run.results import DEFAULT_DB, check_db, record
 from profkit.run.torchrun import check_nproc, rank_snapshot_path
 from profkit.sidecar import sidecar_path, write_sidecar
+from profkit.workload import cuda
 from profkit.workload.config import RUN_FIELDS, WorkloadConfig
 
 PHASE_COLUMNS = {

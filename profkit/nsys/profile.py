@@ -30,12 +30,12 @@ from profkit.nsys.argv import (
     profile_argv,
 )
 from profkit.nsys.record import new_record, run_section
-from profkit.run import cuda
 from profkit.run.child import child_argv, collect_result
 from profkit.run.proc import Outcome, check_timeout, describe_exit, private_tempdir, run_logged
 from profkit.run.tools import export_sqlite, find_nsys, nsys_version
 from profkit.run.torchrun import check_nproc
 from profkit.sidecar import write_sidecar
+from profkit.workload import cuda
 from profkit.workload.config import WorkloadConfig
 
 Target = WorkloadConfig | Sequence[str]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import BadInput
-from profkit.run import cuda
+from profkit.workload import cuda
 from profkit.workload.config import WorkloadConfig
 
 STATUS_ORDER = ("ok", "oom", "error")  # the merged status is the worst a rank reached

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from profkit.errors import BadInput, MissingTool
+from profkit.workload import cuda
 
 MODES = ("forward", "forward-backward", "train")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -157,21 +159,28 @@ def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def resolve_device(name: str) -> str:
-    """Turn ``auto`` into a concrete device and check that an explicit one exists here."""
-    import torch
+    """Turn ``auto`` into a concrete device and check that an explicit one exists here.
 
+    CUDA is asked of the driver (:mod:`profkit.workload.cuda`), so that a parent that only
+    launches children never pays for importing torch; torch is asked only about MPS, which
+    exists on macOS alone.
+    """
     if name not in DEVICES:
         raise BadInput(f"unknown --device {name!r}; choose one of: {', '.join(DEVICES)}")
     if name == "auto":
-        if torch.cuda.is_available():
+        if cuda.device_count() > 0:
             return "cuda"
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return "mps"
-        return "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
+        return "mps" if _mps_available() else "cpu"
+    if name == "cuda" and cuda.device_count() == 0:
         raise MissingTool("--device cuda: no CUDA device is visible here (try --device cpu)")
-    if name == "mps" and not (
-        getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()
-    ):
+    if name == "mps" and not _mps_available():
         raise MissingTool("--device mps: no Apple MPS device is available here")
     return name
+
+
+def _mps_available() -> bool:
+    if sys.platform != "darwin":
+        return False
+    import torch
+
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
