@@ -27,13 +27,13 @@ stamp() { date +%s.%N; }
 # The parent's start-up, apart from the run: importing the CLI, and what a CUDA check costs.
 {
   s=$(stamp); $py -m profkit --help > /dev/null; e=$(stamp)
-  echo "profkit --help: $(echo "$e - $s" | bc) s"
+  echo "profkit --help: $(awk "BEGIN{printf \"%.2f\", $e - $s}") s"
   s=$(stamp); $py -c 'import torch' ; e=$(stamp)
-  echo "python -c 'import torch': $(echo "$e - $s" | bc) s"
+  echo "python -c 'import torch': $(awk "BEGIN{printf \"%.2f\", $e - $s}") s"
   s=$(stamp); $py -c 'import torch; torch.cuda.device_count()'; e=$(stamp)
-  echo "python -c 'import torch; torch.cuda.device_count()': $(echo "$e - $s" | bc) s"
+  echo "python -c 'import torch; torch.cuda.device_count()': $(awk "BEGIN{printf \"%.2f\", $e - $s}") s"
   s=$(stamp); $py -c 'from profkit.workload.cuda import device_count; print(device_count())' > /dev/null; e=$(stamp)
-  echo "profkit.workload.cuda.device_count() (driver probe): $(echo "$e - $s" | bc) s"
+  echo "profkit.workload.cuda.device_count() (driver probe): $(awk "BEGIN{printf \"%.2f\", $e - $s}") s"
 } | tee -a "$log"
 
 config=$($py -c "from profkit.workload.config import WorkloadConfig as W; print(W(size='small', ctx=128, warmup=2, steps=3, nproc=$nproc).to_json())")
@@ -51,9 +51,9 @@ with_profkit() {
 }
 for i in $(seq "$repeats"); do
   s=$(stamp); bare; e=$(stamp)
-  echo "bare $i: $(echo "$e - $s" | bc) s" | tee -a "$log"
+  echo "bare $i: $(awk "BEGIN{printf \"%.2f\", $e - $s}") s" | tee -a "$log"
   s=$(stamp); with_profkit; e=$(stamp)
-  echo "profkit $i: $(echo "$e - $s" | bc) s" | tee -a "$log"
+  echo "profkit $i: $(awk "BEGIN{printf \"%.2f\", $e - $s}") s" | tee -a "$log"
   $py -c "import json,sys; r=json.load(open('$work/p/run.profkit.json')); print('  profkit sidecar timings_s:', {k: round(v, 2) for k, v in r['timings_s'].items()})" | tee -a "$log"
 done
 $py - "$log" <<'EOF' | tee -a "$log" > /dev/null
