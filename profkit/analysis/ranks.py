@@ -41,8 +41,8 @@ class RankEntry:
     report: KernelReport
     comm: CommStats
     totals: dict[str, Any]
-    trace: Trace
     steps: RankSteps
+    # No copy of the rank's trace is kept: the copies of every rank would double the peak.
 
     def to_json(self) -> dict[str, Any]:
         whole = self.report.to_json()
@@ -174,7 +174,7 @@ def _rank_entry(
     names = [p for p in report.phases["phase"] if p != UNATTRIBUTED]
     steps = RankSteps.of(int(info["rank"]), trace, names[0] if names else "", nccl)
     comm = comm_stats(selected, nccl[mask])
-    return RankEntry(info, report, comm, totals, trace, steps)
+    return RankEntry(info, report, comm, totals, steps)
 
 
 def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -21,11 +22,22 @@ from typing import Any
 from profkit import __version__
 from profkit.workload.config import WorkloadConfig
 
+RANK_SUFFIX = re.compile(r"-rank(?P<rank>\d+)\.json\.gz$")
+
 
 def rank_trace_path(stem: str | Path, rank: int) -> Path:
     """``profiles/torch-small-ctx128-train-rank0.json.gz`` for stem ``...-train``."""
     stem = Path(stem)
     return stem.with_name(f"{stem.name}-rank{rank}.json.gz")
+
+
+def rank_trace_stem(path: Path) -> tuple[str, int] | None:
+    """``("torch-small-ctx128-train", 0)`` for a file named as :func:`rank_trace_path`
+    names one; None for any other name."""
+    found = RANK_SUFFIX.search(path.name)
+    if found is None or not found.start():
+        return None
+    return path.name[: found.start()], int(found["rank"])
 
 
 class RankTracer:
