@@ -34,6 +34,14 @@ from profkit.traces.schema import KERNEL_COLUMNS, RANGE_COLUMNS, Trace, conform
 from profkit.workload.config import WorkloadConfig
 
 TINY = {"size": "tiny", "ctx": 32, "device": "cpu", "warmup": 1, "steps": 2}
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 runner = CliRunner()
 
 
@@ -289,6 +297,44 @@ def test_torch_writes_one_trace_per_rank_and_kernels_reads_them_as_ranks(tmp_pat
         assert forwards == 2 and set(phases) == {"forward", "backward", "optimizer"}
     narrowed = runner.invoke(app, ["kernels", *map(str, traces), "--rank", "1", "-f", "json"])
     assert [r["rank"] for r in json.loads(narrowed.stdout)["ranks"]] == [1]
+
+
+@pytest.mark.skipif(torch_cuda(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [([], "memory snapshots need a CUDA device"), (["--device", "cpu"], "CUDA caching allocator")],
+)
+def test_memory_on_two_cpu_ranks_is_one_line_before_torchrun(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    """Snapshots record the CUDA caching allocator: a CPU run has none, so `memory --nproc 2`
+    stops in the parent, before torchrun starts, and writes nothing."""
+    out_dir, db = tmp_path / "out", tmp_path / "results.db"
+    result = runner.invoke(
+        app,
+        ["memory", "--size", "tiny", "--ctx", "32", "--nproc", "2", *extra,
+         "--out-dir", str(out_dir), "--db", str(db)],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output and result.stdout == ""
+    assert not out_dir.exists() and not db.exists()
+
+
+@pytest.mark.skipif(torch_cuda(), reason="the ranks fail for want of CUDA only without it")
+def test_memory_ranks_that_cannot_record_end_as_one_error_result(tmp_path: Path) -> None:
+    """The same capture inside the ranks (torchrun over gloo, as a caller that skips the
+    parent's check would start it): each rank fails before building the model, writes its
+    result, and the group ends as one error result; no snapshot, no rank left behind."""
+    config = WorkloadConfig(**TINY, nproc=2)
+    snapshot = tmp_path / "memory.pickle"
+    got = run_child(config, "memory", timeout_s=180, capture_options={"snapshot": str(snapshot)})
+    assert got["status"] == "error"
+    assert str(got["error"]).startswith("rank 0: MissingTool: memory snapshots need a CUDA")
+    ranks = got["ranks"]
+    assert [(r["rank"], r["status"]) for r in ranks] == [(0, "error"), (1, "error")]
+    assert list(tmp_path.iterdir()) == []  # neither memory-rank0.pickle nor -rank1
+    assert _rank_process(0) is None and _rank_process(1) is None
 
 
 def _rank_process(rank: int) -> int | None:
