@@ -270,11 +270,19 @@ def test_bench_two_gloo_ranks_make_one_row(tmp_path: Path) -> None:
     assert [[r["rank"] for r in row["ranks"]] for row in stored] == [[0, 1], [0, 1]]
 
 
+def _windows(events: list[dict], name: str) -> list[tuple[float, float]]:
+    return [(e["ts"], e["ts"] + e["dur"]) for e in events
+            if e.get("cat") == "user_annotation" and e.get("name") == name]  # fmt: skip
+
+
 def test_torch_writes_one_trace_per_rank_and_kernels_reads_them_as_ranks(tmp_path: Path) -> None:
+    """Each rank steps torch.profiler on the one-GPU path's schedule: the last warm-up step
+    is the profiler's own (traced, dropped), so exactly the timed steps are recorded, each
+    a ProfilerStep window holding one forward."""
     result = runner.invoke(
         app,
-        ["torch", "--size", "tiny", "--ctx", "32", "--device", "cpu", "--warmup", "1",
-         "--steps", "2", "--nproc", "2", "--out-dir", str(tmp_path), "-f", "json"],
+        ["torch", "--size", "tiny", "--ctx", "32", "--device", "cpu", "--warmup", "2",
+         "--steps", "3", "--nproc", "2", "--out-dir", str(tmp_path), "-f", "json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     traces = sorted(tmp_path.glob("*-rank*.json.gz"))
@@ -289,12 +297,28 @@ def test_torch_writes_one_trace_per_rank_and_kernels_reads_them_as_ranks(tmp_pat
         doc = json.loads(gzip.decompress(trace.read_bytes()))
         pid = next(e["pid"] for e in doc["traceEvents"]
                    if e.get("name") == "process_labels" and e["args"].get("labels") == "CPU")  # fmt: skip
-        forwards = sum(1 for e in doc["traceEvents"]
-                       if e.get("cat") == "user_annotation" and e.get("name") == "forward")  # fmt: skip
+        steps = [
+            (e["name"], e["ts"], e["ts"] + e["dur"])
+            for e in doc["traceEvents"]
+            if str(e.get("name", "")).startswith("ProfilerStep#")
+        ]
+        forwards = _windows(doc["traceEvents"], "forward")
         assert (entry["rank"], entry["pid"]) == (doc["distributedInfo"]["rank"], pid)
         assert doc["distributedInfo"]["world_size"] == 2
         phases = {p["phase"]: p for p in entry["phases"]}
-        assert forwards == 2 and set(phases) == {"forward", "backward", "optimizer"}
+        assert len(steps) == len(forwards) == 3 and set(phases) == {
+            "forward",
+            "backward",
+            "optimizer",
+        }
+        # Steps 0 and 1 are warm-up (1 the profiler's, dropped): the windows are steps 2-4.
+        assert [name for name, _, _ in steps] == [
+            "ProfilerStep#2",
+            "ProfilerStep#3",
+            "ProfilerStep#4",
+        ]
+        for begin, end in forwards:
+            assert sum(lo <= begin and end <= hi for _, lo, hi in steps) == 1
     narrowed = runner.invoke(app, ["kernels", *map(str, traces), "--rank", "1", "-f", "json"])
     assert [r["rank"] for r in json.loads(narrowed.stdout)["ranks"]] == [1]
 
