@@ -109,8 +109,8 @@ def cuda_processes(path: Path) -> int | None:
     ``torchrun`` tree), from a small metadata table, without reading any activity.
 
     None when that cannot be known cheaply: a compressed export (it would have to be
-    unpacked first), an export without the table (nsys before 2023), or a file SQLite
-    cannot read (the reader then says what is wrong with it).
+    unpacked first), an export without the table (older nsys), or a file SQLite cannot
+    read (the reader then says what is wrong with it).
     """
     if compression_of(path) is not None:
         return None
