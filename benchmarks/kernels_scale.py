@@ -28,6 +28,15 @@ the big export itself is not kept unless ``--keep``.
     python benchmarks/kernels_scale.py                  # ~3 M activities, ~5 M API rows
     python benchmarks/kernels_scale.py --scale 1000 --cache --runs 1
     python benchmarks/kernels_scale.py --copies 10      # a quick look
+    python benchmarks/kernels_scale.py --ranks 100      # 2-rank export vs 1-rank, per kernel
+
+``--ranks N`` compares the per-kernel cost of reading a multi-rank export with a one-rank
+one: the committed 2-rank DDP export (two processes, one per GPU) replicated N times —
+every copy keeps its rows' global thread and process ids, so the two ranks stay two
+processes — against the 1-rank fixture replicated to about the same number of kernels.
+Each ``profkit kernels --no-cache --format json`` runs in a fresh process, the two
+alternating (back to back), best of ``--runs``; it prints seconds per million kernels
+(wall and CPU) and peak RSS of each, and their ratio.
 """
 
 from __future__ import annotations
@@ -47,6 +56,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "nsys-2025.3-h100-small-fp32.sqlite.xz"
+RANKS_FIXTURE = ROOT / "tests" / "data" / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz"
+KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 REPLICATED = (
     "CUPTI_ACTIVITY_KIND_KERNEL",
     "CUPTI_ACTIVITY_KIND_MEMCPY",
@@ -193,6 +204,61 @@ def measure(big: Path, runs: int, with_cache: bool, legacy: bool) -> dict[str, o
     return result
 
 
+def fixture_kernels(fixture: Path) -> int:
+    """Kernels in one copy of ``fixture`` (a compressed export)."""
+    with tempfile.TemporaryDirectory(prefix="kscale-count-") as tmp:
+        plain = Path(tmp) / "one.sqlite"
+        with lzma.open(fixture) as src, plain.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        with sqlite3.connect(plain) as conn:
+            return int(conn.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0])
+
+
+def compare_ranks(copies: int, runs: int, scratch: Path) -> dict[str, object]:
+    """The 2-rank export x``copies`` against the 1-rank one at about as many kernels."""
+    one_copies = round(copies * fixture_kernels(RANKS_FIXTURE) / fixture_kernels(FIXTURE))
+    exports = {
+        "2 ranks": (RANKS_FIXTURE, copies, scratch / f"ranks2-x{copies}.sqlite"),
+        "1 rank": (FIXTURE, one_copies, scratch / f"ranks1-x{one_copies}.sqlite"),
+    }
+    kernels: dict[str, int] = {}
+    for label, (fixture, n, target) in exports.items():
+        rows = build(fixture, n, target)
+        kernels[label] = rows[KERNEL_TABLE]
+        print(f"{label}: {fixture.name} x{n}: {rows[KERNEL_TABLE]:,} kernels")
+    timings: dict[str, list[dict[str, float]]] = {label: [] for label in exports}
+    for _ in range(runs):  # alternate, so both see the same load
+        for label, (_, _, target) in exports.items():
+            argv = [sys.executable, "-m", "profkit", "kernels", str(target), "--format",
+                    "json", "--no-cache"]  # fmt: skip
+            timings[label].append(timed(argv, ROOT))
+    result: dict[str, object] = {"kernels": kernels, "runs": timings}
+    per_million = {}
+    for label, runs_of in timings.items():
+        best = min(runs_of, key=lambda r: r["wall_s"])
+        scale = 1e6 / kernels[label]
+        per_million[label] = {
+            "wall_s_per_m_kernels": best["wall_s"] * scale,
+            "cpu_s_per_m_kernels": min(r["cpu_s"] for r in runs_of) * scale,
+            "peak_rss_gib": min(r["peak_rss_gib"] for r in runs_of),
+        }
+        show(f"{label} (best of {runs})", best)
+        print(
+            f"  = {per_million[label]['wall_s_per_m_kernels']:.2f} s wall, "
+            f"{per_million[label]['cpu_s_per_m_kernels']:.2f} s CPU per million kernels"
+        )
+    two, one = per_million["2 ranks"], per_million["1 rank"]
+    result["per_million_kernels"] = per_million
+    result["ratio_wall"] = two["wall_s_per_m_kernels"] / one["wall_s_per_m_kernels"]
+    result["ratio_cpu"] = two["cpu_s_per_m_kernels"] / one["cpu_s_per_m_kernels"]
+    print(
+        f"2 ranks / 1 rank per kernel: {result['ratio_wall']:.2f}x wall, "
+        f"{result['ratio_cpu']:.2f}x CPU; peak RSS {two['peak_rss_gib']:.2f} vs "
+        f"{one['peak_rss_gib']:.2f} GiB"
+    )
+    return result
+
+
 def breakdown(path: Path) -> dict[str, dict[str, float]]:
     """Stages of ``profkit kernels`` in this process: wall and CPU seconds (all threads)."""
     sys.path.insert(0, str(ROOT))
@@ -237,6 +303,13 @@ def main() -> int:
     parser.add_argument("--nsys", default=None, help="nsys executable for the comparison")
     parser.add_argument("--breakdown", action="store_true", help="also time the stages in-process")
     parser.add_argument("--keep", action="store_true", help="keep the big export")
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compare the 2-rank export xN with the 1-rank one at as many kernels, per kernel",
+    )
     args = parser.parse_args()
     if args.scale:
         args.copies = args.scale * UNIT_COPIES
@@ -244,6 +317,14 @@ def main() -> int:
     workdir = args.workdir or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="kscale-"))
     workdir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="kscale-db-")) if not args.keep else workdir
+    if args.ranks:
+        result = {"load_before": os.getloadavg(), **compare_ranks(args.ranks, args.runs, scratch)}
+        result["load_after"] = os.getloadavg()
+        (workdir / "kernels_ranks.json").write_text(json.dumps(result, indent=2))
+        print(f"wrote {workdir / 'kernels_ranks.json'}")
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return 0
     big = scratch / f"replicated-x{args.copies}.sqlite"
     started = time.perf_counter()
     rows = build(args.fixture, args.copies, big)

@@ -36,6 +36,14 @@ from profkit.traces.schema import KERNEL_COLUMNS, RANGE_COLUMNS, Trace, conform
 from profkit.workload.config import WorkloadConfig
 
 TINY = {"size": "tiny", "ctx": 32, "device": "cpu", "warmup": 1, "steps": 2}
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 runner = CliRunner()
 
 
@@ -264,11 +272,19 @@ def test_bench_two_gloo_ranks_make_one_row(tmp_path: Path) -> None:
     assert [[r["rank"] for r in row["ranks"]] for row in stored] == [[0, 1], [0, 1]]
 
 
+def _windows(events: list[dict], name: str) -> list[tuple[float, float]]:
+    return [(e["ts"], e["ts"] + e["dur"]) for e in events
+            if e.get("cat") == "user_annotation" and e.get("name") == name]  # fmt: skip
+
+
 def test_torch_writes_one_trace_per_rank_and_kernels_reads_them_as_ranks(tmp_path: Path) -> None:
+    """Each rank steps torch.profiler on the one-GPU path's schedule: the last warm-up step
+    is the profiler's own (traced, dropped), so exactly the timed steps are recorded, each
+    a ProfilerStep window holding one forward."""
     result = runner.invoke(
         app,
-        ["torch", "--size", "tiny", "--ctx", "32", "--device", "cpu", "--warmup", "1",
-         "--steps", "2", "--nproc", "2", "--out-dir", str(tmp_path), "-f", "json"],
+        ["torch", "--size", "tiny", "--ctx", "32", "--device", "cpu", "--warmup", "2",
+         "--steps", "3", "--nproc", "2", "--out-dir", str(tmp_path), "-f", "json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     traces = sorted(tmp_path.glob("*-rank*.json.gz"))
@@ -283,14 +299,68 @@ def test_torch_writes_one_trace_per_rank_and_kernels_reads_them_as_ranks(tmp_pat
         doc = json.loads(gzip.decompress(trace.read_bytes()))
         pid = next(e["pid"] for e in doc["traceEvents"]
                    if e.get("name") == "process_labels" and e["args"].get("labels") == "CPU")  # fmt: skip
-        forwards = sum(1 for e in doc["traceEvents"]
-                       if e.get("cat") == "user_annotation" and e.get("name") == "forward")  # fmt: skip
+        steps = [
+            (e["name"], e["ts"], e["ts"] + e["dur"])
+            for e in doc["traceEvents"]
+            if str(e.get("name", "")).startswith("ProfilerStep#")
+        ]
+        forwards = _windows(doc["traceEvents"], "forward")
         assert (entry["rank"], entry["pid"]) == (doc["distributedInfo"]["rank"], pid)
         assert doc["distributedInfo"]["world_size"] == 2
         phases = {p["phase"]: p for p in entry["phases"]}
-        assert forwards == 2 and set(phases) == {"forward", "backward", "optimizer"}
+        assert len(steps) == len(forwards) == 3 and set(phases) == {
+            "forward",
+            "backward",
+            "optimizer",
+        }
+        # Steps 0 and 1 are warm-up (1 the profiler's, dropped): the windows are steps 2-4.
+        assert [name for name, _, _ in steps] == [
+            "ProfilerStep#2",
+            "ProfilerStep#3",
+            "ProfilerStep#4",
+        ]
+        for begin, end in forwards:
+            assert sum(lo <= begin and end <= hi for _, lo, hi in steps) == 1
     narrowed = runner.invoke(app, ["kernels", *map(str, traces), "--rank", "1", "-f", "json"])
     assert [r["rank"] for r in json.loads(narrowed.stdout)["ranks"]] == [1]
+
+
+@pytest.mark.skipif(torch_cuda(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [([], "memory snapshots need a CUDA device"), (["--device", "cpu"], "CUDA caching allocator")],
+)
+def test_memory_on_two_cpu_ranks_is_one_line_before_torchrun(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    """Snapshots record the CUDA caching allocator: a CPU run has none, so `memory --nproc 2`
+    stops in the parent, before torchrun starts, and writes nothing."""
+    out_dir, db = tmp_path / "out", tmp_path / "results.db"
+    result = runner.invoke(
+        app,
+        ["memory", "--size", "tiny", "--ctx", "32", "--nproc", "2", *extra,
+         "--out-dir", str(out_dir), "--db", str(db)],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output and result.stdout == ""
+    assert not out_dir.exists() and not db.exists()
+
+
+@pytest.mark.skipif(torch_cuda(), reason="the ranks fail for want of CUDA only without it")
+def test_memory_ranks_that_cannot_record_end_as_one_error_result(tmp_path: Path) -> None:
+    """The same capture inside the ranks (torchrun over gloo, as a caller that skips the
+    parent's check would start it): each rank fails before building the model, writes its
+    result, and the group ends as one error result; no snapshot, no rank left behind."""
+    config = WorkloadConfig(**TINY, nproc=2)
+    snapshot = tmp_path / "memory.pickle"
+    got = run_child(config, "memory", timeout_s=180, capture_options={"snapshot": str(snapshot)})
+    assert got["status"] == "error"
+    assert str(got["error"]).startswith("rank 0: MissingTool: memory snapshots need a CUDA")
+    ranks = got["ranks"]
+    assert [(r["rank"], r["status"]) for r in ranks] == [(0, "error"), (1, "error")]
+    assert list(tmp_path.iterdir()) == []  # neither memory-rank0.pickle nor -rank1
+    assert _rank_process(0) is None and _rank_process(1) is None
 
 
 def _rank_process(rank: int) -> int | None:

@@ -118,3 +118,34 @@ def test_per_rank_torch_traces(rank0: Path) -> None:
     ranks = json.loads(result.stdout)["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1]
     _check(ranks, expected)
+
+
+@pytest.mark.parametrize("fixture", NSYS, ids=lambda p: p.name)
+def test_a_multi_process_export_is_read_once(
+    fixture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA contexts in the export's metadata send it straight to the whole-table read:
+    the streaming read, which would write the columnar cache first, never runs."""
+    from profkit import analysis
+    from profkit.analysis.ranks import RankedReport
+    from profkit.traces.load import gpu_processes
+
+    plain = tmp_path / fixture.name.removesuffix(".xz")
+    plain.write_bytes(lzma.decompress(fixture.read_bytes()))
+    single = tmp_path / "single.sqlite"
+    single.write_bytes(
+        lzma.decompress((DATA / "nsys-2025.3-h100-small-fp32.sqlite.xz").read_bytes())
+    )
+    with sqlite3.connect(plain) as conn:
+        pids = conn.execute("SELECT count(DISTINCT globalPid) FROM CUPTI_ACTIVITY_KIND_KERNEL")
+        assert gpu_processes(plain) == pids.fetchone()[0] == 2
+    assert gpu_processes(single) == 1
+    assert gpu_processes(fixture) is None  # compressed: not unpacked just to look
+    assert gpu_processes(TORCH[0]) is None  # a Chrome trace: one process by construction
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(cache))
+    monkeypatch.setenv("PROFKIT_CACHE", "1")
+    assert isinstance(analysis.kernels(plain), RankedReport)
+    assert not cache.exists() or not any(cache.rglob("*.parquet"))
+    analysis.kernels(single)  # one process: the streaming read, which caches its columns
+    assert any(cache.rglob("*.parquet"))

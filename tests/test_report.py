@@ -7,6 +7,9 @@ a memory snapshot from the H100 (tests/data/), and a real tiny CPU sweep made he
 
 from __future__ import annotations
 
+import gzip
+import json
+import lzma
 import re
 import shutil
 import sqlite3
@@ -27,6 +30,7 @@ DATA = Path(__file__).parent / "data"
 H100_DB = DATA / "results-h100.db"
 EXAMPLES = Path(__file__).parents[1] / "profiles" / "examples"
 GPU = "NVIDIA H100 80GB HBM3"
+DDP2 = "nsys-2025.3-h200x2-small-ddp2"
 
 runner = CliRunner()
 
@@ -278,6 +282,70 @@ def test_snapshot_part_has_peak_sites_and_timeline(traces_report: tuple[Path, st
     picture = "timeline-memory-tiny-ctx64-train-fp32.png"
     assert f"]({picture})" in memory
     assert_png(out.parent / picture)
+
+
+# --- a multi-rank run -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ranks_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Any]:
+    """The 2-GPU DDP fixtures: one nsys export of the torchrun tree, per-rank torch traces."""
+    root = tmp_path_factory.mktemp("ranks")
+    profiles = root / "profiles"
+    profiles.mkdir()
+    export = profiles / "ddp2.sqlite"
+    export.write_bytes(lzma.decompress((DATA / f"{DDP2}.sqlite.xz").read_bytes()))
+    shutil.copy(DATA / f"{DDP2}.profkit.json", profiles / "ddp2.profkit.json")
+    for rank in (0, 1):
+        shutil.copy(DATA / f"torch-h200x2-small-ddp2-rank{rank}.json.gz", profiles)
+    out = root / "reports" / "REPORT.md"
+    result = build_report(profiles, None, out)
+    return out, out.read_text(), result
+
+
+def _kernels_per_rank(export: Path) -> list[int]:
+    """Kernel launches per process, in rank order (GPU, then pid), by plain SQL."""
+    rows = db_rows(
+        export,
+        "SELECT globalPid, min(deviceId) AS device, count(*) AS n "
+        "FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY globalPid ORDER BY device, globalPid",
+    )
+    return [row["n"] for row in rows]
+
+
+def test_a_multi_rank_export_has_its_rank_table_and_lanes(
+    ranks_report: tuple[Path, str, Any],
+) -> None:
+    out, text, result = ranks_report
+    nsys = section(text, "Nsight Systems profiles")
+    assert "· 2 ranks · 3 captured steps each ·" in nsys
+    counts = _kernels_per_rank(out.parent.parent / "profiles" / "ddp2.sqlite")
+    assert len(counts) == 2
+    for rank, count in enumerate(counts):
+        assert re.search(rf"\n\| {rank} \| {rank} \| [\d,]+ \| {count:,} \|", nsys), rank
+    picture = out.parent / "ranks-ddp2.png"
+    assert "](ranks-ddp2.png)" in nsys
+    assert picture in result.images
+    assert_png(picture)
+    # The full kernel report beside it ends with the same rank tables.
+    assert "## Ranks — world size 2" in (out.parent / "ddp2.md").read_text()
+
+
+def test_per_rank_torch_traces_are_one_part_with_lanes(ranks_report: tuple[Path, str, Any]) -> None:
+    out, text, result = ranks_report
+    torch = section(text, "torch.profiler traces")
+    assert torch.count("\n### ") == 1 and "### torch-h200x2-small-ddp2\n" in torch
+    assert "· 2 ranks · 1 captured step each ·" in torch
+    for rank in (0, 1):
+        doc = json.loads(
+            gzip.decompress((DATA / f"torch-h200x2-small-ddp2-rank{rank}.json.gz").read_bytes())
+        )
+        count = sum(e.get("cat") == "kernel" for e in doc["traceEvents"])
+        assert re.search(rf"\n\| {rank} \| {rank} \| [\d,]+ \| {count:,} \|", torch), rank
+    picture = out.parent / "ranks-torch-h200x2-small-ddp2.png"
+    assert "](ranks-torch-h200x2-small-ddp2.png)" in torch
+    assert picture in result.images
+    assert_png(picture)
 
 
 # --- bad input -------------------------------------------------------------------------

@@ -48,8 +48,10 @@ def test_hooks_run_around_timed_steps_only() -> None:
         on_timed_start=lambda: calls.append("start"),
         on_step_end=lambda i, _t: calls.append(f"step{i}"),
         on_timed_end=lambda: calls.append("end"),
+        on_step_start=lambda i: calls.append(f"begin{i}"),
     )
-    assert calls == ["start", "step0", "step1", "end"]
+    # on_step_start precedes every step, warm-up included (a profiler schedule steps with it).
+    assert calls == ["begin0", "begin1", "start", "begin2", "step0", "begin3", "step1", "end"]
 
 
 def test_phase_and_attention_ranges_reach_torch_profiler() -> None:

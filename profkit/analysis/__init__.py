@@ -56,14 +56,19 @@ def kernels(
     One process whose steps carry phase ranges is read and analysed in bounded memory, from
     compact columns, through the columnar cache unless ``cache`` is False or
     ``$PROFKIT_CACHE=0`` (:mod:`profkit.traces.cache`). Phases to infer, or several ranks,
-    take the full tables (:func:`analyze_any`): the streaming analysis does neither. A
+    take the full tables (:func:`analyze_any`): the streaming analysis does neither. Where
+    that is known before reading (``rank``, ``phases="inferred"``, an nsys export whose
+    CUDA contexts belong to several processes) the trace is read once, whole. A
     multi-process trace gives a :class:`~profkit.analysis.ranks.RankedReport`; ``rank``
     narrows its tables to one rank.
     """
     from profkit.analysis.streaming import analyze_columns
     from profkit.traces import load_trace
-    from profkit.traces.load import load_columns
+    from profkit.traces.load import gpu_processes, load_columns
 
+    # Decided before reading where it can be: a multi-process export is read once, whole.
+    if rank is not None or phases == "inferred" or (gpu_processes(path, nsys) or 1) > 1:
+        return analyze_any(load_trace(path, nsys=nsys), top, phase, range, rank, phases)
     columns = load_columns(path, nsys=nsys, cache=cache, progress=progress)
     if _streamable(columns, rank, phases):
         return analyze_columns(columns, top=top, phase=phase, range=range)

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profkit.analysis.names import matching
+
 NS_PER_MS = 1_000_000
 NCCL_PREFIX = re.compile(r"^\s*nccl", re.IGNORECASE)
 # Longest names first: "ReduceScatter" before "Reduce", "AllGather" before "Gather".
@@ -42,9 +44,8 @@ _COLLECTIVE_RE = [(label, re.compile(pattern, re.IGNORECASE)) for label, pattern
 
 def is_nccl(names: pd.Series | np.ndarray) -> np.ndarray:
     """True for each kernel name of an NCCL kernel (any naming generation)."""
-    codes, distinct = pd.factorize(np.asarray(names, dtype=object))  # few distinct names
-    hits = np.array([bool(NCCL_PREFIX.match(str(n))) for n in distinct], dtype=bool)
-    return hits[codes] if len(distinct) else np.zeros(len(codes), dtype=bool)
+    column = names if isinstance(names, pd.Series) else pd.Series(names, dtype=object)
+    return matching(column, lambda name: bool(NCCL_PREFIX.match(name)))  # per distinct name
 
 
 def collective(name: str) -> str:
@@ -106,15 +107,16 @@ class CommStats:
         }
 
 
-def comm_stats(kernels: pd.DataFrame) -> CommStats:
+def comm_stats(kernels: pd.DataFrame, nccl_names: np.ndarray | None = None) -> CommStats:
     """NCCL time, its overlap with compute and the exposed rest, for activities of one GPU.
 
     ``kernels`` is a trace's kernels table (or the rows of one rank); rows of several
-    devices are measured per device and summed.
+    devices are measured per device and summed. ``nccl_names``: :func:`is_nccl` of its
+    names, where the caller has it already.
     """
     kind = kernels["kind"].to_numpy(dtype=object)
     is_kernel = kind == "kernel"
-    nccl = is_kernel & is_nccl(kernels["name"])
+    nccl = is_kernel & (is_nccl(kernels["name"]) if nccl_names is None else nccl_names)
     compute = is_kernel & ~nccl
     start = kernels["start"].to_numpy(np.int64)
     end = kernels["end"].to_numpy(np.int64)

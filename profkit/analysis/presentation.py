@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from profkit.analysis.ranks import RankedReport, ranks_markdown
 from profkit.analysis.report import KernelReport
 from profkit.analysis.tables import ALL_PHASES
 from profkit.formats import markdown_table
@@ -95,7 +96,8 @@ def category_pivot(report: KernelReport) -> pd.DataFrame:
 
 
 def kernel_report_markdown(report: KernelReport, title: str) -> str:
-    """The whole report as markdown (for ``reports/NAME.md``)."""
+    """The whole report as markdown (for ``reports/NAME.md``); a multi-rank trace's ends
+    with its rank tables (:func:`~profkit.analysis.ranks.ranks_markdown`)."""
     lines = [f"# {title}", "", _source_line(report), ""]
     lines += [
         f"GPU activities: {counts_sentence(report.totals)} (durations summed, so streams "
@@ -120,7 +122,8 @@ def kernel_report_markdown(report: KernelReport, title: str) -> str:
         if title_.startswith("Ranges"):
             sentence = attention_sentence(report.ranges)
             lines += [sentence, ""] if sentence else []
-    return "\n".join(lines).rstrip() + "\n"
+    text = "\n".join(lines).rstrip() + "\n"
+    return text + ranks_markdown(report) if isinstance(report, RankedReport) else text
 
 
 def attention_sentence(ranges: pd.DataFrame) -> str | None:

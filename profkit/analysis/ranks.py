@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis.attribution import UNATTRIBUTED, PhaseMode
-from profkit.analysis.comm import CommStats, comm_stats
+from profkit.analysis.comm import CommStats, comm_stats, is_nccl
 from profkit.analysis.report import KernelReport, analyze
 from profkit.analysis.steps import RankSteps, job_summary, step_table
 from profkit.errors import BadInput
@@ -41,8 +41,8 @@ class RankEntry:
     report: KernelReport
     comm: CommStats
     totals: dict[str, Any]
-    trace: Trace
     steps: RankSteps
+    # No copy of the rank's trace is kept: the copies of every rank would double the peak.
 
     def to_json(self) -> dict[str, Any]:
         whole = self.report.to_json()
@@ -74,11 +74,12 @@ class RankedReport(KernelReport):
         return base
 
 
-def rank_processes(trace: Trace) -> list[dict[str, Any]]:
-    """``{rank, world_size, device, pid, host}`` of each process that ran GPU activity."""
+def rank_processes(trace: Trace, pids: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """``{rank, world_size, device, pid, host}`` of each process that ran GPU activity
+    (``pids``: :func:`kernel_processes` of the trace, where the caller has it)."""
     if trace.meta.get("ranks"):
         return [dict(r) for r in trace.meta["ranks"]]
-    pids = kernel_processes(trace)
+    pids = kernel_processes(trace) if pids is None else pids
     if not len(pids):
         return []
     frame = pd.DataFrame({"pid": pids, "device": trace.kernels["device"].to_numpy(np.int64)})
@@ -133,13 +134,16 @@ def analyze_ranks(
     phases: PhaseMode = "auto",
 ) -> RankedReport:
     """Tables of the whole trace (or of ``rank``), each rank's, and the job across ranks."""
-    processes = rank_processes(trace)
+    pids = kernel_processes(trace)
+    processes = rank_processes(trace, pids)
     if rank is not None and rank not in [p["rank"] for p in processes]:
         known = ", ".join(str(p["rank"]) for p in processes) or "none"
         raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
-    pids = kernel_processes(trace)
+    nccl = is_nccl(trace.kernels["name"])  # once: per rank it would factorize the names again
     entries = [
-        _rank_entry(rank_trace(trace, p["pid"], pids), p, top, phase, range, phases)
+        _rank_entry(
+            rank_trace(trace, p["pid"], pids), nccl[pids == p["pid"]], p, top, phase, range, phases
+        )
         for p in processes
     ]
     chosen = [e for e in entries if rank is None or e.info["rank"] == rank]
@@ -156,6 +160,7 @@ def analyze_ranks(
 
 def _rank_entry(
     trace: Trace,
+    nccl: np.ndarray,
     info: dict[str, Any],
     top: int,
     phase: str | None,
@@ -167,8 +172,9 @@ def _rank_entry(
     selected = trace.kernels[mask]
     totals = {key: report.totals[key] for key in ("kernels", "kernel_time_ms", "gpu_time_ms")}
     names = [p for p in report.phases["phase"] if p != UNATTRIBUTED]
-    steps = RankSteps.of(int(info["rank"]), trace, names[0] if names else "")
-    return RankEntry(info, report, comm_stats(selected), totals, trace, steps)
+    steps = RankSteps.of(int(info["rank"]), trace, names[0] if names else "", nccl)
+    comm = comm_stats(selected, nccl[mask])
+    return RankEntry(info, report, comm, totals, steps)
 
 
 def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:

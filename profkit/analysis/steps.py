@@ -34,7 +34,11 @@ class RankSteps:
     is_kernel: np.ndarray
 
     @classmethod
-    def of(cls, rank: int, trace: Trace, first_phase: str) -> RankSteps:
+    def of(
+        cls, rank: int, trace: Trace, first_phase: str, nccl_names: np.ndarray | None = None
+    ) -> RankSteps:
+        """``nccl_names``: :func:`~profkit.analysis.comm.is_nccl` of the kernels' names,
+        where the caller has it already."""
         k = trace.kernels
         starts = step_starts(trace, first_phase)
         start = k["start"].to_numpy(np.int64)
@@ -42,7 +46,9 @@ class RankSteps:
         point = np.where(point >= 0, point, start)
         step = np.searchsorted(starts, point, side="right") - 1
         is_kernel = k["kind"].to_numpy(dtype=object) == "kernel"
-        nccl = is_kernel & is_nccl(k["name"]) if len(k) else np.zeros(0, dtype=bool)
+        if nccl_names is None:
+            nccl_names = is_nccl(k["name"]) if len(k) else np.zeros(0, dtype=bool)
+        nccl = is_kernel & nccl_names
         return cls(rank, step, start, k["end"].to_numpy(np.int64), nccl, is_kernel)
 
     def kernels_of(self, step: int) -> pd.DataFrame:

@@ -241,12 +241,10 @@ def _timed(record: dict[str, Any], part: str) -> Iterator[None]:
 def _post_process(sqlite_path: Path, name: str) -> str:
     """The kernel report of an export, as markdown: the same analysis as ``profkit kernels``."""
     from profkit.analysis import analyze_any, kernel_report_markdown
-    from profkit.analysis.ranks import RankedReport, ranks_markdown
     from profkit.traces.load import load_trace
 
     report = analyze_any(load_trace(sqlite_path), top=20)
-    text = str(kernel_report_markdown(report, f"Kernels: {name}"))
-    return text + ranks_markdown(report) if isinstance(report, RankedReport) else text
+    return str(kernel_report_markdown(report, f"Kernels: {name}"))  # with its ranks, if any
 
 
 def require_cuda(config: WorkloadConfig) -> None:

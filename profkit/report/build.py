@@ -68,8 +68,8 @@ def build_report(
         sizes_section(),
         bench_section(inv, pictures),
         comparisons_section(inv, pictures),
-        nsys_section(inv, out_dir),
-        torch_section(inv, out_dir),
+        nsys_section(inv, out_dir, pictures),
+        torch_section(inv, out_dir, pictures),
         memory_section(inv, pictures),
         attention_section(inv),
     ]
@@ -144,4 +144,5 @@ def _picture_paths(pictures: Pictures) -> list[str]:
         *pictures.speedups.values(),
         *pictures.peak_memory.values(),
         *pictures.timelines.values(),
+        *pictures.ranks.values(),
     ]

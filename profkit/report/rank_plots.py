@@ -36,7 +36,8 @@ def plot_ranks(report: RankedReport, out: Path, step: int | None = None) -> Path
     )
     _lanes(lanes, report, step)
     _phase_bars(bars, report)
-    fig.suptitle(f"{report.source.get('path')}", fontsize=8)
+    names = ", ".join(Path(p).name for p in str(report.source.get("path", "")).split(", "))
+    fig.suptitle(names, fontsize=8)  # file names: a long folder would crowd them out
     return _save(fig, out)
 
 
@@ -74,4 +75,5 @@ def _phase_bars(ax: object, report: RankedReport) -> None:
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])  # type: ignore[attr-defined]
     ax.invert_yaxis()  # type: ignore[attr-defined]
     ax.set_xlabel("GPU time per phase, ms (all captured steps)")  # type: ignore[attr-defined]
-    ax.legend(loc="lower right", fontsize=8)  # type: ignore[attr-defined]
+    # Beside the bars, not on them: the longest bar reaches the right edge.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # type: ignore[attr-defined]

@@ -67,6 +67,8 @@ class Pictures:
     peak_memory: dict[str, str] = field(default_factory=dict)
     timelines: dict[Path, str] = field(default_factory=dict)
     """Snapshot -> its timeline picture."""
+    ranks: dict[str, str] = field(default_factory=dict)
+    """Multi-rank trace (its stem) -> its lanes and phase bars (drawn by the trace sections)."""
     notes: list[str] = field(default_factory=list)
 
 

@@ -3,6 +3,11 @@
 Each trace gets a short part — phases, the top kernels, the attention sub-ranges — and a
 link to its full kernel report (``reports/NAME.md``, which ``profkit nsys`` writes; written
 here when it is missing or older than the trace). One unreadable trace costs its own part.
+
+A multi-rank trace (one nsys export of a ``torchrun`` tree, or the per-rank torch.profiler
+traces of one run, ``NAME-rank0.json.gz`` ...: one part for them all) adds its rank table
+and its picture: one step per rank as lanes, compute vs NCCL, and per-rank phase bars
+(``ranks-NAME.png``, :mod:`profkit.report.rank_plots`).
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ from typing import Any
 
 import pandas as pd
 
+from profkit.analysis.ranks import RankedReport
 from profkit.errors import ProfkitError
 from profkit.formats import markdown_table, write_text
 from profkit.report.collect import Inventory
-from profkit.report.sections import Section, skipped
+from profkit.report.sections import Pictures, Section, image, skipped
 from profkit.workload.names import ATTENTION_RANGES
 
 TOP_KERNELS = 10
@@ -44,7 +50,22 @@ def trace_stem(path: Path) -> str:
     return path.stem
 
 
-def nsys_section(inv: Inventory, out_dir: Path) -> Section:
+def trace_groups(paths: list[Path]) -> list[tuple[str, list[Path]]]:
+    """(stem, traces): each trace on its own, but the per-rank traces of one run together,
+    in rank order, under the run's stem."""
+    from profkit.run.trace_capture import rank_trace_stem
+
+    groups: dict[str, list[tuple[int, Path]]] = {}
+    for path in paths:
+        stem, rank = rank_trace_stem(path) or (trace_stem(path), -1)
+        groups.setdefault(stem, []).append((rank, path))
+    return [
+        (stem if len(group) > 1 else trace_stem(group[0][1]), [p for _, p in sorted(group)])
+        for stem, group in groups.items()
+    ]
+
+
+def nsys_section(inv: Inventory, out_dir: Path, pictures: Pictures) -> Section:
     title = "Nsight Systems profiles"
     if not inv.nsys:
         return skipped(
@@ -57,10 +78,11 @@ def nsys_section(inv: Inventory, out_dir: Path) -> Section:
         "backward kernels included (docs/ATTRIBUTION.md). GPU time is summed over the "
         "captured steps."
     )
-    return Section(title, "\n\n".join([intro, *(_trace_part(p, out_dir) for p in inv.nsys)]))
+    parts = [_trace_part(trace_stem(p), [p], out_dir, pictures) for p in inv.nsys]
+    return Section(title, "\n\n".join([intro, *parts]))
 
 
-def torch_section(inv: Inventory, out_dir: Path) -> Section:
+def torch_section(inv: Inventory, out_dir: Path, pictures: Pictures) -> Section:
     title = "torch.profiler traces"
     if not inv.torch:
         return skipped(
@@ -72,22 +94,40 @@ def torch_section(inv: Inventory, out_dir: Path) -> Section:
         "The Chrome traces of `profkit torch` read into the same tables as an nsys export "
         "(open them in https://ui.perfetto.dev for the timeline)."
     )
-    return Section(title, "\n\n".join([intro, *(_trace_part(p, out_dir) for p in inv.torch)]))
+    parts = [_trace_part(stem, group, out_dir, pictures) for stem, group in trace_groups(inv.torch)]
+    return Section(title, "\n\n".join([intro, *parts]))
 
 
-def _trace_part(path: Path, out_dir: Path) -> str:
-    from profkit.analysis import kernel_report_markdown, kernels
+def _read(paths: list[Path]) -> Any:
+    """The kernel report of one trace, as `profkit kernels` reads it (cache too), or of
+    the per-rank traces of one run; None when these traces are not the ranks of one run."""
+    from profkit.analysis import analyze_any, kernels
+    from profkit.traces import load_trace
+    from profkit.traces.ranks import is_rank_set, merge_rank_traces
 
-    heading = f"### {trace_stem(path)}"
+    if len(paths) == 1:
+        return kernels(paths[0], top=TOP_KERNELS)
+    traces = [load_trace(p) for p in paths]
+    return analyze_any(merge_rank_traces(traces), TOP_KERNELS) if is_rank_set(traces) else None
+
+
+def _trace_part(stem: str, paths: list[Path], out_dir: Path, pictures: Pictures) -> str:
+    from profkit.analysis import kernel_report_markdown
+
+    heading = f"### {stem}"
     try:
-        report = kernels(path, top=TOP_KERNELS)  # as `profkit kernels` reads it, cache too
+        report = _read(paths)
     except ProfkitError as exc:
-        return f"{heading}\n\n_Could not read `{path.name}`: {exc}._"
-    full = out_dir / f"{trace_stem(path)}.md"
-    if not full.exists() or full.stat().st_mtime < path.stat().st_mtime:
-        write_text(full, kernel_report_markdown(report, f"Kernels: {trace_stem(path)}"))
+        return f"{heading}\n\n_Could not read `{', '.join(p.name for p in paths)}`: {exc}._"
+    if report is None:  # same stem, yet not the ranks of one run: each on its own
+        return "\n\n".join(_trace_part(trace_stem(p), [p], out_dir, pictures) for p in paths)
+    full = out_dir / f"{stem}.md"
+    if not full.exists() or full.stat().st_mtime < max(p.stat().st_mtime for p in paths):
+        write_text(full, kernel_report_markdown(report, f"Kernels: {stem}"))
     config = report.source.get("config")  # the sidecar's, or the trace's own
-    lines = [heading, _describe(report, config, path, full, out_dir)]
+    lines = [heading, _describe(report, config, paths, full, out_dir)]
+    if isinstance(report, RankedReport):
+        lines += _ranks_part(report, stem, out_dir, pictures)
     phases = report.phases.copy()
     if report.activities:
         phases.insert(list(phases.columns).index("share"), "time_%", 100 * phases["share"])
@@ -116,8 +156,29 @@ def _trace_part(path: Path, out_dir: Path) -> str:
     return "\n\n".join(lines)
 
 
+def _ranks_part(report: RankedReport, stem: str, out_dir: Path, pictures: Pictures) -> list[str]:
+    """The rank table and the lanes picture (a note instead when it cannot be drawn)."""
+    from profkit.analysis.ranks import rank_tables
+    from profkit.report.rank_plots import plot_ranks
+
+    (caption, table), *_ = rank_tables(report)
+    lines = [
+        f"{caption}: NCCL kernels, and how much of their time compute hides (docs/MULTI_GPU.md). "
+        "The tables after the picture are of all ranks together (instances: every rank's "
+        "phase ranges).\n\n" + markdown_table(table)
+    ]
+    name = f"ranks-{stem}.png"
+    try:
+        plot_ranks(report, out_dir / name)
+    except ProfkitError as exc:
+        pictures.notes.append(f"{name}: {exc}")
+        return lines
+    pictures.ranks[stem] = name
+    return [*lines, image(name, f"One step per rank and per-rank phases of {stem}")]
+
+
 def _describe(
-    report: Any, config: dict[str, Any] | None, path: Path, full: Path, out_dir: Path
+    report: Any, config: dict[str, Any] | None, paths: list[Path], full: Path, out_dir: Path
 ) -> str:
     source = report.source
     facts = []
@@ -126,9 +187,13 @@ def _describe(
             f"{config.get('size')}, ctx {config.get('ctx')}, {config.get('mode')}, "
             f"{config.get('dtype')}" + (", compiled" if config.get("compile") else "")
         )
-    steps = int(report.phases["instances"].max()) if len(report.phases) else 0
+    ranks = [e.report for e in report.ranks] if isinstance(report, RankedReport) else [report]
+    steps = max((int(r.phases["instances"].max()) for r in ranks if len(r.phases)), default=0)
+    if len(ranks) > 1:
+        facts.append(f"{len(ranks)} ranks")
     if steps:
-        facts.append(f"{steps} captured step{'s' if steps != 1 else ''}")
+        each = " each" if len(ranks) > 1 else ""
+        facts.append(f"{steps} captured step{'s' if steps != 1 else ''}{each}")
     tool = f"{source.get('tool', '')} {source.get('tool_version', '')}".strip()
     facts += [f for f in (source.get("gpu"), tool) if f]
     totals = report.totals
@@ -136,11 +201,13 @@ def _describe(
         f"{totals['kernels']:,} kernels, {totals['memcpy']:,} memcpy, {totals['memset']:,} memset"
     )
     link = _relative(full, out_dir)
+    traces = ", ".join(f"`{p}`" for p in paths)
     return (
-        f"{' · '.join(facts)}. Trace `{path}`; full kernel report: [{full.name}]({link})"
+        f"{' · '.join(facts)}. Trace{'s' if len(paths) > 1 else ''} {traces}; full kernel "
+        f"report: [{full.name}]({link})"
         + (
             f"; torch.profiler tables: [{t.name}]({_relative(t, out_dir)})"
-            if (t := _torch_report(path, out_dir))
+            if (t := _torch_report(paths[0], out_dir))
             else ""
         )
         + "."
@@ -149,7 +216,9 @@ def _describe(
 
 def _torch_report(path: Path, out_dir: Path) -> Path | None:
     """``reports/torch-small-ctx128.md`` (the key_averages tables) for one of its traces."""
-    stem = trace_stem(path)
+    from profkit.run.trace_capture import rank_trace_stem
+
+    stem = (rank_trace_stem(path) or (trace_stem(path), 0))[0]
     run, _, _mode = stem.rpartition("-")
     candidate = out_dir / f"{run}.md"
     return candidate if run and candidate.is_file() and path.name.endswith(".json.gz") else None

@@ -89,13 +89,14 @@ def run_config(
         start, stop = _cuda_profiler_hooks() if capture == "cuda-profiler-api" else (None, None)
         if recorder is not None:
             start, stop = recorder.attach(workload)
+        step_start = None
         if capture == "torch-trace":  # one Chrome trace per rank: {"stem": ...}
             from profkit.run.trace_capture import RankTracer
 
             tracer = RankTracer(str((capture_options or {})["stem"]))
-            start, stop = tracer.hooks(config, ranks.rank)
+            step_start, stop = tracer.hooks(config, ranks.rank)  # steps with the warm-up too
             result["trace"] = str(tracer.path)
-        run = workload.run(on_timed_start=start, on_timed_end=stop)
+        run = workload.run(on_timed_start=start, on_timed_end=stop, on_step_start=step_start)
         result.update(run.to_dict())
         result["threads"] = torch.get_num_threads()
     except torch.OutOfMemoryError as exc:

@@ -5,6 +5,11 @@ every rank is a process of its own under torchrun. Each rank records its timed s
 and writes ``STEM-rank{R}.json.gz`` (Kineto adds ``distributedInfo``: rank, world size,
 backend), with profkit's header (config, rank, pid, host) beside it, so that
 ``profkit kernels STEM-rank*.json.gz`` reads them as the ranks of one run.
+
+Both paths step the profiler with the run on one schedule (:func:`timed_schedule`): the
+last warm-up step is the profiler's own warm-up (tracing on, results dropped), so
+CUPTI's start-up lands there and not in the first recorded step; the recorded steps are
+exactly the timed ones, each a ``ProfilerStep#N`` window in the trace.
 """
 
 from __future__ import annotations
@@ -12,14 +17,18 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 from profkit import __version__
 from profkit.workload.config import WorkloadConfig
+
+RANK_SUFFIX = re.compile(r"-rank(?P<rank>\d+)\.json\.gz$")
 
 
 def rank_trace_path(stem: str | Path, rank: int) -> Path:
@@ -28,8 +37,33 @@ def rank_trace_path(stem: str | Path, rank: int) -> Path:
     return stem.with_name(f"{stem.name}-rank{rank}.json.gz")
 
 
+def rank_trace_stem(path: Path) -> tuple[str, int] | None:
+    """``("torch-small-ctx128-train", 0)`` for a file named as :func:`rank_trace_path`
+    names one; None for any other name."""
+    found = RANK_SUFFIX.search(path.name)
+    if found is None or not found.start():
+        return None
+    return path.name[: found.start()], int(found["rank"])
+
+
+def timed_schedule(warmup: int, steps: int) -> Any:
+    """The torch.profiler schedule that records exactly the timed steps of a run.
+
+    ``wait`` covers the warm-up steps but the last, which is the profiler's ``warmup``
+    (tracing on, results dropped: CUPTI's start-up cost stays out), then ``active`` the
+    timed steps, once. The profiler must be stepped after every step, warm-up included.
+    """
+    from torch.profiler import schedule
+
+    with warnings.catch_warnings():
+        # --warmup 0 is the user's choice; the commands say what it costs.
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+        return schedule(wait=max(warmup - 1, 0), warmup=min(warmup, 1), active=steps, repeat=1)
+
+
 class RankTracer:
-    """Start/stop hooks around the timed steps, then the trace written (gzip) per rank."""
+    """Hooks that step torch.profiler with the run (:func:`timed_schedule`), then the trace
+    of the timed steps written (gzip) per rank."""
 
     def __init__(self, stem: str, config: dict[str, Any] | None = None) -> None:
         self.stem = stem
@@ -38,6 +72,8 @@ class RankTracer:
         self.path: Path | None = None
 
     def hooks(self, config: WorkloadConfig, rank: int) -> tuple[Any, Any]:
+        """``(step_start, stop)``: before every step (``Workload.run``'s ``on_step_start``),
+        and after the last timed one (its ``on_timed_end``)."""
         import torch
         from torch.profiler import ProfilerActivity, profile
 
@@ -46,18 +82,25 @@ class RankTracer:
             activities.append(ProfilerActivity.CUDA)
         self.path = rank_trace_path(self.stem, rank)
         self.config = config.to_dict()
-        self.profiler = profile(activities=activities)
+        self.profiler = profile(
+            activities=activities,
+            schedule=timed_schedule(config.warmup, config.steps),
+            on_trace_ready=lambda _prof: self._write(rank),
+        )
 
-        def start() -> None:
-            self.profiler.__enter__()
+        def step_start(index: int) -> None:
+            if index == 0:
+                self.profiler.__enter__()
+            else:
+                self.profiler.step()  # the previous step ended: the schedule moves on
 
         def stop() -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
+            self.profiler.step()  # the last timed step ended: its cycle is saved
             self.profiler.__exit__(None, None, None)
-            self._write(rank)
 
-        return start, stop
+        return step_start, stop
 
     def _write(self, rank: int) -> None:
         assert self.path is not None

@@ -5,10 +5,11 @@ its mode (``train`` by default) — the two tables course reports paste by hand.
 writes its Chrome trace as ``OUT_DIR/NAME-MODE.json.gz`` (Perfetto and chrome://tracing
 open it; ``profkit kernels`` reads it) and the report goes to ``reports/NAME.md``.
 
-A ``torch.profiler.schedule`` makes only the timed steps count: ``wait`` covers the
-warm-up steps but the last, which is the profiler's own ``warmup`` (tracing on, results
-dropped, so CUPTI's start-up cost stays out of the table), then ``active`` records the
-timed steps, once (``repeat=1``).
+A ``torch.profiler.schedule`` makes only the timed steps count
+(:func:`profkit.run.trace_capture.timed_schedule`, which the per-rank path shares):
+``wait`` covers the warm-up steps but the last, which is the profiler's own ``warmup``
+(tracing on, results dropped, so CUPTI's start-up cost stays out of the table), then
+``active`` records the timed steps, once (``repeat=1``).
 
 The profiling runs in this process, not in a child like ``profkit bench``: it is one
 config, not a sweep an OOM must not stop; the ``FunctionEventAvg`` rows (shapes, stacks)
@@ -27,7 +28,6 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ from profkit import __version__
 from profkit.errors import BadInput, ProfkitError
 from profkit.files import output_dirs
 from profkit.run.threads import choose_threads
+from profkit.run.trace_capture import timed_schedule
 from profkit.torchprof.report import report_markdown
 from profkit.torchprof.result import ProfiledRun, TorchOptions, TorchProfile
 from profkit.torchprof.tables import (
@@ -187,19 +188,14 @@ def _profiler(
     on_trace_ready: Callable[[Any], None],
 ) -> Any:
     """A torch.profiler that records the timed steps only, after the warm-up."""
-    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)
     return profile(
         activities=activities,
-        schedule=schedule(
-            wait=max(config.warmup - 1, 0),
-            warmup=min(config.warmup, 1),
-            active=config.steps,
-            repeat=1,
-        ),
+        schedule=timed_schedule(config.warmup, config.steps),  # as each rank's, --nproc N
         on_trace_ready=on_trace_ready,
         record_shapes=options.record_shapes or options.group_by_shape,
         profile_memory=options.profile_memory,
@@ -221,25 +217,22 @@ def _run_steps(
     total = config.warmup + config.steps
     step_ms: list[float] = []
     tagged = False
-    with warnings.catch_warnings():
-        # --warmup 0 is the user's choice and result.warnings says what it costs.
-        warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-        with prof:
-            for index in range(total):
-                if not tagged and prof.current_action != ProfilerAction.NONE:
-                    # Only a started profiler keeps metadata; it lands in the trace JSON.
-                    prof.add_metadata_json("profkit", json.dumps(_trace_metadata(config)))
-                    tagged = True
-                times = workload.step()
-                if index >= config.warmup:
-                    step_ms.append(times.step_ms)
-                prof.step()
-                # With --with-stack torch's Python tracer records the callback's frames
-                # too, and frames from rich's progress bar make key_averages() fail to
-                # decode event names (torch 2.13): report progress only outside recording.
-                quiet = options.with_stack and prof.current_action != ProfilerAction.NONE
-                if on_step and not quiet:
-                    on_step(config.mode, index + 1, total)
+    with prof:
+        for index in range(total):
+            if not tagged and prof.current_action != ProfilerAction.NONE:
+                # Only a started profiler keeps metadata; it lands in the trace JSON.
+                prof.add_metadata_json("profkit", json.dumps(_trace_metadata(config)))
+                tagged = True
+            times = workload.step()
+            if index >= config.warmup:
+                step_ms.append(times.step_ms)
+            prof.step()
+            # With --with-stack torch's Python tracer records the callback's frames
+            # too, and frames from rich's progress bar make key_averages() fail to
+            # decode event names (torch 2.13): report progress only outside recording.
+            quiet = options.with_stack and prof.current_action != ProfilerAction.NONE
+            if on_step and not quiet:
+                on_step(config.mode, index + 1, total)
     return step_ms
 
 

@@ -177,16 +177,23 @@ class Workload:
         on_timed_start: Callable[[], None] | None = None,
         on_step_end: Callable[[int, StepTimes], None] | None = None,
         on_timed_end: Callable[[], None] | None = None,
+        on_step_start: Callable[[int], None] | None = None,
     ) -> RunResult:
-        """Warm-up steps, then timed steps. The hooks let profilers capture only timed steps."""
+        """Warm-up steps, then timed steps. The hooks let profilers capture only timed steps;
+        ``on_step_start(i)`` runs before every step, warm-up ones included (``i`` counts
+        them all, warm-up first), for a profiler schedule that steps with the run."""
         result = RunResult(self.config, str(self.device), model_build_s=self.model_build_s)
-        for _ in range(self.config.warmup):
+        for index in range(self.config.warmup):
+            if on_step_start:
+                on_step_start(index)
             result.warmup_steps.append(self.step())
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if on_timed_start:
             on_timed_start()
         for index in range(self.config.steps):
+            if on_step_start:
+                on_step_start(self.config.warmup + index)
             times = self.step()
             result.steps.append(times)
             if on_step_end:
