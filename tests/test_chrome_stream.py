@@ -159,6 +159,10 @@ def test_layouts_it_hands_back_are_read_whole(tmp_path: Path) -> None:
         batches_of(twice.encode(), 256)
     (tmp_path / "twice.json").write_text(twice)
     assert read_chrome_trace(tmp_path / "twice.json", chunk_bytes=256).ranges.empty
+    first_not_a_list = '{"traceEvents": 5, ' + json.dumps(header_after(events))[1:]
+    (tmp_path / "five.json").write_text(first_not_a_list)  # streams: the array wins
+    assert_same_trace(tmp_path / "five.json", 256)
+    assert len(batches_of(first_not_a_list.encode(), 256)[0]) > 5
     assert_same_trace(write(tmp_path, header_after([])), 256)  # no events at all
 
 

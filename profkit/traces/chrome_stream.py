@@ -113,6 +113,7 @@ class EventBatches:
             raise NotStreamable("traceEvents is not a top-level key") from None
         if not isinstance(header, dict):
             raise NotStreamable("not a JSON object")
+        header.pop("traceEvents", None)  # an earlier non-array value: the array wins
         self.header = header
         self._offset = found.end()
         return buffer[found.end() :]
