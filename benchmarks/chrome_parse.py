@@ -1,20 +1,28 @@
-"""Time the Chrome trace reader on a large trace derived from a real torch.profiler one.
+"""Time the Chrome trace reader, streaming against whole-document, on large real-shaped traces.
 
-The source is a real trace: ``--source PATH`` (say the committed GPU fixture), or, by
-default, one made here by torch.profiler from a tiny-model train step on the CPU. Its
-events are replicated, shifted in time with fresh correlation/flow ids, until the JSON
-reaches ``--target-mb``. A CPU-only source has no GPU activity, so by default each of
-its ``cpu_op`` events also gets what Kineto writes for one launch on a GPU run: a
-``cudaLaunchKernel`` runtime event inside the op, the kernel on stream 7, and the
-``ac2g`` flow pair between them (``--no-gpu-synth`` turns this off). The summary says
-which source and which additions were used.
+The source is a real trace: by default the committed H100 fixture
+(``tests/data/torch-small-ctx128-train.json.gz``: one training step of the ``small`` model,
+20,301 events, 2,014 GPU activities); ``--source PATH`` takes another, and ``--source cpu``
+records one here with torch.profiler from a tiny-model train step on the CPU, giving each
+of its ``cpu_op`` events what Kineto writes for one launch on a GPU run (a
+``cudaLaunchKernel`` runtime event inside the op, the kernel on stream 7, and the ``ac2g``
+flow pair between them; ``--no-gpu-synth`` turns this off). Its events are replicated,
+shifted in time with fresh correlation/flow ids, until the JSON reaches each
+``--target-mb``; the file is written a copy at a time (the header keys first,
+``traceName`` after the events), one compact event per line or, with ``--layout
+kineto``, one indented block per event as torch.profiler writes them.
 
-Each measurement runs in a fresh process; its peak RSS is reported above what the
-process held after its imports (torch comes with ``import profkit``):
+Each measurement runs in a fresh process; its wall and CPU time cover the read alone
+(imports excluded), its peak RSS is the whole process's (``os.wait4``), imports included.
+The readers run back to back, alternating, so the machine's load drifts over both:
 
-    python benchmarks/chrome_parse.py --target-mb 300 --repeats 3
+    python benchmarks/chrome_parse.py --target-mb 200 1000 --repeats 3 --gzip --ijson
 
-prints a markdown table for docs/PERFORMANCE.md.
+``whole`` is ``read_chrome_trace(path, chunk_bytes=None)`` (one ``orjson.loads`` of the
+document, then one pass: the reader before streaming); ``stream`` is the default reader.
+With ``--ijson`` two more modes time only the parse and the pass over the events, without
+the tables: through ijson's C backend (``ijson.items(f, "traceEvents.item")``) and through
+the reader's own batches, so the two parsers are compared on equal terms.
 """
 
 from __future__ import annotations
@@ -24,17 +32,21 @@ import gzip
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
+from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SOURCE = ROOT / "tests" / "data" / "torch-small-ctx128-train.json.gz"
+KIB = 1 << 10
+ID_STEP = 10_000_000  # added to every id per copy: copies never share a correlation
 
 
 def cpu_source_trace(workdir: Path) -> Path:
@@ -97,39 +109,74 @@ def add_gpu_activity(doc: dict[str, Any]) -> int:
     return len(added) // 4
 
 
-def replicate(doc: dict[str, Any], target_bytes: int) -> tuple[dict[str, Any], int]:
-    """Copies of the non-metadata events, each shifted past the last, until target_bytes."""
+def shifted(body: list[dict[str, Any]], k: int, span: float) -> list[dict[str, Any]]:
+    """Copy ``k`` of the events: times moved past copy k-1, ids made unique."""
+    out = []
+    for ev in body:
+        ev2 = dict(ev)
+        ev2["ts"] = round(ev["ts"] + k * span, 3)
+        if isinstance(ev2.get("id"), int):
+            ev2["id"] += k * ID_STEP
+        args = ev2.get("args")
+        if isinstance(args, dict) and ("correlation" in args or "External id" in args):
+            args = dict(args)
+            for key in ("correlation", "External id"):
+                if isinstance(args.get(key), int):
+                    args[key] += k * ID_STEP
+            ev2["args"] = args
+        out.append(ev2)
+    return out
+
+
+def write_replicated(
+    doc: dict[str, Any], target_bytes: int, outs: list[IO[bytes]], layout: str
+) -> dict[str, int]:
+    """Write copies of ``doc``'s events to every stream in ``outs`` until target_bytes.
+
+    A copy at a time, so the generator never holds the big document: the header keys,
+    the metadata events once, then copies of the other events, then ``traceName``.
+    ``layout``: ``kineto`` indents each event as a block of lines, as torch.profiler
+    does (about 330 bytes an event from the default source); ``compact`` writes one
+    event per line without spaces (about 210 bytes: 1 GB is about 5 M events).
+    """
+    text = _events_text if layout == "kineto" else _events_lines
     events = doc["traceEvents"]
     meta = [e for e in events if e.get("ph") == "M"]
     body = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), int | float)]
-    one_copy = len(orjson.dumps(body))
-    copies = max(1, -(-target_bytes // one_copy))
     span = max(e["ts"] + e.get("dur", 0) for e in body) - min(e["ts"] for e in body) + 100.0
-    id_step = 10_000_000
-    out: list[dict[str, Any]] = list(meta)
-    for k in range(copies):
-        for ev in body:
-            ev2 = dict(ev)
-            ev2["ts"] = round(ev["ts"] + k * span, 3)
-            if "id" in ev2 and isinstance(ev2["id"], int):
-                ev2["id"] += k * id_step
-            args = ev2.get("args")
-            if isinstance(args, dict) and ("correlation" in args or "External id" in args):
-                args = dict(args)
-                for key in ("correlation", "External id"):
-                    if isinstance(args.get(key), int):
-                        args[key] += k * id_step
-                ev2["args"] = args
-            out.append(ev2)
-    return {**doc, "traceEvents": out}, copies
+    header = {k: v for k, v in doc.items() if k not in ("traceEvents", "traceName")}
+    written = 0
+
+    def put(data: bytes) -> None:
+        nonlocal written
+        written += len(data)
+        for out in outs:
+            out.write(data)
+
+    opening = orjson.dumps(header, option=orjson.OPT_INDENT_2)[:-2] + b","
+    put((opening if header else b"{") + b'\n  "traceEvents": [\n')
+    put(text(meta))
+    copies = 0
+    while written < target_bytes:
+        put((b",\n" if meta or copies else b"") + text(shifted(body, copies, span)))
+        copies += 1
+    put(b'\n  ],\n  "traceName": "replicated.json"\n}\n')
+    return {"events": len(meta) + copies * len(body), "copies": copies, "bytes": written}
+
+
+def _events_text(events: list[dict[str, Any]]) -> bytes:
+    """Events as torch.profiler lays them out: an indented block each, comma-separated."""
+    text = orjson.dumps(events, option=orjson.OPT_INDENT_2)
+    return text[2:-2].replace(b"\n", b"\n  ")  # drop the list's brackets, indent one level
+
+
+def _events_lines(events: list[dict[str, Any]]) -> bytes:
+    """One compact event per line, comma-separated."""
+    return b",\n".join(b"  " + orjson.dumps(ev) for ev in events)
 
 
 def vm_kib(field: str) -> int:
-    """``VmHWM`` (peak) or ``VmRSS`` of this process from /proc, in KiB.
-
-    Not ``getrusage``: its ru_maxrss survives fork+exec, so a child would report the
-    parent's peak (this script holds the whole big trace while it spawns them).
-    """
+    """``VmRSS`` of this process from /proc, in KiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
@@ -137,132 +184,146 @@ def vm_kib(field: str) -> int:
 
 
 def child(mode: str, path: str) -> None:
-    """Runs in a fresh process: one measurement, printed as JSON."""
+    """Runs in a fresh process: one read, printed as JSON."""
     sys.path.insert(0, str(ROOT))
-    from profkit.traces.chrome import read_chrome_trace  # imports (torch via profkit) untimed
+    from itertools import chain
 
-    baseline_kib = vm_kib("VmRSS")
-    started = time.perf_counter()
-    result: dict[str, Any] = {}
-    if mode == "reader":
-        trace = read_chrome_trace(path)
-        result.update(kernels=len(trace.kernels), ranges=len(trace.ranges))
-    else:
-        data = Path(path).read_bytes()
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
-        result["decompress_s"] = time.perf_counter() - started
-        if mode.endswith("-nogc"):
-            import gc
+    from profkit.traces import chrome  # imports untimed
 
-            gc.disable()  # what read_chrome_trace does around its parse
-        parsed = time.perf_counter()
-        doc = json.loads(data) if mode.startswith("json") else orjson.loads(data)
-        result["parse_s"] = time.perf_counter() - parsed
-        result["events"] = len(doc["traceEvents"])
-    result["seconds"] = time.perf_counter() - started
-    result["peak_rss_mb"] = (vm_kib("VmHWM") - baseline_kib) / 1024
+    result: dict[str, Any] = {"imports_rss_mib": vm_kib("VmRSS") / 1024}
+    wall, cpu = time.perf_counter(), time.process_time()
+    if mode == "whole":
+        trace = chrome.read_chrome_trace(path, chunk_bytes=None)
+        result.update(events=trace.meta["events"], kernels=len(trace.kernels))
+    elif mode.startswith("stream") and not mode.endswith("-events"):  # "stream-256": 256 KiB
+        chunk = int(mode.split("-")[1]) * KIB if "-" in mode else chrome.CHUNK_BYTES
+        trace = chrome.read_chrome_trace(path, chunk_bytes=chunk)
+        result.update(events=trace.meta["events"], kernels=len(trace.kernels))
+    else:  # the parse and the pass over the events only, no tables
+        import gc
+
+        gc.disable()  # as the reader does
+        with chrome.open_input(Path(path), "a trace") as stream:
+            if mode == "ijson-events":
+                import ijson
+
+                events = ijson.items(stream, "traceEvents.item", use_float=True)
+                collected = chrome._collect(events)
+            else:
+                batches = chrome.EventBatches(stream, orjson.loads, (orjson.JSONDecodeError,))
+                collected = chrome._collect(chain.from_iterable(batches))
+        result.update(events=collected["events"], kernels=len(collected["gpu"][0]))
+    result.update(read_s=time.perf_counter() - wall, read_cpu_s=time.process_time() - cpu)
     print(json.dumps(result))
 
 
-def measure(mode: str, path: Path, repeats: int) -> list[dict[str, Any]]:
-    runs = []
-    for _ in range(repeats):
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", mode, str(path)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        runs.append(json.loads(out.strip().splitlines()[-1]))
-    return runs
+def measure(mode: str, path: Path) -> dict[str, Any]:
+    """One fresh process: its own timings plus its peak RSS from ``wait4``."""
+    argv = [sys.executable, __file__, "--child", mode, str(path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.read().decode(), proc.stderr.read().decode(errors="replace")
+    if status != 0:
+        raise SystemExit(f"{mode} on {path} failed ({status}):\n{err[-2000:]}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_mib"] = usage.ru_maxrss / 1024  # KiB on Linux
+    result["load_1min"] = os.getloadavg()[0]
+    return result
+
+
+def generate(
+    source: dict[str, Any], target_mb: float, workdir: Path, gz: bool, layout: str
+) -> list[Path]:
+    path = workdir / f"trace-{target_mb:g}MB-{layout}.json"
+    with ExitStack() as stack:
+        outs: list[IO[bytes]] = [stack.enter_context(path.open("wb"))]
+        if gz:
+            outs.append(stack.enter_context(gzip.open(f"{path}.gz", "wb", compresslevel=6)))
+        info = write_replicated(source, int(target_mb * 1e6), outs, layout)
+    print(
+        f"{path.name}: {info['bytes'] / 1e6:,.0f} MB of JSON, {info['events']:,} events "
+        f"(x{info['copies']})" + (f", {Path(f'{path}.gz').stat().st_size / 1e6:,.0f} MB gzip"
+                                  if gz else ""),
+        file=sys.stderr,
+    )  # fmt: skip
+    return [path, Path(f"{path}.gz")] if gz else [path]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", type=Path, help="a real Chrome trace (.json or .json.gz)")
-    parser.add_argument("--target-mb", type=float, default=300.0)
+    parser.add_argument("--source", default=str(DEFAULT_SOURCE), help="a trace, or 'cpu'")
+    parser.add_argument("--target-mb", type=float, nargs="+", default=[200.0, 1000.0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gzip", action="store_true", help="also read a .json.gz of each")
+    parser.add_argument("--ijson", action="store_true", help="also time ijson's parse")
+    parser.add_argument(
+        "--chunk-kib", type=int, nargs="*", default=[], help="also stream with these chunk sizes"
+    )
+    parser.add_argument("--layout", choices=["compact", "kineto"], default="compact")
     parser.add_argument("--no-gpu-synth", action="store_true")
-    parser.add_argument("--stdlib-json", action="store_true", help="also time json.loads once")
+    parser.add_argument("--workdir", type=Path, help="keep the traces here (default: a temp dir)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return
     with tempfile.TemporaryDirectory(prefix="profkit-bench-") as tmp:
-        workdir = Path(tmp)
-        source = args.source or cpu_source_trace(workdir)
-        doc = load(source)
-        source_events = len(doc["traceEvents"])
-        has_gpu = any(e.get("cat") == "kernel" for e in doc["traceEvents"])
-        synthesized = 0
-        if not has_gpu and not args.no_gpu_synth:
-            synthesized = add_gpu_activity(doc)
-        big, copies = replicate(doc, int(args.target_mb * 1e6))
-        raw = orjson.dumps(big)
-        del big, doc
-        json_path = workdir / "big.json"
-        json_path.write_bytes(raw)
-        gz_path = workdir / "big.json.gz"
-        started = time.perf_counter()
-        gz_path.write_bytes(gzip.compress(raw, compresslevel=6))
-        gzip_s = time.perf_counter() - started
-        print(
-            f"source: {args.source or 'torch.profiler CPU trace (tiny, ctx 64, one train step)'}"
-            f" — {source_events:,} events; GPU launches synthesized per cpu_op: {synthesized:,};"
-            f" replicated x{copies}: {len(raw) / 1e6:,.0f} MB JSON,"
-            f" {gz_path.stat().st_size / 1e6:,.0f} MB gzip (gzip -6 took {gzip_s:.1f} s)",
-            file=sys.stderr,
-        )
-        del raw
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        source = load(cpu_source_trace(workdir) if args.source == "cpu" else Path(args.source))
+        if args.source == "cpu" and not args.no_gpu_synth:
+            add_gpu_activity(source)
+        modes = ["whole", "stream"] + [f"stream-{kib}" for kib in args.chunk_kib]
+        modes += ["ijson-events", "stream-events"] if args.ijson else []
         rows = []
-        for label, path in (("json", json_path), ("json.gz", gz_path)):
-            for mode in ("orjson", "orjson-nogc", "reader"):
-                runs = measure(mode, path, args.repeats)
-                rows.append(summarize(label, mode, path, runs))
-        if args.stdlib_json:
-            for mode in ("json", "json-nogc"):
-                rows.append(summarize("json", mode, json_path, measure(mode, json_path, 1)))
-    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores,"
-          f" Python {platform.python_version()}, orjson {orjson.__version__}\n")  # fmt: skip
+        for target in args.target_mb:
+            for path in generate(source, target, workdir, args.gzip, args.layout):
+                runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+                for _ in range(args.repeats):
+                    for mode in modes:
+                        runs[mode].append(run := measure(mode, path))
+                        print(f"{path.name} {mode}: {json.dumps(run)}", file=sys.stderr)
+                rows += [summarize(path, mode, runs[mode]) for mode in modes]
+                if not args.workdir:
+                    path.unlink()
+    print_table(rows, args)
+
+
+def summarize(path: Path, mode: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    best = min(runs, key=lambda r: r["read_cpu_s"])
+    return {
+        "file": path.name,
+        "what": mode,
+        "events": best["events"],
+        "kernels": best["kernels"],
+        "wall_s": min(r["read_s"] for r in runs),
+        "cpu_s": best["read_cpu_s"],
+        "us_per_event": best["read_cpu_s"] / best["events"] * 1e6,
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+        "imports_rss_mib": max(r["imports_rss_mib"] for r in runs),
+        "load": [round(r["load_1min"], 1) for r in runs],
+    }
+
+
+def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(
-        "| file | what | MB on disk | events | kernels | ranges | median s | min s | MB/s (JSON) "
-        "| peak RSS added, MiB |"
+        f"\n{date.today()}: {platform.processor() or platform.machine()}, {os.cpu_count()} cores,"
+        f" Python {platform.python_version()}, orjson {orjson.__version__};"
+        f" best of {args.repeats} (wall and CPU: the read alone; peak RSS: the process)\n"
     )
-    print("|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| file | reader | events | GPU activities | wall s | CPU s | CPU µs/event "
+        "| peak RSS MiB (after imports) | load avg (1 min) |"
+    )
+    print("|:---|:---|---:|---:|---:|---:|---:|---:|:---|")
     for r in rows:
         print(
-            f"| {r['file']} | {r['what']} | {r['mb']:,.0f} | {r['events']} | {r['kernels']} "
-            f"| {r['ranges']} | {r['median_s']:.2f} | {r['min_s']:.2f} | {r['mb_per_s']:,.0f} "
-            f"| {r['rss']:,.0f} |"
+            f"| {r['file']} | {r['what']} | {r['events']:,} | {r['kernels']:,} | "
+            f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['us_per_event']:.2f} | "
+            f"{r['peak_rss_mib']:,.0f} ({r['imports_rss_mib']:,.0f}) | "
+            f"{', '.join(map(str, r['load']))} |"
         )
-
-
-def summarize(label: str, mode: str, path: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    seconds = [r["seconds"] for r in runs]
-    json_mb = (path.with_suffix("") if path.suffix == ".gz" else path).stat().st_size / 1e6
-    what = {
-        "orjson": "orjson.loads, GC on",
-        "orjson-nogc": "orjson.loads, GC paused",
-        "json": "stdlib json.loads, GC on",
-        "json-nogc": "stdlib json.loads, GC paused",
-        "reader": "read_chrome_trace (all of it)",
-    }[mode]
-    if label == "json.gz" and mode != "reader":
-        what = "gunzip + " + what
-    return {
-        "file": label,
-        "what": what,
-        "mb": path.stat().st_size / 1e6,
-        "events": f"{runs[0]['events']:,}" if "events" in runs[0] else "",
-        "kernels": f"{runs[0]['kernels']:,}" if "kernels" in runs[0] else "",
-        "ranges": f"{runs[0]['ranges']:,}" if "ranges" in runs[0] else "",
-        "median_s": statistics.median(seconds),
-        "min_s": min(seconds),
-        "mb_per_s": json_mb / statistics.median(seconds),
-        "rss": max(r["peak_rss_mb"] for r in runs),
-    }
 
 
 if __name__ == "__main__":

@@ -31,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import gzip
+import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -40,8 +42,9 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import BadInput, warn
-from profkit.files import read_input
+from profkit.files import open_input, read_input, reading
 from profkit.sidecar import BrokenSidecar, read_sidecar, validate
+from profkit.traces.chrome_stream import CHUNK_BYTES, BrokenJSON, EventBatches, NotStreamable
 from profkit.traces.chrome_tables import (
     MAX_BASE_NS,
     Issues,
@@ -122,8 +125,13 @@ def is_chrome_trace(path: str | PathLike[str]) -> bool:
     )
 
 
-def read_chrome_trace(path: str | PathLike[str]) -> Trace:
+def read_chrome_trace(path: str | PathLike[str], *, chunk_bytes: int | None = CHUNK_BYTES) -> Trace:
     """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a :class:`Trace`.
+
+    The events are parsed ``chunk_bytes`` of JSON at a time (:mod:`.chrome_stream`), so
+    memory holds one batch of events, not the document; ``chunk_bytes=None`` parses the
+    whole document at once, as the reader did before (the tables are the same; the
+    benchmark and the exactness tests compare the two).
 
     Raises :class:`BadInput` (one line) for a missing file or one that is not a regular
     file, truncated or corrupt compression (gzip, xz), invalid JSON, or JSON that is not a
@@ -135,9 +143,7 @@ def read_chrome_trace(path: str | PathLike[str]) -> Trace:
     """
     p = Path(path)
     with _gc_paused():
-        doc = _loads_trace(p)
-        header, collected = _events_of(p, doc)
-        del doc  # the columns are all we keep; free the parsed events before building tables
+        header, collected = _read_events(p, chunk_bytes)
     base_ns = _int_or(header.get("baseTimeNanoseconds"), 0)
     if not abs(base_ns) < MAX_BASE_NS:
         collected["issues"].add("baseTimeNanoseconds out of range (read as 0)", 1)
@@ -165,6 +171,26 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _read_events(p: Path, chunk_bytes: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The header keys and the collected columns, streaming the events where the layout
+    allows (:mod:`.chrome_stream`), else from the whole parsed document."""
+    if chunk_bytes is not None:
+        try:
+            with open_input(p, "a Chrome trace") as stream, reading(p):
+                errors = (*_DECODE_ERRORS, RecursionError)
+                batches = EventBatches(stream, _loads, errors, chunk_bytes)
+                collected = _collect(chain.from_iterable(batches))
+                return batches.header, collected
+        except NotStreamable:
+            pass  # an odd layout (a top-level array, more after the events): read it whole
+        except BrokenJSON as exc:
+            raise _invalid_json(p, exc.detail) from None
+    doc = _loads_trace(p)
+    header, collected = _events_of(p, doc)
+    del doc  # the columns are all we keep; free the parsed events before building tables
+    return header, collected
+
+
 def _events_of(p: Path, doc: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
         events: list[Any] = doc["traceEvents"]
@@ -186,24 +212,29 @@ def _loads_trace(path: Path) -> Any:
         raise BadInput(f"{path} is not a Chrome trace: JSON nested too deeply") from None
     except _DECODE_ERRORS as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        hint = " (truncated?)" if "end of" in detail.lower() or "eof" in detail.lower() else ""
-        raise BadInput(f"{path} is not valid JSON{hint}: {detail}") from None
+        raise _invalid_json(path, detail) from None
+
+
+def _invalid_json(path: Path, detail: str) -> BadInput:
+    hint = " (truncated?)" if "end of" in detail.lower() or "eof" in detail.lower() else ""
+    return BadInput(f"{path} is not valid JSON{hint}: {detail}")
 
 
 def _collect(events: Iterable[Any]) -> dict[str, Any]:
     """One pass over the events, keeping one tuple per event the tables need.
 
     Every value of a row is computed before the row is kept, so a malformed event
-    (missing ``ts``, non-numeric ``tid``) is dropped alone and counted.
+    (missing ``ts``, non-numeric ``tid``) is dropped alone and counted. Names are
+    interned: a trace repeats a few hundred kernel names millions of times.
     """
     ranges: list[tuple[str, float, float, int]] = []
     gpu: list[tuple[str, str, float, float, int, int, int, str, str]] = []
     launches: list[tuple[int, float, int]] = []
     threads: dict[int, str] = {}
-    pid: int | None = None
+    pids: list[int] = []
     autograd_threads: set[int] = set()
     malformed = total = 0
-    role_of = _ROLE.get
+    role_of, intern = _ROLE.get, sys.intern
     for ev in events:
         total += 1
         cat = ev.get("cat") if type(ev) is dict else _MALFORMED  # not an object: malformed
@@ -212,39 +243,22 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
         if role is None or role is _MALFORMED:
             malformed += role is _MALFORMED
             continue
-        try:
+        try:  # the frequent roles inline: this loop sees every event of the trace
             if role == _LAUNCH:
                 corr = ev["args"].get("correlation")
                 if corr is not None:
                     launches.append((int(corr), float(ev["ts"]), int(ev["tid"])))
             elif role == _RANGE:
                 if ev.get("ph") == "X":
-                    ranges.append(
-                        (str(ev["name"]), float(ev["ts"]), float(ev["dur"]), int(ev["tid"]))
-                    )
+                    name = intern(str(ev["name"]))
+                    ranges.append((name, float(ev["ts"]), float(ev["dur"]), int(ev["tid"])))
             elif role == _OP:
                 if str(ev.get("name", "")).startswith(AUTOGRAD_OP):
                     autograd_threads.add(int(ev["tid"]))
             elif role == _META:
-                if ev.get("ph") == "M" and ev.get("name") == "thread_name":
-                    threads[int(ev["tid"])] = str((ev.get("args") or {}).get("name", ""))
-                elif ev.get("name") == "process_labels" and _is_cpu(ev):
-                    pid = int(ev["pid"])  # the OS process id (GPU lanes use device numbers)
+                _metadata_event(ev, threads, pids)
             else:
-                args = ev.get("args") or {}
-                gpu.append(
-                    (
-                        str(ev.get("name", "")),
-                        role,
-                        float(ev["ts"]),
-                        float(ev["dur"]),
-                        int(args["device"] if "device" in args else ev.get("pid", 0)),
-                        _int_or(args.get("stream", ev.get("tid")), -1),
-                        _int_or(args.get("correlation"), -1),
-                        _dim3(args.get("grid")),
-                        _dim3(args.get("block")),
-                    )
-                )
+                gpu.append(_gpu_row(ev, role))
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # int(inf)
             malformed += 1
     return {
@@ -252,12 +266,38 @@ def _collect(events: Iterable[Any]) -> dict[str, Any]:
         "gpu": _columns(gpu, 9),
         "launches": _columns(launches, 3),
         "threads": threads,
-        "pid": pid,
+        "pid": pids[-1] if pids else None,
         "autograd_threads": sorted(autograd_threads),
         "malformed": malformed,
         "events": total,
         "issues": Issues(),
     }
+
+
+def _metadata_event(ev: dict[str, Any], threads: dict[int, str], pids: list[int]) -> None:
+    """Thread names, and the OS process id (GPU lanes use device numbers), from ``ph: M``."""
+    if ev.get("ph") == "M" and ev.get("name") == "thread_name":
+        threads[int(ev["tid"])] = str((ev.get("args") or {}).get("name", ""))
+    elif ev.get("name") == "process_labels" and _is_cpu(ev):
+        pids.append(int(ev["pid"]))
+
+
+def _gpu_row(
+    ev: dict[str, Any], kind: str
+) -> tuple[str, str, float, float, int, int, int, str, str]:
+    """A kernel, copy or set: name, kind, ts, dur, device, stream, correlation, grid, block."""
+    args = ev.get("args") or {}
+    return (
+        sys.intern(str(ev.get("name", ""))),
+        kind,
+        float(ev["ts"]),
+        float(ev["dur"]),
+        int(args["device"] if "device" in args else ev.get("pid", 0)),
+        _int_or(args.get("stream", ev.get("tid")), -1),
+        _int_or(args.get("correlation"), -1),
+        _dim3(args.get("grid")),
+        _dim3(args.get("block")),
+    )
 
 
 def _columns(rows: list[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
@@ -280,7 +320,7 @@ def _int_or(value: Any, default: int) -> int:
 
 def _dim3(value: Any) -> str:
     if isinstance(value, list | tuple):
-        return ",".join(str(int(v)) for v in value)
+        return sys.intern(",".join(str(int(v)) for v in value))
     return ""
 
 
