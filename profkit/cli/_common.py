@@ -109,7 +109,8 @@ def command(
     """Register a command with list options and the one error boundary.
 
     A :class:`ProfkitError` becomes one line on stderr and exit status 2, and so does an
-    output that cannot be written (stdout closed, a full disk, a reader gone from the pipe);
+    output that cannot be written (stdout closed, a full disk; a reader gone from the pipe
+    is no error: :mod:`profkit.cli.app` ends then, quietly);
     a :class:`~profkit.errors.ProfkitWarning` becomes one ``warning:`` line and the work
     goes on; Ctrl-C becomes exit status 130 with a short note (work already written stays
     written). Before the
@@ -131,6 +132,8 @@ def command(
                     return result
             except ProfkitError as exc:
                 _error(str(exc), said)
+            except BrokenPipeError:
+                raise  # stdout's reader left (`| head`): cli.app ends quietly, every command
             except OSError as exc:
                 if exc.errno not in _OUTPUT_ERRNOS or exc.filename is not None:
                     raise  # a file's own error, not stdout's: the readers say those
@@ -164,9 +167,9 @@ def _check_shared_options(kw: dict[str, Any], outputs: tuple[str, ...]) -> None:
     check_timeout(kw.get("timeout"))
 
 
-# What writing to stdout fails with: the reader left the pipe, the disk is full, stdout was
-# closed, the device failed.
-_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT}
+# What writing to stdout fails with: the disk is full, stdout was closed, the device failed
+# (a reader leaving the pipe, EPIPE, is not a failure: see profkit.cli.app).
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT}
 
 
 def _error(message: str, said: list[str]) -> None:
