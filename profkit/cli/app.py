@@ -46,6 +46,12 @@ class OneLineErrors(typer.core.TyperGroup):
             if exc.code == 1 and not stdout_was_devnull and _stdout_is_devnull():
                 _quiet_exit()
             raise
+        except click.exceptions.NoArgsIsHelpError as exc:
+            # `profkit` or `profkit memory` alone: the help is the answer, printed already by
+            # typer's rich help (or in the message without rich); no "error:" line.
+            if exc.format_message().strip():
+                print(exc.format_message(), file=sys.stderr)
+            sys.exit(2)
         except click.exceptions.ClickException as exc:
             message = " ".join(exc.format_message().split())
             ctx = getattr(exc, "ctx", None)

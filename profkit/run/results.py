@@ -58,9 +58,23 @@ def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:
         check = db.execute("PRAGMA quick_check").fetchone()
         if check is None or check[0] != "ok":
             raise sqlite3.DatabaseError(check[0] if check else "quick_check failed")
+        nsys = db.execute(_NSYS_TABLES).fetchone() is not None
     except sqlite3.DatabaseError as exc:
         raise BadInput(f"{path} is not a usable SQLite database: {exc}") from None
+    if nsys:  # rows written into a profile would mix with its tables; reading it finds none
+        db.conn.close()
+        raise BadInput(
+            f"{path} is an Nsight Systems export, not a results database (give --db another "
+            f"file; `profkit kernels {path}` reads the export)"
+        )
     return db
+
+
+# Tables every Nsight Systems SQLite export has, and no results DB.
+_NSYS_TABLES = (
+    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND (name = 'StringIds' "
+    "OR name LIKE 'CUPTI_ACTIVITY_KIND_%' OR name LIKE 'TARGET_INFO_%') LIMIT 1"
+)
 
 
 @contextmanager
