@@ -415,6 +415,21 @@ def test_a_bench_row_without_its_size_is_left_out_not_a_traceback(tmp_path: Path
         assert (line in bench) is shown, line
 
 
+def test_run_checks_the_db_before_any_piece_runs(tmp_path: Path) -> None:
+    """Before: every piece ran (torch.profiler wrote its traces) and each failed on the DB."""
+    export = tmp_path / "run.sqlite"
+    shutil.copy(DATA / "nsys-2025.3-probe.sqlite", export)
+    profiles, out = tmp_path / "profiles", tmp_path / "r" / "REPORT.md"
+    args = ["--run", "--plan", "minimal", "--db", export, "--profiles", profiles, "--out", out]
+    result = invoke("report", *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: {export} is an Nsight Systems export, not a results database (give --db "
+        f"another file; `profkit kernels {export}` reads the export)\n"
+    )
+    assert not profiles.exists() and not out.exists()
+
+
 def test_help() -> None:
     result = runner.invoke(app, ["report", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "Usage" in result.output
