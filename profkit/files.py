@@ -77,6 +77,23 @@ def check_writable(path: Path | str) -> None:
         raise BadInput(f"cannot write {path}: permission denied")
 
 
+def check_out_dir(path: Path | str, option: str = "--out-dir") -> None:
+    """Raise :class:`BadInput` unless ``path`` is a directory files can be written in, or one
+    that can be made; creates nothing (a probe file comes and goes in the nearest existing
+    directory)."""
+    path = Path(path)
+    if _exists(path) and not path.is_dir():
+        raise BadInput(f"{option} {path} is a file, not a directory (give a new or existing one)")
+    ancestor = next(p for p in (path, *path.parents) if _exists(p))
+    if not ancestor.is_dir():
+        raise BadInput(f"cannot create {path}: its parent {ancestor} is a file, not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=ancestor, prefix=".profkit-write-check-"):
+            pass
+    except OSError as exc:
+        raise BadInput(f"cannot create {path}: {exc.strerror or exc}") from None
+
+
 # What an existing file holds, told by its first bytes (or, for an nsys report, its name).
 # Outputs of profkit are text, CSV, JSON and pictures: none of these may be overwritten by one.
 _SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 
 import pytest
 import torch
@@ -335,6 +336,23 @@ def test_rows_are_stored_in_the_results_db(tmp_path) -> None:
     rows = list(sqlite_utils.Database(db)["attention"].rows)
     assert [(r["d_head"], r["seq"], r["status"]) for r in rows] == [(16, 64, "ok"), (16, 128, "ok")]
     assert len({r["run_id"] for r in rows}) == 1 and rows[0]["torch_version"]
+
+
+def test_resume_on_an_attention_table_profkit_did_not_write_is_one_line(tmp_path) -> None:
+    db = tmp_path / "results.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE attention (status TEXT, batch INTEGER)")
+        conn.execute("INSERT INTO attention VALUES ('ok', 8)")
+    result = runner.invoke(
+        app, ["attention", *SMALL, "--device", "cpu", "--db", str(db), "--resume"]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: {db}: its attention table lacks column(s) impl, compile, dtype, d_head, seq, "
+        "causal, iters, warmup, device: not one profkit wrote (or damaged)\n"
+    )
+    with sqlite3.connect(db) as conn:  # nothing written into it
+        assert conn.execute("SELECT * FROM attention").fetchall() == [("ok", 8)]
 
 
 def test_counting_saved_tensors_leaks_nothing() -> None:

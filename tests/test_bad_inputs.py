@@ -23,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from profkit.cli import app
+from profkit.cli.app import READER_GONE_STATUS, _reader_gone
 from profkit.errors import BadInput, ProfkitWarning
 from profkit.files import check_readable, plain_copy
 from profkit.memory.snapshot import load_snapshot
@@ -417,7 +418,8 @@ def test_full_or_closed_stdout_is_one_line_not_a_traceback() -> None:
     assert b"Traceback" not in closed.stderr
 
 
-def test_broken_pipe_is_not_a_traceback() -> None:
+def test_a_reader_leaving_the_pipe_ends_profkit_quietly_with_141() -> None:
+    """`profkit kernels T | head -c 1`: no message, status 141 (as SIGPIPE gives `cat`)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     big = DATA / "nsys-2025.3-h100-small-fp32.sqlite.xz"  # tables well past a pipe's buffer
     proc = subprocess.Popen(
@@ -427,13 +429,50 @@ def test_broken_pipe_is_not_a_traceback() -> None:
         env=env,
     )
     assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.read(1)
+    assert proc.stdout.read(1)  # the output had begun
     proc.stdout.close()  # the reader leaves, as `| head -c 1` does
     stderr = proc.stderr.read().decode()
     proc.wait()
-    assert "Traceback" not in stderr and "Exception ignored" not in stderr
-    assert proc.returncode == 2, stderr
-    assert stderr == "error: cannot write the output: Broken pipe\n"
+    assert (proc.returncode, stderr) == (READER_GONE_STATUS, "")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],  # typer prints help through its own rich console
+        ["memory", "--help"],  # a sub-group
+        ["sizes"],  # a rich table
+        ["sizes", "--format", "json"],  # plain text through the command's flush
+        ["kernels", str(PROBE), "--format", "csv"],
+    ],
+    ids=" ".join,
+)
+def test_every_kind_of_output_into_a_pipe_nobody_reads_is_quiet(args: list[str]) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before profkit writes a byte
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "profkit", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (READER_GONE_STATUS, "")
+
+
+def test_an_unread_pipe_is_told_from_a_pipe_still_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only stdout's (or stderr's) own reader leaving is quiet; another broken pipe is a bug."""
+    read_end, write_end = os.pipe()
+    with open(write_end, "w") as stdout, open(os.devnull, "w") as stderr:
+        monkeypatch.setattr(sys, "stdout", stdout)
+        monkeypatch.setattr(sys, "stderr", stderr)
+        assert not _reader_gone()
+        os.close(read_end)
+        assert _reader_gone()
 
 
 def test_a_timestamp_from_another_era_is_one_line(tmp_path: Path) -> None:

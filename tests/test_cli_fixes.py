@@ -6,6 +6,7 @@ traceback, no half-done work), checked through the real CLI on real files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -208,3 +209,105 @@ def test_flags_render_as_flags_in_help() -> None:
     assert result.exit_code == 0
     assert "<bool>" not in result.stdout
     assert "<list[str]>" in result.stdout  # options that take values keep their type
+
+
+# --- a second new user's pass: outputs into inputs, help, a trace as the results DB -----------
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "--size", "tiny", "--ctx", "16", "--steps", "1", "--device", "cpu"],
+        ["attention", "--d-head", "4", "--seq", "8", "--iters", "1", "--device", "cpu"],
+        ["compare", "dtype"],
+        ["report", "--profiles", "none"],
+    ],
+    ids=lambda args: args[0],
+)
+def test_an_nsys_export_is_refused_as_the_results_db(args: list[str], tmp_path: Path) -> None:
+    """Before: bench and attention wrote their rows into the export; compare and report
+    found "no bench rows" in it."""
+    export = tmp_path / "run.sqlite"
+    export.write_bytes(PROBE.read_bytes())
+    before = file_digest(export)
+    one_error(
+        invoke(
+            *args, "--db", export, *(["--out", tmp_path / "r.md"] if args[0] == "report" else [])
+        ),
+        f"{export} is an Nsight Systems export, not a results database (give --db another file",
+    )
+    assert file_digest(export) == before
+
+
+@pytest.mark.parametrize("args", [[], ["memory"], ["precision"]], ids=" ".join)
+def test_a_group_without_a_command_prints_its_help_and_no_empty_error(args: list[str]) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2  # a usage error, as click has it
+    assert "Usage:" in result.stdout and "Commands" in result.stdout
+    assert result.stderr == ""  # before: "error:  (see `profkit --help`)"
+
+
+def test_an_out_dir_that_is_a_file_is_one_line_before_any_work(tmp_path: Path) -> None:
+    taken = tmp_path / "run.sqlite"
+    taken.write_bytes(PROBE.read_bytes())
+    before = file_digest(taken)
+    for command in (["torch", "--size", "tiny", "--device", "cpu"], ["memory", "--size", "tiny"]):
+        one_error(
+            invoke(*command, "--out-dir", taken), f"--out-dir {taken} is a file, not a directory"
+        )
+        one_error(
+            invoke(*command, "--out-dir", taken / "sub"),
+            f"cannot create {taken / 'sub'}: its parent {taken} is a file, not a directory",
+        )
+    assert file_digest(taken) == before and sorted(tmp_path.iterdir()) == [taken]
+
+
+RANK_TRACES = [DATA / f"torch-h200x2-small-ddp2-rank{r}.json.gz" for r in (0, 1)]
+
+
+@pytest.mark.parametrize(
+    ("plot", "message"),
+    [
+        ("rank0", "is the input"),  # a copy of the rank-0 trace
+        ("ranks.gif", "ranks.gif: the picture must end in .png, .svg, .pdf"),  # was a traceback
+        ("ranks.json.gz", "the picture must end in"),  # was matplotlib's ValueError
+    ],
+)
+def test_kernels_plot_is_checked_as_an_output_before_reading(
+    plot: str, message: str, tmp_path: Path
+) -> None:
+    copies = [tmp_path / p.name for p in RANK_TRACES]
+    for source, copy in zip(RANK_TRACES, copies, strict=True):
+        copy.write_bytes(source.read_bytes())
+    target = copies[0] if plot == "rank0" else tmp_path / plot
+    one_error(invoke("kernels", *copies, "--plot", target), message)
+    assert file_digest(copies[0]) == file_digest(RANK_TRACES[0])
+
+
+def test_kernels_plot_of_compared_traces_is_refused_not_ignored(tmp_path: Path) -> None:
+    traces = [
+        DATA / "torch-small-ctx128-forward.json.gz",
+        DATA / "torch-small-ctx128-train.json.gz",
+    ]
+    picture = tmp_path / "ranks.png"
+    one_error(
+        invoke("kernels", *traces, "--plot", picture),
+        "--plot draws the ranks of one multi-GPU run; these traces are compared side by side",
+    )
+    assert not picture.exists()
+
+
+def test_help_paragraphs_are_one_line_each_so_the_terminal_wraps_them() -> None:
+    """Typer kept the docstring's line breaks: at 80 columns, lines ended in fragments."""
+    from typer.main import get_command
+
+    group = get_command(app)
+    for name in ("attention", "bench", "compare", "nsys", "report"):
+        help_text = group.commands[name].help  # type: ignore[attr-defined]
+        assert all("\n" not in p for p in help_text.split("\n\n")), name
+    result = runner.invoke(app, ["attention", "--help"], env={"COLUMNS": "80"})
+    assert " the device synchronised after each; " in result.stdout  # not "the" / "device..."

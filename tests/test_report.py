@@ -377,6 +377,127 @@ def test_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) ->
     assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
 
 
+@pytest.fixture(scope="module")
+def attention_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real attention table: `profkit attention` on this CPU, two cells."""
+    db = tmp_path_factory.mktemp("attention") / "results.db"
+    args = ["--d-head", "4", "--seq", "8", "16", "--iters", "1", "--warmup", "0"]
+    result = invoke("attention", *args, "--device", "cpu", "--threads", "1", "--db", db)
+    assert result.exit_code == 0, result.output
+    return db
+
+
+@pytest.fixture(scope="module")
+def memory_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A memory table written by profkit's own writer (result_row, then record, as
+    `profkit memory` does); the child's result is made up: capturing needs CUDA."""
+    from profkit.memory.capture import result_row
+    from profkit.run.results import record
+
+    db = tmp_path_factory.mktemp("memory") / "results.db"
+    for ctx, peak_mib in ((64, 100), (128, 180)):
+        config = WorkloadConfig(size="tiny", ctx=ctx, device="cuda")
+        memory = {"max_memory_allocated_bytes": peak_mib * 2**20, "device_name": GPU}
+        result = {"config": config.to_dict(), "status": "ok", "device": "cuda", "memory": memory}
+        record(db, "memory", result_row(result, db.parent / f"m{ctx}.pickle"))
+    return db
+
+
+def damaged_report(tmp_path: Path, db: Path, *sql: str) -> tuple[Any, str]:
+    """``profkit report`` on a copy of ``db`` with ``sql`` applied; its result and markdown."""
+    copy = tmp_path / "results.db"
+    shutil.copy(db, copy)
+    with sqlite3.connect(copy) as conn:
+        for statement in sql:
+            conn.execute(statement)
+    out = tmp_path / "r" / "REPORT.md"
+    result = invoke("report", "--db", copy, "--profiles", tmp_path / "none", "--out", out)
+    return result, out.read_text() if out.exists() else ""
+
+
+@pytest.mark.parametrize(
+    ("table", "sql", "message"),
+    [
+        (
+            "attention",
+            "ALTER TABLE attention DROP COLUMN seq",
+            "its attention table lacks column(s) seq",
+        ),
+        ("memory", "ALTER TABLE memory DROP COLUMN mode", "its memory table lacks column(s) mode"),
+        ("memory", "DROP TABLE memory", "'memory' is a view, not a table of profkit rows"),
+    ],
+)
+def test_an_attention_or_memory_table_profkit_did_not_write_is_one_line(
+    attention_db: Path, memory_db: Path, tmp_path: Path, table: str, sql: str, message: str
+) -> None:
+    db = attention_db if table == "attention" else memory_db
+    extra = ["CREATE VIEW memory AS SELECT 1 AS size"] if sql == "DROP TABLE memory" else []
+    result, text = damaged_report(tmp_path, db, sql, *extra)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {tmp_path / 'results.db'}: {message}" + (
+        ": not one profkit wrote (or damaged)\n" if "lacks" in message else "\n"
+    )
+    assert text == ""
+
+
+def test_damaged_attention_cells_cost_their_rows_only(attention_db: Path, tmp_path: Path) -> None:
+    rows = db_rows(attention_db, "SELECT seq, forward_ms FROM attention ORDER BY rowid")
+    assert [r["seq"] for r in rows] == [8, 16]
+    result, text = damaged_report(
+        tmp_path, attention_db, "UPDATE attention SET d_head = 'abc' WHERE seq = 8"
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        "warning: " + f"{tmp_path / 'results.db'}: the attention table: 1 cell(s) held values "
+        "of the wrong type or range and read as empty (d_head); 1 row(s) without their d_head "
+        "are left out"
+    ) in result.stderr
+    attention = section(text, "Attention")
+    assert f"| 4 | 16 | ok | {rows[1]['forward_ms']:,.2f} |" in attention
+    assert "| 4 | 8 |" not in attention
+
+
+def test_damaged_memory_cells_cost_their_rows_only(memory_db: Path, tmp_path: Path) -> None:
+    result, text = damaged_report(
+        tmp_path,
+        memory_db,
+        "UPDATE memory SET size = 'huge' WHERE ctx = 64",
+        "ALTER TABLE memory DROP COLUMN nproc",  # a table from before --nproc: default 1
+    )
+    assert result.exit_code == 0, result.output
+    assert "the memory table: 1 cell(s) held values of the wrong type or range" in result.stderr
+    assert "1 row(s) without their size are left out" in result.stderr
+    memory = section(text, "Memory")
+    assert "| tiny-ctx128-train-fp32 | ok | — | — | — | — | 0.18 | — | — |" in memory
+    assert "ctx64" not in memory
+
+
+def test_a_bench_row_without_its_size_is_left_out_not_a_traceback(tmp_path: Path) -> None:
+    first, second = db_rows(H100_DB, "SELECT * FROM bench ORDER BY rowid LIMIT 2")
+    result, text = damaged_report(tmp_path, H100_DB, "UPDATE bench SET size = NULL WHERE rowid = 1")
+    assert result.exit_code == 0, result.output
+    assert "the bench table: 1 row(s) without their size are left out" in result.stderr
+    bench = section(text, "Benchmark")
+    for row, shown in ((first, False), (second, True)):
+        line = f"| {row['ctx']} | {row['dtype']} | ok | {row['forward_ms']:,.2f} |"
+        assert (line in bench) is shown, line
+
+
+def test_run_checks_the_db_before_any_piece_runs(tmp_path: Path) -> None:
+    """Before: every piece ran (torch.profiler wrote its traces) and each failed on the DB."""
+    export = tmp_path / "run.sqlite"
+    shutil.copy(DATA / "nsys-2025.3-probe.sqlite", export)
+    profiles, out = tmp_path / "profiles", tmp_path / "r" / "REPORT.md"
+    args = ["--run", "--plan", "minimal", "--db", export, "--profiles", profiles, "--out", out]
+    result = invoke("report", *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"error: {export} is an Nsight Systems export, not a results database (give --db "
+        f"another file; `profkit kernels {export}` reads the export)\n"
+    )
+    assert not profiles.exists() and not out.exists()
+
+
 def test_help() -> None:
     result = runner.invoke(app, ["report", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "Usage" in result.output

@@ -26,7 +26,7 @@ import typer.core
 
 from profkit.cli.render import err_console
 from profkit.errors import BadInput, ProfkitError, ProfkitWarning
-from profkit.files import check_output
+from profkit.files import check_out_dir, check_output
 from profkit.run.proc import check_timeout
 from profkit.workload.config import ATTENTIONS, DEVICES, DTYPES, MODES, PARALLELS, WorkloadConfig
 from profkit.workload.specs import SIZES
@@ -45,6 +45,12 @@ class ListOptionsCommand(typer.core.TyperCommand):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.help:
+            # Typer keeps a docstring's line breaks inside a paragraph, so a terminal narrower
+            # than the source lines showed ragged fragments ("... the" / "device ..."): one
+            # paragraph, one line, wrapped by the terminal.
+            paragraphs = inspect.cleandoc(self.help).split("\n\n")
+            self.help = "\n\n".join(" ".join(p.split()) for p in paragraphs)
         for param in self.params:
             # Typer's help gives every option a type column; a flag takes no value, so
             # `--bf16 <bool>` would read as if it wanted one.
@@ -109,7 +115,8 @@ def command(
     """Register a command with list options and the one error boundary.
 
     A :class:`ProfkitError` becomes one line on stderr and exit status 2, and so does an
-    output that cannot be written (stdout closed, a full disk, a reader gone from the pipe);
+    output that cannot be written (stdout closed, a full disk; a reader gone from the pipe
+    is no error: :mod:`profkit.cli.app` ends then, quietly);
     a :class:`~profkit.errors.ProfkitWarning` becomes one ``warning:`` line and the work
     goes on; Ctrl-C becomes exit status 130 with a short note (work already written stays
     written). Before the
@@ -131,6 +138,8 @@ def command(
                     return result
             except ProfkitError as exc:
                 _error(str(exc), said)
+            except BrokenPipeError:
+                raise  # stdout's reader left (`| head`): cli.app ends quietly, every command
             except OSError as exc:
                 if exc.errno not in _OUTPUT_ERRNOS or exc.filename is not None:
                     raise  # a file's own error, not stdout's: the readers say those
@@ -155,18 +164,21 @@ def _check_shared_options(kw: dict[str, Any], outputs: tuple[str, ...]) -> None:
 
     Each of the command's ``outputs`` that is given is checked by
     :func:`~profkit.files.check_output` against every other path argument (its inputs, its
-    ``--db``): an output never overwrites what the command reads.
+    ``--db``): an output never overwrites what the command reads. An ``--out-dir`` must be a folder
+    that can be written in (or made).
     """
     for output in outputs:
         if isinstance(kw.get(output), Path):
             flag = "--" + output.replace("_", "-")
             check_output(kw[output], _input_paths(kw, outputs), flag)
+    if isinstance(kw.get("out_dir"), Path):
+        check_out_dir(kw["out_dir"])
     check_timeout(kw.get("timeout"))
 
 
-# What writing to stdout fails with: the reader left the pipe, the disk is full, stdout was
-# closed, the device failed.
-_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT}
+# What writing to stdout fails with: the disk is full, stdout was closed, the device failed
+# (a reader leaving the pipe, EPIPE, is not a failure: see profkit.cli.app).
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT}
 
 
 def _error(message: str, said: list[str]) -> None:

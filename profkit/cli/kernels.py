@@ -15,6 +15,7 @@ from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
 from profkit.formats import check_format, file_format, write_text
+from profkit.memory.plot import check_image_path
 from profkit.traces import Trace, load_trace
 from profkit.traces.ranks import is_rank_set, merge_rank_traces
 
@@ -86,7 +87,7 @@ ToleranceOpt = Annotated[
 ]
 
 
-@command(app)
+@command(app, outputs=("out", "plot"))
 def kernels(
     path: PathArg,
     phase: PhaseOpt = None,
@@ -109,6 +110,8 @@ def kernels(
     check_format(fmt)
     if not tolerance >= 0:  # also catches nan
         raise BadInput(f"--tolerance must be >= 0 (a percentage); got {tolerance:g}")
+    if plot is not None:
+        check_image_path(plot)
     paths = list(path)
     if len(paths) > 1 or compare:
         traces = [_read(p, nsys) for p in paths]
@@ -117,6 +120,11 @@ def kernels(
                 merge_rank_traces(traces), top, phase, range_, rank, _mode(phases)
             )
         else:
+            if plot is not None:
+                raise BadInput(
+                    "--plot draws the ranks of one multi-GPU run; these traces are compared "
+                    "side by side instead"
+                )
             _compare(paths, traces, top, phase, range_, tolerance, fmt, out, phases)
             return
     else:

@@ -14,7 +14,8 @@ from profkit.cli._common import command
 from profkit.cli.app import app
 from profkit.cli.render import err_console, progress_bar
 from profkit.errors import BadInput
-from profkit.files import check_output, check_writable
+from profkit.files import check_output
+from profkit.run.results import check_db
 
 if TYPE_CHECKING:
     from profkit.report.plan import Piece
@@ -98,11 +99,11 @@ def _run(profiles: Path, db_path: Path, reports_dir: Path, plan_name: str) -> No
     from profkit.report.plan import choose_plan
     from profkit.report.run import Where, cuda_available, run_plan
 
+    check_db(db_path)  # a DB no piece could write fails here, not after the others ran
     cuda = cuda_available()
     pieces = choose_plan(plan_name, cuda)
     label = plan_name if plan_name != "auto" else ("gpu" if cuda else "cpu")
     err_console.print(f"measuring what is missing: the {label} plan, {len(pieces)} pieces")
-    check_writable(db_path)
     with run_progress(pieces) as hooks:
         run_plan(pieces, Where(profiles, db_path, reports_dir), hooks)
 

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import BadInput
+from profkit.memory.capture import PHASE_COLUMNS
 from profkit.run import bench as bench_lib
 from profkit.run import results
-from profkit.workload.config import RUN_FIELDS
+from profkit.studies import attention_rows
+from profkit.workload.config import RUN_FIELD_TYPES, RUN_FIELDS, WorkloadConfig
 
 Row = dict[str, Any]
 
@@ -31,6 +33,14 @@ ATTENTION_KEY = (
     "device", "device_name",
 )  # fmt: skip
 MEMORY_KEY = (*RUN_FIELDS, "device", "gpu")
+# The memory table's columns (profkit.memory.capture.result_row writes them) and their types.
+MEMORY_COLUMNS: dict[str, type] = {
+    **RUN_FIELD_TYPES,
+    **{name: str for name in ("device", "status", "error", "snapshot", "gpu")},
+    **{name: int for name in PHASE_COLUMNS},
+    **{f"{name}_bytes": int for name in ("peak_requested", "residual_stream", "snapshot")},
+}
+MEMORY_REQUIRED = ("size", "ctx", "batch", "mode", "dtype", "status")
 BENCH_KEY = ("device", "gpu_name", *RUN_FIELDS)
 
 
@@ -66,12 +76,8 @@ def collect(profiles_dir: Path, db_path: Path) -> Inventory:
     inventory = Inventory(Path(profiles_dir), Path(db_path))
     if db_path.exists():
         inventory.bench = latest(bench_lib.load(db_path), BENCH_KEY)
-        attention = [
-            _booleans(r, ("compile", "causal")) for r in results.rows(db_path, "attention")
-        ]
-        inventory.attention = latest(attention, ATTENTION_KEY)
-        memory = [_booleans(r, ("compile",)) for r in results.rows(db_path, "memory")]
-        inventory.memory = latest(memory, MEMORY_KEY)
+        inventory.attention = latest(attention_rows.load(db_path), ATTENTION_KEY)
+        inventory.memory = latest(memory_rows(db_path), MEMORY_KEY)
     if profiles_dir.is_dir():
         files = sorted(p for p in profiles_dir.iterdir() if p.is_file())
         inventory.nsys = _nsys_files(files, db_path)
@@ -94,9 +100,31 @@ def latest(rows: Iterable[Row], key_fields: Sequence[str]) -> list[Row]:
     return list(chosen.values())
 
 
-def _booleans(row: Row, names: Sequence[str]) -> Row:
-    # SQLite has no booleans: True comes back as 1.
-    return {**row, **{n: bool(row[n]) for n in names if row.get(n) is not None}}
+def memory_rows(db_path: Path) -> list[Row]:
+    """Every ``profkit memory`` row in the results DB, oldest first, checked.
+
+    Raises :class:`BadInput` when the ``memory`` table is not one profkit wrote; a cell of
+    the wrong type, or a config value no run takes (size ``huge``, ctx 0), reads as null,
+    and a row left without its config or status is left out, said in one warning
+    (:func:`profkit.run.results.checked_rows`). Config fields an older table lacks take
+    their defaults.
+    """
+    return results.checked_rows(db_path, "memory", MEMORY_REQUIRED, _memory_row)
+
+
+def _memory_row(row: Row, bad: list[str]) -> Row:
+    out = results.typed_cells(row, MEMORY_COLUMNS, bad)
+    given = {name: out[name] for name in RUN_FIELDS if out[name] is not None}
+    for name, value in given.items():  # the config's own checks, one field at a time
+        try:
+            WorkloadConfig(**{name: value})
+        except BadInput:
+            out[name] = given[name] = None
+            bad.append(name)
+    if all(out[name] is not None for name in MEMORY_REQUIRED):
+        config = WorkloadConfig.from_dict({k: v for k, v in given.items() if v is not None})
+        out.update({name: getattr(config, name) for name in RUN_FIELDS})
+    return out
 
 
 def _ends(path: Path, suffixes: Sequence[str]) -> bool:

@@ -10,7 +10,6 @@ phase, every step's times (the first-step effect stays visible), FLOPs and the e
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import uuid
 from collections.abc import Callable, Sequence
@@ -19,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.errors import BadInput, warn
+from profkit.errors import BadInput
 from profkit.run import results, torchrun
 from profkit.run.child import run_child
 from profkit.run.environment import environment, utc_now
@@ -178,7 +177,7 @@ def decode_row(row: dict[str, Any], bad: list[str] | None = None) -> Row:
         value = out.get(name)
         if value is None or name in LIST_FIELDS:
             continue
-        if not _fits(value, kind):
+        if not results.fits(value, kind):
             out[name] = None
             (bad if bad is not None else []).append(name)
     for name in LIST_FIELDS:
@@ -197,20 +196,12 @@ def decode_row(row: dict[str, Any], bad: list[str] | None = None) -> Row:
     return out
 
 
-def _fits(value: Any, kind: type) -> bool:
-    if kind is str:
-        return isinstance(value, str)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return math.isfinite(value) and (kind is float or float(value).is_integer())
-
-
 def _number_list(text: str) -> list[float] | None:
     try:
         values = json.loads(text)
     except ValueError:
         return None
-    ok = isinstance(values, list) and all(_fits(v, float) for v in values)
+    ok = isinstance(values, list) and all(results.fits(v, float) for v in values)
     return values if ok else None
 
 
@@ -220,13 +211,7 @@ def load(db_path: Path | str = results.DEFAULT_DB) -> list[Row]:
     Raises :class:`BadInput` when the ``bench`` table is not one profkit wrote (a view, or
     without the config columns); cells of the wrong type read as null, said in one warning.
     """
-    bad: list[str] = []
-    decoded = [decode_row(r, bad) for r in results.rows(db_path, TABLE, required=REQUIRED)]
-    if bad:
-        columns = ", ".join(sorted(set(bad)))
-        warn(f"{db_path}: {len(bad):,} cell(s) of the bench table held values of the wrong "
-             f"type and read as empty ({columns})")  # fmt: skip
-    return decoded
+    return results.checked_rows(db_path, TABLE, REQUIRED, decode_row)
 
 
 def _done_rows(db: Any) -> dict[str, Row]:

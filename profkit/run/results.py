@@ -8,15 +8,16 @@ writes the ``bench`` table. The default database is ``profiles/results.db``.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 
-from profkit.errors import BadInput
+from profkit.errors import BadInput, warn
 from profkit.files import check_readable, check_writable
 from profkit.workload.config import RUN_FIELDS, WorkloadConfig
 
@@ -57,9 +58,23 @@ def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:
         check = db.execute("PRAGMA quick_check").fetchone()
         if check is None or check[0] != "ok":
             raise sqlite3.DatabaseError(check[0] if check else "quick_check failed")
+        nsys = db.execute(_NSYS_TABLES).fetchone() is not None
     except sqlite3.DatabaseError as exc:
         raise BadInput(f"{path} is not a usable SQLite database: {exc}") from None
+    if nsys:  # rows written into a profile would mix with its tables; reading it finds none
+        db.conn.close()
+        raise BadInput(
+            f"{path} is an Nsight Systems export, not a results database (give --db another "
+            f"file; `profkit kernels {path}` reads the export)"
+        )
     return db
+
+
+# Tables every Nsight Systems SQLite export has, and no results DB.
+_NSYS_TABLES = (
+    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND (name = 'StringIds' "
+    "OR name LIKE 'CUPTI_ACTIVITY_KIND_%' OR name LIKE 'TARGET_INFO_%') LIMIT 1"
+)
 
 
 @contextmanager
@@ -291,3 +306,64 @@ def rows(
             return list(db.table(table).rows_where(where, where_args, order_by="rowid"))
         except sqlite3.Error as exc:
             raise BadInput(f"cannot read the {table} table of {db_path}: {exc}") from None
+
+
+Row = dict[str, Any]
+Decode = Callable[[Row, list[str]], Row]
+
+
+def checked_rows(
+    db_path: Path | str, table: str, required: tuple[str, ...], decode: Decode
+) -> list[Row]:
+    """The rows of a profkit ``table``, oldest first, each decoded by ``decode(row, bad)``.
+
+    The one schema check of every table a command reads back (bench, attention, memory).
+    A table that is not one profkit wrote (a view; without a ``required`` column) raises
+    :class:`BadInput`. ``decode`` reads a cell of the wrong type as null and appends its
+    column to ``bad``; a row left without one of its ``required`` fields cannot be placed
+    (which config? how did it end?) and is left out. Both are counted in one warning.
+    """
+    bad: list[str] = []
+    kept, lacking = [], []
+    for row in rows(db_path, table, required=required):
+        decoded = decode(row, bad)
+        missing = [name for name in required if decoded.get(name) is None]
+        lacking += missing[:1]
+        if not missing:
+            kept.append(decoded)
+    said = []
+    if bad:
+        said.append(f"{len(bad):,} cell(s) held values of the wrong type or range and read as empty "
+                    f"({', '.join(sorted(set(bad)))})")  # fmt: skip
+    if lacking:
+        said.append(f"{len(lacking):,} row(s) without their {' or '.join(dict.fromkeys(lacking))} "
+                    "are left out")  # fmt: skip
+    if said:
+        warn(f"{db_path}: the {table} table: {'; '.join(said)}")
+    return kept
+
+
+def typed_cells(row: Row, types: Mapping[str, type], bad: list[str]) -> Row:
+    """``row`` with every column of ``types`` present (null where an older table lacks it),
+    bool columns (stored as 0/1) as bools, and each cell of the wrong type as null, its
+    column appended to ``bad``."""
+    out = {name: None for name in types} | row
+    for name, kind in types.items():
+        value = out[name]
+        if value is None:
+            continue
+        if not fits(value, int if kind is bool else kind):
+            out[name] = None
+            bad.append(name)
+        elif kind is bool:
+            out[name] = bool(value)
+    return out
+
+
+def fits(value: Any, kind: type) -> bool:
+    """Whether a cell read back from SQLite holds a ``kind`` (str, int or float; finite)."""
+    if kind is str:
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and (kind is float or float(value).is_integer())

@@ -29,6 +29,7 @@ import torch
 
 from profkit.run.proc import child_env, die_with_parent, kill_tree, private_tempdir, watch_parent
 from profkit.run.threads import choose_threads
+from profkit.studies import attention_rows
 from profkit.studies.attention import (
     AttentionSettings,
     Cell,
@@ -44,8 +45,6 @@ OnDone = Callable[[dict[str, Any]], None]
 POLL_S = 0.2
 STDERR_TAIL_CHARS = 2_000
 
-
-TABLE = "attention"
 # Stored cells a resumed grid reuses: measured (ok), out of memory or skipped by the host
 # memory guard (both would recur). ``error`` cells run again.
 REUSABLE = ("ok", "oom", "skipped")
@@ -120,8 +119,8 @@ def _committer(settings: AttentionSettings, db_path: Path | None) -> Iterator[On
     run_id = uuid.uuid4().hex[:12]
     with opened(db_path) as db:
         probe = new_row(settings, settings.cells()[0], torch.device(settings.device))
-        probe_insert(db, TABLE, {**probe, **env, "run_id": run_id})
-        yield lambda row: insert(db, TABLE, {**row, **env, "run_id": run_id})
+        probe_insert(db, attention_rows.TABLE, {**probe, **env, "run_id": run_id})
+        yield lambda row: insert(db, attention_rows.TABLE, {**row, **env, "run_id": run_id})
 
 
 def _same_settings(row: dict[str, Any], settings: AttentionSettings) -> bool:
@@ -136,17 +135,14 @@ def _same_settings(row: dict[str, Any], settings: AttentionSettings) -> bool:
 
 def stored_rows(settings: AttentionSettings, db_path: Path) -> dict[Cell, dict[str, Any]]:
     """The cells of ``settings`` (a concrete device) the DB already holds, latest row each."""
-    from profkit.run import results
-
     if not db_path.exists():
         return {}
     found: dict[Cell, dict[str, Any]] = {}
     wanted = set(settings.cells())
-    for row in results.rows(db_path, TABLE):
-        if row.get("status") in REUSABLE and _same_settings(row, settings):
-            row = {**row, "compile": bool(row["compile"]), "causal": bool(row["causal"])}
-            if _cell_of(row) in wanted:
-                found[_cell_of(row)] = row
+    for row in attention_rows.load(db_path):
+        reusable = row["status"] in REUSABLE and _same_settings(row, settings)
+        if reusable and _cell_of(row) in wanted:
+            found[_cell_of(row)] = row
     return found
 
 

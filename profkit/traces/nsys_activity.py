@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -148,66 +148,105 @@ def collect_activity(
     ``start``, ``duration``, ``key`` and ``devstream`` stay lists of chunks, concatenated
     once where they are used (at millions of rows every copy costs a tenth of a second).
     """
-    chunked: dict[str, list[np.ndarray]] = {f: [] for f in PASS_THROUGH}
-    derived: dict[str, list[np.ndarray]] = {f: [] for f in ("name", "kind", "grid", "block")}
-    names: list[str] = []  # full names; codes index into it
-    shorts: list[str] = []
-    grids: dict[str, int] = {"": 0}  # "x,y,z" -> code; code 0 = no grid (copies)
-
-    def add(chunks: list[dict[str, np.ndarray]], kind: int, name_codes: np.ndarray,
-            full: list[str], short: list[str], shapes: tuple[np.ndarray, ...] = ()) -> None:  # fmt: skip
-        rows = len(name_codes)
-        for field in PASS_THROUGH:
-            chunked[field].extend(chunk[field] for chunk in chunks)
-        derived["name"].append((name_codes + len(names)).astype(np.int32))
-        derived["kind"].append(np.full(rows, kind, dtype=np.int8))
-        for field, codes in zip(
-            ("grid", "block"), shapes or (np.zeros(rows, np.int32),) * 2, strict=True
-        ):
-            derived[field].append(codes)
-        names.extend(full)
-        shorts.extend(short)
-
-    def column(chunks: list[dict[str, np.ndarray]], field: str) -> np.ndarray:
-        return np.concatenate([c[field] for c in chunks]) if chunks else np.empty(0, np.int64)
-
+    found = _Activity()
     if KERNEL_TABLE in jobs:
         chunks = jobs[KERNEL_TABLE].chunks()
-        codes, unique = pd.factorize(column(chunks, "names"))
-        full_ids, short_ids = codec.split_names(unique)
-        strings = _sqlite.strings_by_id(conn, np.concatenate([full_ids, short_ids]))
-        full = [strings.get(int(i), f"kernel {i}") for i in full_ids]
-        short = [strings.get(int(i), "") or f for i, f in zip(short_ids, full, strict=True)]
-        shapes = []
-        for field, (x_bits, y_bits) in (("grid", (31, 16)), ("block", (11, 10))):
-            field_codes, values = pd.factorize(column(chunks, field))
-            index = [grids.setdefault(_shape(int(v), x_bits, y_bits), len(grids)) for v in values]
-            shapes.append(np.asarray(index, dtype=np.int32)[field_codes])
-        add(chunks, 0, codes, full, short, tuple(shapes))
+        codes, full, short = _kernel_names(conn, codec, chunks)
+        found.add(chunks, 0, codes, full, short, _kernel_shapes(chunks, found.grids))
     if MEMCPY_TABLE in jobs:
         chunks = jobs[MEMCPY_TABLE].chunks()
         labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER") or MEMCPY_LABELS
-        codes, unique = pd.factorize(column(chunks, "copy_kind"))
+        codes, unique = pd.factorize(_column(chunks, "copy_kind"))
         full = [f"[CUDA memcpy {labels.get(int(k), f'kind {k}')}]" for k in unique]
-        add(chunks, 1, codes, full, full)
+        found.add(chunks, 1, codes, full, full)
     if MEMSET_TABLE in jobs:
         chunks = jobs[MEMSET_TABLE].chunks()
         rows = sum(len(c["start"]) for c in chunks)
-        add(chunks, 2, np.zeros(rows, np.int64), ["[CUDA memset]"], ["[CUDA memset]"])
+        found.add(chunks, 2, np.zeros(rows, np.int64), ["[CUDA memset]"], ["[CUDA memset]"])
     if GRAPH_TABLE in jobs:
         chunks = jobs[GRAPH_TABLE].chunks()
-        codes, unique = pd.factorize(column(chunks, "graph"))
+        codes, unique = pd.factorize(_column(chunks, "graph"))
         full = [f"[CUDA graph {g}]" for g in unique]
-        add(chunks, 3, codes, full, full)
+        found.add(chunks, 3, codes, full, full)
+    return found.columns()
 
-    activity: dict[str, Any] = {f: np.concatenate(v) if v else np.empty(0, np.int32)
-                                for f, v in derived.items()}  # fmt: skip
-    activity["key"] = (
-        np.concatenate(chunked.pop("key")) if chunked["key"] else np.empty(0, np.int64)
+
+@dataclass
+class _Activity:
+    """The activity columns gathered table by table, names and shapes coded as they come."""
+
+    chunked: dict[str, list[np.ndarray]] = field(
+        default_factory=lambda: {f: [] for f in PASS_THROUGH}
     )
-    activity.update(chunked)
-    activity.update(rows=len(activity["name"]), names=names, shorts=shorts, grids=list(grids))
-    return activity
+    derived: dict[str, list[np.ndarray]] = field(
+        default_factory=lambda: {f: [] for f in ("name", "kind", "grid", "block")}
+    )
+    names: list[str] = field(default_factory=list)  # full names; codes index into it
+    shorts: list[str] = field(default_factory=list)
+    grids: dict[str, int] = field(default_factory=lambda: {"": 0})  # "x,y,z" -> code; 0: none
+
+    def add(
+        self,
+        chunks: list[dict[str, np.ndarray]],
+        kind: int,
+        name_codes: np.ndarray,
+        full: list[str],
+        short: list[str],
+        shapes: tuple[np.ndarray, ...] = (),
+    ) -> None:
+        """One table's rows: its chunks, the kind code, names coded into ``full``/``short``."""
+        rows = len(name_codes)
+        for name in PASS_THROUGH:
+            self.chunked[name].extend(chunk[name] for chunk in chunks)
+        self.derived["name"].append((name_codes + len(self.names)).astype(np.int32))
+        self.derived["kind"].append(np.full(rows, kind, dtype=np.int8))
+        no_shape = (np.zeros(rows, np.int32),) * 2  # copies, memsets and graphs have none
+        for name, codes in zip(("grid", "block"), shapes or no_shape, strict=True):
+            self.derived[name].append(codes)
+        self.names.extend(full)
+        self.shorts.extend(short)
+
+    def columns(self) -> dict[str, Any]:
+        """The aligned columns; ``start``, ``duration`` and ``devstream`` still in chunks."""
+        activity: dict[str, Any] = {
+            name: np.concatenate(parts) if parts else np.empty(0, np.int32)
+            for name, parts in self.derived.items()
+        }
+        keys = self.chunked.pop("key")
+        activity["key"] = np.concatenate(keys) if keys else np.empty(0, np.int64)
+        activity.update(self.chunked)
+        activity.update(
+            rows=len(activity["name"]), names=self.names, shorts=self.shorts, grids=list(self.grids)
+        )
+        return activity
+
+
+def _column(chunks: list[dict[str, np.ndarray]], name: str) -> np.ndarray:
+    return np.concatenate([c[name] for c in chunks]) if chunks else np.empty(0, np.int64)
+
+
+def _kernel_names(
+    conn: sqlite3.Connection, codec: Codec, chunks: list[dict[str, np.ndarray]]
+) -> tuple[np.ndarray, list[str], list[str]]:
+    """Each kernel's name code, and the full and short names the codes index."""
+    codes, unique = pd.factorize(_column(chunks, "names"))
+    full_ids, short_ids = codec.split_names(unique)
+    strings = _sqlite.strings_by_id(conn, np.concatenate([full_ids, short_ids]))
+    full = [strings.get(int(i), f"kernel {i}") for i in full_ids]
+    short = [strings.get(int(i), "") or f for i, f in zip(short_ids, full, strict=True)]
+    return codes, full, short
+
+
+def _kernel_shapes(
+    chunks: list[dict[str, np.ndarray]], grids: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Grid and block codes of each kernel; new ``"x,y,z"`` shapes are added to ``grids``."""
+    shapes = []
+    for name, (x_bits, y_bits) in (("grid", (31, 16)), ("block", (11, 10))):
+        codes, values = pd.factorize(_column(chunks, name))
+        index = [grids.setdefault(_shape(int(v), x_bits, y_bits), len(grids)) for v in values]
+        shapes.append(np.asarray(index, dtype=np.int32)[codes])
+    return shapes[0], shapes[1]
 
 
 def _shape(packed: int, x_bits: int, y_bits: int) -> str:

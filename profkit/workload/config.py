@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +152,12 @@ RUN_FIELDS = tuple(
 """The fields that say what a run does, in declaration order (``size`` ... ``steps``):
 what tables, result keys and report lines name a run by. Left out: where it ran (the
 device), the model's vocabulary and seed (never changed from the command line), labels."""
+RUN_FIELD_TYPES: dict[str, type] = {
+    name: next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+    for name, hint in typing.get_type_hints(WorkloadConfig).items()
+    if name in RUN_FIELDS
+}
+"""The type each run field holds when it holds one (``threads: int | None`` -> ``int``)."""
 
 
 def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
