@@ -368,6 +368,11 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path, cpu_trace: Path) -> None
     _one_line_bad_input(tmp_path / "junk.json.gz", "truncated or corrupt gzip")
     (tmp_path / "latin.json").write_bytes(b'{"traceEvents": ["\xff"]}')
     _one_line_bad_input(tmp_path / "latin.json", "not valid JSON")
+    # A picture named like a trace: said to be binary, not a JSON parser's complaint.
+    (tmp_path / "image.json.gz").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    _one_line_bad_input(tmp_path / "image.json.gz", "not a Chrome trace", "binary data")
+    (tmp_path / "words.json").write_text("hello world")
+    _one_line_bad_input(tmp_path / "words.json", "not a Chrome trace", "JSON object or array")
 
 
 def test_sniffing(tmp_path: Path, cpu_trace: Path) -> None:

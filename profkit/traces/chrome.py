@@ -206,6 +206,8 @@ def _loads_trace(path: Path) -> Any:
     data = read_input(path, "a Chrome trace")  # .gz / .xz read directly
     if not data.strip():
         raise BadInput(f"{path} is empty, not a Chrome trace")
+    if data.lstrip()[:1] not in (b"{", b"["):  # JSON text of a trace opens an object or array
+        raise BadInput(f"{path} is not a Chrome trace: {_what_it_starts_with(data)}")
     try:
         return _loads(data)
     except RecursionError:
@@ -213,6 +215,17 @@ def _loads_trace(path: Path) -> Any:
     except _DECODE_ERRORS as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise _invalid_json(path, detail) from None
+
+
+def _what_it_starts_with(data: bytes) -> str:
+    head = data[:64]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"it holds binary data (first bytes {head[:8].hex(' ')})"
+    if "\x00" in text:
+        return f"it holds binary data (first bytes {head[:8].hex(' ')})"
+    return f"it does not start with a JSON object or array ({text.strip()[:24]!r}...)"
 
 
 def _invalid_json(path: Path, detail: str) -> BadInput:
