@@ -39,7 +39,7 @@ _LIST = (
 )
 _PAIR = _F + b"(" + _REF + b")" + _F + b"(?:(" + _PLAIN + b")|(" + _STR + b"|" + _LIST + b"))"
 _REFS = re.compile(rb"\x95.{8}|h(.)|j(....)", re.DOTALL)
-WINDOW_BYTES = (4 << 10, 512 << 10)  # a run's window grows from the first to the second
+WINDOW_BYTES = (4 << 10, 256 << 10)  # a run's window grows from the first to the second
 _WHAT_DECODES = (pickle.UnpicklingError, ValueError, OverflowError, IndexError, TypeError)
 
 
