@@ -127,15 +127,19 @@ class FastRuns:
         return name
 
     def _name(self, opcodes: bytes) -> Any:
-        """The object a memo reference (or a new string) stands for."""
+        """The object a memo reference (or a new string) stands for; anything else (a
+        number where a name should be) is left to the exact path."""
         name = self._names.get(opcodes)
         if name is None:
-            if opcodes[0] == 0x8C:
+            kind = opcodes[0]
+            if kind == 0x8C:
                 name = self._string(opcodes)
+            elif kind == 0x68:  # BINGET
+                name = self._memo(opcodes[1])
+            elif kind == 0x6A:  # LONG_BINGET
+                name = self._memo(int.from_bytes(opcodes[1:], "little"))
             else:
-                name = self._memo(
-                    opcodes[1] if opcodes[0] == 0x68 else int.from_bytes(opcodes[1:], "little")
-                )
+                raise _Anomaly
             self._names[opcodes] = name
         return name
 
