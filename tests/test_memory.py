@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import lzma
-import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from matplotlib import image as mpimg
-from memory_synth import MIB, SnapshotBuilder, frames, transformer_step
+from memory_synth import MIB, RunsCode, SnapshotBuilder, frames, transformer_step
 
 from profkit.errors import BadInput, ProfkitWarning
 from profkit.memory.snapshot import load_snapshot, loads_plain
@@ -36,18 +35,10 @@ DATA = Path(__file__).parent / "data"
 # --- safe loading -------------------------------------------------------------------------
 
 
-class _RunsCode:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> Any:
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_malicious_pickle_is_refused_and_nothing_runs(tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     path = tmp_path / "evil.pickle"
-    evil = {"segments": [], "device_traces": [], "x": _RunsCode(marker)}
+    evil = {"segments": [], "device_traces": [], "x": RunsCode(marker)}
     path.write_bytes(pickle.dumps(evil, protocol=4))
     with pytest.raises(BadInput, match=r"refused to load.*system"):
         load_snapshot(path)

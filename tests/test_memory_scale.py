@@ -21,7 +21,6 @@ import base64
 import importlib.util
 import json
 import lzma
-import os
 import pickle
 import random
 import sys
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 from memory_golden import FIXTURES, facts
+from memory_synth import RunsCode
 
 from profkit.errors import BadInput
 from profkit.memory import html
@@ -247,21 +247,13 @@ def test_a_bad_entry_deep_in_the_trace_is_named_the_same(
 def test_globals_are_refused_by_the_streaming_reader_before_anything_runs(tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     snapshot = odd_snapshot()
-    snapshot["device_traces"][0][2100]["frames"] = [_RunsCode(marker)]
+    snapshot["device_traces"][0][2100]["frames"] = [RunsCode(marker)]
     for protocol in (0, 2, 4):
         path = tmp_path / f"evil{protocol}.pickle"
         path.write_bytes(pickle.dumps(snapshot, protocol=protocol))
         for message in errors_three_ways(path):
             assert "refused to load" in message and "system" in message
     assert not marker.exists()
-
-
-class _RunsCode:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> Any:
-        return (os.system, (f"touch {self.marker}",))
 
 
 def test_every_truncation_is_one_line(tmp_path: Path) -> None:
