@@ -244,6 +244,17 @@ def test_a_bad_entry_deep_in_the_trace_is_named_the_same(
     assert f"not a usable CUDA memory snapshot (device_traces[0]{needle}" in messages[0]
 
 
+@pytest.mark.parametrize("traces", [float("nan"), {"x": 1}, [[{"action": "alloc"}], 7]])
+def test_a_bad_trace_list_is_named_the_same(tmp_path: Path, traces: Any) -> None:
+    snapshot = odd_snapshot()
+    snapshot["device_traces"] = traces
+    path = tmp_path / "bad.pickle"
+    for protocol in (0, 4):
+        path.write_bytes(pickle.dumps(snapshot, protocol=protocol))
+        messages = errors_three_ways(path)
+        assert len(set(messages)) == 1 and "not a usable CUDA memory snapshot" in messages[0]
+
+
 def test_globals_are_refused_by_the_streaming_reader_before_anything_runs(tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     snapshot = odd_snapshot()

@@ -100,7 +100,8 @@ def read_snapshot(path: Path, fast: bool = True) -> SnapshotColumns:
     sink.stream = sink.runs = None  # the reader and its memo can go
     legacy = isinstance(data, list)
     data = _snapshot_dict(data, path)
-    taken = {id(t) for t in data["device_traces"] if isinstance(t, list)}
+    traces = data["device_traces"]  # checked by _columns: here only looked through
+    taken = {id(t) for t in traces if isinstance(t, list)} if isinstance(traces, list) else set()
     if any(key not in taken for key in sink.builders):
         return snapshot_columns(load_snapshot(path))
     columns = _columns(data, sink, path)

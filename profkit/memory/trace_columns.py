@@ -236,7 +236,7 @@ class EntrySink:
         """At a dict opening in ``target``'s items: let :attr:`runs` take the entries there
         (after the items before them in the batch, taken first to keep the order)."""
         builder = self.builder(target)
-        if builder is None or self.runs is None or self.stream is None:
+        if builder is None or self.runs is None or self.runs.disabled or self.stream is None:
             return
         for item in self.stream.stack:
             builder.add(item)

@@ -61,6 +61,8 @@ class FastRuns:
         self.pattern: re.Pattern[bytes] | None = None  # once the first entry gave its shape
         self.window = WINDOW_BYTES[0]
         self.blocked_until = -1  # stream offset before which runs are left to PlainStream
+        self.misses = 0  # windows in a row whose first entry did not match
+        self.disabled = False
         self._names: dict[bytes, Any] = {}  # opcode bytes of a key or an action -> the string
         self._sites: dict[bytes, int] = {}  # opcode bytes of a stack -> its site
         self._strings: dict[bytes, str] = {}
@@ -73,6 +75,9 @@ class FastRuns:
             self.pattern = entry_pattern(self.pairs)
         if self.pattern is None or reader.memo_far or reader.memo_rewritten:
             return
+        if reader.buf[reader.pos + 1] != 0x94:  # no MEMOIZE after the dict: protocol 0-3
+            self.disabled = True  # its pickler memoizes every entry the same way
+            return
         while self._offset() >= self.blocked_until:
             if reader.end - reader.pos < self.window and not reader.eof:
                 reader._refill(self.window)
@@ -81,8 +86,11 @@ class FastRuns:
             )
             matched = len(parts) // self.stride
             taken = next((i for i in range(matched) if parts[i * self.stride]), matched)
-            if taken == 0:
+            if taken == 0:  # leave the next bytes to PlainStream, more of them each miss in a row
+                self.misses += 1
+                self.blocked_until = self._offset() + (WINDOW_BYTES[0] << min(self.misses, 8))
                 break
+            self.misses = 0
             size = sum(map(len, parts[1 : taken * self.stride : self.stride]))
             memo_length = len(reader.memo)
             try:
