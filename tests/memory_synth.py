@@ -14,6 +14,8 @@ Real snapshots captured on a GPU (tests/data/) back the golden numbers.
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 from typing import Any
 
 ROUND = 512
@@ -22,6 +24,16 @@ SMALL = 1024**2
 SMALL_SEGMENT = 2 * 1024**2
 USER = "/work/proj/profkit/model.py"
 TORCH = "/usr/lib/python3.12/site-packages/torch/nn/modules/module.py"
+
+
+class RunsCode:
+    """Pickles as a call of ``os.system`` that touches ``marker``: what a safe reader refuses."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.marker}",))
 
 
 def frames(line: int, name: str = "forward", filename: str = USER) -> list[dict[str, Any]]:

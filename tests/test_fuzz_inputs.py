@@ -261,7 +261,9 @@ def damage_snapshot(snapshot: dict[str, Any], damages: list[tuple[Any, ...]]) ->
         elif where == "segment":
             target = segments[index % len(segments)]
         elif where == "block":
-            blocks = segments[index % len(segments)]["blocks"]
+            blocks = segments[index % len(segments)].get("blocks")
+            if not isinstance(blocks, list) or not blocks:  # an earlier damage took them
+                continue
             target = blocks[index % len(blocks)]
         elif where == "oom":
             trace.append({"action": "oom", "size": value, "device_free": "x", "time_us": 1})

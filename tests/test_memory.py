@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import lzma
-import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from matplotlib import image as mpimg
-from memory_synth import MIB, SnapshotBuilder, frames, transformer_step
+from memory_synth import MIB, RunsCode, SnapshotBuilder, frames, transformer_step
 
 from profkit.errors import BadInput, ProfkitWarning
 from profkit.memory.snapshot import load_snapshot, loads_plain
@@ -36,18 +35,10 @@ DATA = Path(__file__).parent / "data"
 # --- safe loading -------------------------------------------------------------------------
 
 
-class _RunsCode:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> Any:
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_malicious_pickle_is_refused_and_nothing_runs(tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     path = tmp_path / "evil.pickle"
-    evil = {"segments": [], "device_traces": [], "x": _RunsCode(marker)}
+    evil = {"segments": [], "device_traces": [], "x": RunsCode(marker)}
     path.write_bytes(pickle.dumps(evil, protocol=4))
     with pytest.raises(BadInput, match=r"refused to load.*system"):
         load_snapshot(path)
@@ -158,7 +149,7 @@ def test_a_large_request_keeps_the_rest_of_its_block_when_not_worth_splitting() 
     small = b.alloc(700 * 1024)  # small pool: always exactly rounded
     b.free(small)
     timeline = reconstruct(b.snapshot())
-    assert [a.block_bytes for a in timeline.allocations] == [64 * MIB, 62 * MIB, 700 * 1024]
+    assert timeline.allocations.block_bytes.tolist() == [64 * MIB, 62 * MIB, 700 * 1024]
     assert timeline.allocated_bytes.max() == 64 * MIB
     assert timeline.requested_bytes.max() == 64 * MIB - 700 * 1024
 
@@ -204,7 +195,7 @@ def test_reserved_memory_follows_segment_events() -> None:
     timeline = reconstruct(b.snapshot())
     assert timeline.reserved_bytes[0] == 0
     assert timeline.reserved_bytes[-1] == (64 + 70) * MIB
-    assert timeline.actions.count("segment_alloc") == 2
+    assert timeline.action_count("segment_alloc") == 2
 
 
 def test_oom_event_is_reported_with_its_request() -> None:
@@ -527,7 +518,7 @@ def test_plotted_stack_at_the_peak_is_the_whole_peak() -> None:
 
     timeline = reconstruct(load_snapshot(DATA / "memory-tiny-ctx64-train-fp32.pickle.xz"))
     peak = timeline.peak_state
-    drawn = sorted(timeline.allocations, key=lambda a: -a.size)[:2000]
+    drawn = timeline.largest(2000)
     assert _drawn_total(drawn, timeline.events)[peak] == timeline.requested_bytes[peak]
     assert timeline.requested_bytes[peak] == 118_936_328
     assert timeline.allocated_bytes[peak] == 119_432_704  # = max_memory_allocated at capture

@@ -124,7 +124,7 @@ def _layout(
     n = timeline.events
     spans = phase_spans(timeline, phase_marks)
     phase_of = phase_of_events(spans)
-    drawn = sorted(timeline.allocations, key=lambda a: -a.size)[:detail]
+    drawn = timeline.largest(detail)
     peak = timeline.peak_state
     at_peak = timeline.live_at(peak)
     site_of = {id(a): site_label(a, phase_of) for a in [*drawn, *at_peak]}
@@ -316,25 +316,6 @@ def _middle_of_bytes(bands: list[tuple[float, int]]) -> float:
     return bands[-1][0] / GIB
 
 
-def write_html(snapshot: dict[str, Any], out: Path) -> Path:
-    """torch's own interactive viewer (``torch.cuda._memory_viz.trace_plot``) as one HTML file.
-
-    The page embeds the snapshot but loads MemoryViz.js and d3 from public CDNs when it is
-    opened: it needs network access then (profkit itself never touches the network).
-    """
-    try:
-        from torch.cuda import _memory_viz
-    except ImportError as exc:  # pragma: no cover - torch is a dependency
-        raise BadInput(f"--html needs torch.cuda._memory_viz: {exc}") from None
-    html = _memory_viz.trace_plot(snapshot)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(html)
-    except OSError as exc:
-        raise BadInput(f"cannot write {out}: {exc.strerror or exc}") from None
-    return out
-
-
 def plot_file(
     snapshot_path: Path,
     out: Path | None = None,
@@ -348,7 +329,8 @@ def plot_file(
     The picture goes to ``out``, by default beside the snapshot as ``NAME.png``; the
     sidecar, when there is one, names the config in the title and places the phases.
     """
-    from profkit.memory.snapshot import load_snapshot
+    from profkit.memory.html import write_html
+    from profkit.memory.snapshot import read_snapshot
     from profkit.memory.timeline import reconstruct
     from profkit.sidecar import read_sidecar, sidecar_path
 
@@ -360,7 +342,7 @@ def plot_file(
     check_image_path(out)
     for written in (out, out.with_suffix(".html")) if html else (out,):
         check_writable(written)  # before the work: "its parent is a file", not "File exists"
-    snapshot = load_snapshot(snapshot_path)
+    snapshot = read_snapshot(snapshot_path)
     meta = read_sidecar(snapshot_path) or {}
     timeline = reconstruct(snapshot)
     if title is None:
@@ -376,5 +358,5 @@ def plot_file(
         "events": timeline.events,
     }
     if html:
-        result["html"] = str(write_html(snapshot, out.with_suffix(".html")))
+        result["html"] = str(write_html(snapshot_path, snapshot, out.with_suffix(".html")))
     return result

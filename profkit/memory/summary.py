@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.memory.snapshot import load_snapshot
+from profkit.memory.snapshot import read_snapshot
 from profkit.memory.timeline import Allocation, Timeline, reconstruct
+from profkit.memory.trace_columns import SnapshotColumns
 from profkit.sidecar import read_sidecar
 
 GIB = 1024**3
@@ -124,7 +125,7 @@ def residual_stream_bytes(config: dict[str, Any]) -> int | None:
 
 
 def summarize(
-    snapshot: dict[str, Any],
+    snapshot: SnapshotColumns | dict[str, Any],
     top: int = 10,
     device: int | None = None,
     meta: dict[str, Any] | None = None,
@@ -177,8 +178,8 @@ def summarize(
 
 
 def summarize_file(path: Path, top: int = 10, device: int | None = None) -> dict[str, Any]:
-    """Load ``path`` safely, read its sidecar if any, and summarize it."""
-    snapshot = load_snapshot(path)
+    """Read ``path`` safely (its trace as columns), read its sidecar if any, summarize it."""
+    snapshot = read_snapshot(path)
     summary = summarize(snapshot, top, device, read_sidecar(path))
     summary["snapshot"] = str(path)
     return summary

@@ -23,27 +23,48 @@ Two sizes per allocation:
 
 Allocated memory drops at ``free_requested`` (as ``torch.cuda.memory_allocated`` does);
 ``free_completed`` only matters for blocks used on other streams (``record_stream``).
+
+Everything is kept as columns (:class:`AllocationTable`, numpy arrays of the states), so
+a trace of millions of events costs tens of bytes an event; :class:`Allocation` objects
+are made only for the few allocations a summary or a picture shows.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from profkit.errors import BadInput
+from profkit.memory.snapshot import snapshot_columns
+from profkit.memory.trace_columns import (
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    NO_SITE,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    SnapshotColumns,
+    TraceColumns,
+)
 
 # The CUDA caching allocator rounds every request up to a multiple of this (kMinBlockSize).
 BLOCK_ROUND_BYTES = 512
 # Requests up to this come from the small pool; a large block is split only when more
 # than this would be left over (kSmallSize).
 SMALL_SIZE_BYTES = 1 << 20
-_SEGMENT_UP = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+_SEGMENT_UP = {SEGMENT_ALLOC: 1, SEGMENT_MAP: 1, SEGMENT_FREE: -1, SEGMENT_UNMAP: -1}
+_ROWS_PER_CHUNK = 1 << 16  # rows turned into Python ints at a time by the replay loops
+OPEN = -1
+"""``AllocationTable.end`` of an allocation still allocated at the dump."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Allocation:
     """One allocation's life on the trace's clock (event indices)."""
 
@@ -65,6 +86,45 @@ class Allocation:
 
 
 @dataclass
+class AllocationTable:
+    """Every allocation of a timeline as columns: first those alive before the trace, then
+    one per ``alloc`` event, in trace order."""
+
+    addr: np.ndarray
+    size: np.ndarray
+    """Requested bytes (int64)."""
+    block_bytes: np.ndarray
+    start: np.ndarray
+    """Index of the ``alloc`` event; -1 before the trace."""
+    end: np.ndarray
+    """Index of the ``free_requested`` event; :data:`OPEN` when alive at the dump."""
+    site: np.ndarray
+    """Index into :attr:`sites`; ``NO_SITE`` without a stack."""
+    sites: list[list[dict[str, Any]]]
+
+    def __len__(self) -> int:
+        return len(self.size)
+
+    def end_states(self, n_events: int) -> np.ndarray:
+        """The state each allocation leaves in: its free's index, else ``n_events``."""
+        return np.where(self.end == OPEN, n_events, self.end)
+
+    def take(self, rows: Any) -> list[Allocation]:
+        """The allocations of ``rows``, as objects."""
+        return [
+            Allocation(
+                int(self.addr[r]),
+                int(self.size[r]),
+                int(self.block_bytes[r]),
+                int(self.start[r]),
+                None if self.end[r] == OPEN else int(self.end[r]),
+                self.sites[self.site[r]] if self.site[r] != NO_SITE else [],
+            )
+            for r in rows
+        ]
+
+
+@dataclass
 class Timeline:
     """The allocated memory of one device over the events of its trace.
 
@@ -72,7 +132,7 @@ class Timeline:
     """
 
     device: int
-    allocations: list[Allocation]
+    allocations: AllocationTable
     requested_bytes: np.ndarray
     """Requested bytes allocated in each state (n + 1 values)."""
     allocated_bytes: np.ndarray
@@ -81,7 +141,9 @@ class Timeline:
     """Bytes of segments reserved from CUDA in each state (n + 1 values)."""
     time_us: np.ndarray | None
     """Each event's ``time_us`` (n values), when the trace has it."""
-    actions: list[str]
+    actions: np.ndarray
+    """Each event's action code (n values): an index into :attr:`action_names`."""
+    action_names: list[str]
     oom_events: list[dict[str, Any]]
     inconsistent_events: int = 0
     """Events that disagree with the state at the dump (should be 0)."""
@@ -95,10 +157,24 @@ class Timeline:
         """First state at which allocated (block) bytes reach their maximum."""
         return int(np.argmax(self.allocated_bytes))
 
+    def action_count(self, name: str) -> int:
+        """How many events have the action ``name``."""
+        if name not in self.action_names:
+            return 0
+        return int(np.count_nonzero(self.actions == self.action_names.index(name)))
+
     def live_at(self, state: int) -> list[Allocation]:
-        """Allocations alive in ``state``, largest first."""
-        live = [a for a in self.allocations if a.alive_at(state)]
-        return sorted(live, key=lambda a: (-a.size, a.start))
+        """Allocations alive in ``state``, largest first (then oldest first)."""
+        table = self.allocations
+        alive = (table.start < state) & ((table.end == OPEN) | (table.end >= state))
+        rows = np.flatnonzero(alive)
+        rows = rows[np.argsort(table.start[rows], kind="stable")]
+        rows = rows[np.argsort(-table.size[rows], kind="stable")]
+        return table.take(rows)
+
+    def largest(self, count: int) -> list[Allocation]:
+        """The ``count`` largest allocations (requested bytes), in table order on ties."""
+        return self.allocations.take(np.argsort(-self.allocations.size, kind="stable")[:count])
 
     def state_time_ms(self, state: int) -> float | None:
         """Milliseconds from the first event to the event that led to ``state``."""
@@ -108,33 +184,51 @@ class Timeline:
         return float(self.time_us[index] - self.time_us[0]) / 1e3
 
 
-def _round_block(size: int) -> int:
-    return max(BLOCK_ROUND_BYTES, -(-size // BLOCK_ROUND_BYTES) * BLOCK_ROUND_BYTES)
+def _round_block(size: np.ndarray) -> np.ndarray:
+    rounded = -(-size // BLOCK_ROUND_BYTES) * BLOCK_ROUND_BYTES
+    return np.maximum(BLOCK_ROUND_BYTES, rounded)
 
 
-def pick_device(snapshot: dict[str, Any]) -> int:
+def _as_columns(snapshot: SnapshotColumns | dict[str, Any]) -> SnapshotColumns:
+    return snapshot if isinstance(snapshot, SnapshotColumns) else snapshot_columns(snapshot)
+
+
+def pick_device(snapshot: SnapshotColumns | dict[str, Any]) -> int:
     """The device with the most trace events (else the first with segments, else 0)."""
-    traces = snapshot.get("device_traces") or []
+    snapshot = _as_columns(snapshot)
+    traces = snapshot.traces
     if traces and max(len(t) for t in traces) > 0:
         return max(range(len(traces)), key=lambda d: len(traces[d]))
-    devices = [s.get("device", 0) for s in snapshot["segments"]]
+    devices = [s.get("device", 0) for s in snapshot.segments]
     return int(devices[0]) if devices else 0
 
 
-def snapshot_devices(snapshot: dict[str, Any]) -> list[int]:
+def snapshot_devices(snapshot: SnapshotColumns | dict[str, Any]) -> list[int]:
     """The devices a snapshot has anything for: trace events or segments."""
-    traces = snapshot.get("device_traces") or []
-    found = {d for d, t in enumerate(traces) if t}
-    found |= {int(s.get("device", 0)) for s in snapshot["segments"]}
+    snapshot = _as_columns(snapshot)
+    found = {d for d, t in enumerate(snapshot.traces) if len(t)}
+    found |= {int(s.get("device", 0)) for s in snapshot.segments}
     return sorted(found)
 
 
-def reconstruct(snapshot: dict[str, Any], device: int | None = None) -> Timeline:
+def _empty_trace() -> TraceColumns:
+    return TraceColumns(
+        action=np.zeros(0, np.uint16),
+        addr=np.zeros(0, np.uint64),
+        size=np.zeros(0, np.int64),
+        time_us=None,
+        site=np.zeros(0, np.int32),
+    )
+
+
+def reconstruct(snapshot: SnapshotColumns | dict[str, Any], device: int | None = None) -> Timeline:
     """Rebuild the allocations and the allocated/reserved memory of every traced state.
 
-    ``snapshot`` is checked by :func:`profkit.memory.snapshot.normalize`. Raises
-    :class:`BadInput` for a ``device`` the snapshot has nothing for.
+    ``snapshot`` comes from :func:`~profkit.memory.snapshot.read_snapshot` (or is a dict
+    from ``load_snapshot``). Raises :class:`BadInput` for a ``device`` the snapshot has
+    nothing for.
     """
+    snapshot = _as_columns(snapshot)
     if device is None:
         device = pick_device(snapshot)
     else:
@@ -142,31 +236,33 @@ def reconstruct(snapshot: dict[str, Any], device: int | None = None) -> Timeline
         if device not in devices:
             listed = ", ".join(map(str, devices)) or "none"
             raise BadInput(f"snapshot has no device {device}; devices: {listed}")
-    traces = snapshot.get("device_traces") or []
-    events: list[dict[str, Any]] = traces[device] if device < len(traces) else []
-    segments = [s for s in snapshot["segments"] if s.get("device", device) == device]
+    events = snapshot.traces[device] if device < len(snapshot.traces) else _empty_trace()
+    segments = [s for s in snapshot.segments if s.get("device", device) == device]
     at_dump = _live_at_dump(segments)
     before, inconsistent = _live_before_trace(at_dump, events)
-    replay = _Replay(events, before)
-    if not (snapshot.get("allocator_settings") or {}).get("expandable_segments"):
-        _infer_large_blocks(events, replay.allocations, segments)
-    for addr, alloc in replay.open_by_addr.items():
+    table, still_open = _replay(events, before, list(snapshot.sites))
+    if not snapshot.allocator_settings.get("expandable_segments"):
+        _infer_large_blocks(events, table, segments)
+    for addr, row in still_open.items():
         block = at_dump.get(addr)
         if block is not None:  # alive at the dump: the block's own size and stack are exact
-            alloc.block_bytes = int(block["size"])
+            table.block_bytes[row] = int(block["size"])
             if block.get("frames"):
-                alloc.frames = block["frames"]
-    reserved = np.cumsum(replay.reserved_delta)
+                table.site[row] = len(table.sites)
+                table.sites.append(block["frames"])
+    n = len(events)
+    reserved = np.cumsum(_reserved_delta(events))
     reserved += sum(int(s["total_size"]) for s in segments) - reserved[-1]
     return Timeline(
         device=device,
-        allocations=replay.allocations,
-        requested_bytes=_running_total(replay.allocations, len(events), lambda a: a.size),
-        allocated_bytes=_running_total(replay.allocations, len(events), lambda a: a.block_bytes),
+        allocations=table,
+        requested_bytes=_running_total(table, n, table.size),
+        allocated_bytes=_running_total(table, n, table.block_bytes),
         reserved_bytes=reserved,
-        time_us=_event_times(events),
-        actions=replay.actions,
-        oom_events=replay.ooms,
+        time_us=events.time_us if n else None,
+        actions=events.action,
+        action_names=list(snapshot.actions),
+        oom_events=[{"event": row, **events.ooms[row]} for row in sorted(events.ooms)],
         inconsistent_events=inconsistent,
     )
 
@@ -181,8 +277,14 @@ def _live_at_dump(segments: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     }
 
 
+def _rows(*columns: np.ndarray) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``columns`` as tuples of Python numbers, a chunk at a time."""
+    for at in range(0, len(columns[0]), _ROWS_PER_CHUNK):
+        yield from zip(*(c[at : at + _ROWS_PER_CHUNK].tolist() for c in columns), strict=True)
+
+
 def _live_before_trace(
-    at_dump: dict[int, dict[str, Any]], events: list[dict[str, Any]]
+    at_dump: dict[int, dict[str, Any]], events: TraceColumns
 ) -> tuple[dict[int, int], int]:
     """Walk back from the dump: address -> size of what was alive before the first event.
 
@@ -191,65 +293,71 @@ def _live_before_trace(
     """
     live: dict[int, int] = {addr: int(b["requested_size"]) for addr, b in at_dump.items()}
     inconsistent = 0
-    for event in reversed(events):
-        action = event["action"]
-        if action == "alloc":
-            if live.pop(int(event["addr"]), None) is None:
+    picked = np.flatnonzero((events.action == ALLOC) | (events.action == FREE_REQUESTED))[::-1]
+    for action, addr, size in _rows(
+        events.action[picked], events.addr[picked], events.size[picked]
+    ):
+        if action == ALLOC:
+            if live.pop(addr, None) is None:
                 inconsistent += 1
-        elif action == "free_requested":
-            addr = int(event["addr"])
+        else:
             if addr in live:
                 inconsistent += 1
-            live[addr] = int(event["size"])
+            live[addr] = size
     return live, inconsistent
 
 
-class _Replay:
-    """Forward through the trace from the state before it, giving each allocation its interval."""
+def _replay(
+    events: TraceColumns, before: dict[int, int], sites: list[list[dict[str, Any]]]
+) -> tuple[AllocationTable, dict[int, int]]:
+    """Forward through the trace from the state before it, giving each allocation its
+    interval; returns the table and the rows still open at the dump, by address."""
+    allocs = np.flatnonzero(events.action == ALLOC)
+    first = len(before)
+    size = np.concatenate([np.fromiter(before.values(), np.int64, first), events.size[allocs]])
+    table = AllocationTable(
+        addr=np.concatenate([np.fromiter(before, np.uint64, first), events.addr[allocs]]),
+        size=size,
+        block_bytes=_round_block(size),
+        start=np.concatenate([np.full(first, -1, np.int64), allocs.astype(np.int64)]),
+        end=np.full(len(size), OPEN, np.int64),
+        site=np.concatenate([np.full(first, NO_SITE, np.int32), events.site[allocs]]),
+        sites=sites,
+    )
+    open_rows = {addr: row for row, addr in enumerate(before)}
+    closed_rows: list[int] = []
+    closed_at: list[int] = []
+    picked = np.flatnonzero((events.action == ALLOC) | (events.action == FREE_REQUESTED))
+    next_row = first
+    for index, action, addr in _rows(picked, events.action[picked], events.addr[picked]):
+        if action == ALLOC:
+            open_rows[addr] = next_row
+            next_row += 1
+        else:
+            row = open_rows.pop(addr, None)
+            if row is not None:
+                closed_rows.append(row)
+                closed_at.append(index)
+    if closed_rows:
+        rows, at = np.array(closed_rows), np.array(closed_at)
+        table.end[rows] = at
+        # Allocated before the trace: only the free's stack is known.
+        older = rows < first
+        table.site[rows[older]] = events.site[at[older]]
+    return table, open_rows
 
-    def __init__(self, events: list[dict[str, Any]], before: dict[int, int]) -> None:
-        self.open_by_addr: dict[int, Allocation] = {
-            addr: Allocation(addr, size, _round_block(size), -1, None)
-            for addr, size in before.items()
-        }
-        self.allocations = list(self.open_by_addr.values())
-        self.reserved_delta = np.zeros(len(events) + 1, dtype=np.int64)
-        self.actions: list[str] = []
-        self.ooms: list[dict[str, Any]] = []
-        for index, event in enumerate(events):
-            self._event(index, event)
 
-    def _event(self, index: int, event: dict[str, Any]) -> None:
-        action = event["action"]
-        self.actions.append(action)
-        if action == "alloc":
-            addr, size = int(event["addr"]), int(event["size"])
-            alloc = Allocation(addr, size, _round_block(size), index, None, event.get("frames", []))
-            self.open_by_addr[addr] = alloc
-            self.allocations.append(alloc)
-        elif action == "free_requested":
-            closing = self.open_by_addr.pop(int(event["addr"]), None)
-            if closing is not None:
-                closing.end = index
-                if closing.start < 0 and not closing.frames:
-                    # Allocated before the trace: only the free's stack is known.
-                    closing.frames = event.get("frames", [])
-        elif action in _SEGMENT_UP:
-            self.reserved_delta[index + 1] = _SEGMENT_UP[action] * int(event["size"])
-        elif action == "oom":
-            self.ooms.append({"event": index, **{k: v for k, v in event.items() if k != "frames"}})
-
-
-def _event_times(events: list[dict[str, Any]]) -> np.ndarray | None:
-    """Each event's ``time_us`` when every event has one (else None)."""
-    times = [e.get("time_us") for e in events]
-    if not events or any(t is None for t in times):
-        return None
-    return np.array([int(t) for t in times if t is not None], dtype=np.int64)  # finite: normalize
+def _reserved_delta(events: TraceColumns) -> np.ndarray:
+    """Change of reserved bytes leading to each state (n + 1 values)."""
+    delta = np.zeros(len(events) + 1, dtype=np.int64)
+    for code, sign in _SEGMENT_UP.items():
+        rows = np.flatnonzero(events.action == code)
+        delta[rows + 1] = sign * events.size[rows]
+    return delta
 
 
 def _infer_large_blocks(
-    events: list[dict[str, Any]], allocations: list[Allocation], segments: list[dict[str, Any]]
+    events: TraceColumns, table: AllocationTable, segments: list[dict[str, Any]]
 ) -> None:
     """Give large allocations the whole free block they landed in when it was not split.
 
@@ -259,47 +367,57 @@ def _infer_large_blocks(
     stream cannot merge with its free neighbours yet. Expandable segments map and unmap
     pages instead, so they keep the rounded size.
     """
+    action = events.action
     # Segments alive before the first event: the dump's, with the trace's changes undone.
     seg_size = {int(s["address"]): int(s["total_size"]) for s in segments}
-    for event in reversed(events):
-        if event["action"] == "segment_alloc":
-            seg_size.pop(int(event["addr"]), None)
-        elif event["action"] == "segment_free":
-            seg_size[int(event["addr"])] = int(event["size"])
+    picked = np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_FREE))
+    for code, addr, size in _rows(
+        action[picked][::-1], events.addr[picked][::-1], events.size[picked][::-1]
+    ):
+        if code == SEGMENT_ALLOC:
+            seg_size.pop(addr, None)
+        else:
+            seg_size[addr] = size
     seg_starts = sorted(seg_size)
-    live = sorted(a.addr for a in allocations if a.start < 0)
-    by_event = {a.start: a for a in allocations if a.start >= 0}
-    for index, event in enumerate(events):
-        action = event["action"]
-        addr = int(event.get("addr", 0))
-        if action == "alloc":
-            alloc = by_event[index]
-            if alloc.size > SMALL_SIZE_BYTES:
-                alloc.block_bytes = _landed_block(alloc, live, seg_starts, seg_size)
+    first = int(np.count_nonzero(table.start < 0))
+    live = sorted(table.addr[:first].tolist())
+    wanted = (action == ALLOC) | (action == FREE_COMPLETED) | (action == SEGMENT_ALLOC)
+    picked = np.flatnonzero(wanted | (action == SEGMENT_FREE))
+    row = first
+    landed_rows, landed_bytes = [], []
+    for code, addr, size in _rows(action[picked], events.addr[picked], events.size[picked]):
+        if code == ALLOC:
+            if size > SMALL_SIZE_BYTES:
+                rounded = int(table.block_bytes[row])
+                landed = _landed_block(addr, rounded, live, seg_starts, seg_size)
+                if landed != rounded:
+                    landed_rows.append(row)
+                    landed_bytes.append(landed)
             bisect.insort(live, addr)
-        elif action == "free_completed":
+            row += 1
+        elif code == FREE_COMPLETED:
             _remove(live, addr)
-        elif action == "segment_alloc":
+        elif code == SEGMENT_ALLOC:
             bisect.insort(seg_starts, addr)
-            seg_size[addr] = int(event["size"])
-        elif action == "segment_free":
+            seg_size[addr] = size
+        else:
             _remove(seg_starts, addr)
             seg_size.pop(addr, None)
+    table.block_bytes[landed_rows] = landed_bytes
 
 
 def _landed_block(
-    alloc: Allocation, live: list[int], seg_starts: list[int], seg_size: dict[int, int]
+    addr: int, rounded: int, live: list[int], seg_starts: list[int], seg_size: dict[int, int]
 ) -> int:
-    rounded = alloc.block_bytes
-    i = bisect.bisect_right(seg_starts, alloc.addr) - 1
+    i = bisect.bisect_right(seg_starts, addr) - 1
     if i < 0:
         return rounded
     seg_end = seg_starts[i] + seg_size[seg_starts[i]]
-    if alloc.addr >= seg_end:
+    if addr >= seg_end:
         return rounded
-    j = bisect.bisect_right(live, alloc.addr)
+    j = bisect.bisect_right(live, addr)
     free_end = min(live[j], seg_end) if j < len(live) else seg_end
-    free = free_end - alloc.addr
+    free = free_end - addr
     return free if rounded <= free <= rounded + SMALL_SIZE_BYTES else rounded
 
 
@@ -309,11 +427,9 @@ def _remove(values: list[int], value: int) -> None:
         del values[i]
 
 
-def _running_total(allocations: list[Allocation], n_events: int, size_of: Any) -> np.ndarray:
+def _running_total(table: AllocationTable, n_events: int, sizes: np.ndarray) -> np.ndarray:
     """Bytes alive in each of the n + 1 states, from the allocations' intervals."""
     delta = np.zeros(n_events + 2, dtype=np.int64)
-    for a in allocations:
-        size = size_of(a)
-        delta[a.start + 1] += size
-        delta[(a.end if a.end is not None else n_events) + 1] -= size
+    np.add.at(delta, table.start + 1, sizes)
+    np.add.at(delta, table.end_states(n_events) + 1, -sizes)
     return np.cumsum(delta)[: n_events + 1]
