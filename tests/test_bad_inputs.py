@@ -257,6 +257,10 @@ def test_snapshot_messages_say_what_the_file_is(tmp_path: Path) -> None:
     noise.write_bytes(os.urandom(4096).replace(b"(", b"x"))
     message = one_error(invoke("memory", "summarize", noise))
     assert "empty" not in message and ("not a pickle" in message or "corrupt" in message)
+    # An nsys export (compressed or not) is named as what it is: "S" opens protocol 0's STRING.
+    export = DATA / "nsys-2025.3-h100-small-fp32.sqlite.xz"
+    for command in ("summarize", "plot"):
+        one_error(invoke("memory", command, export), "is an SQLite database", "not a CUDA memory")
 
 
 def test_plot_into_a_file_parent_says_so(tmp_path: Path) -> None:

@@ -117,9 +117,14 @@ def snapshot_columns(data: dict[str, Any]) -> SnapshotColumns:
 def _unpickle(path: Path, load: Any) -> Any:
     """``load(stream)`` on the opened file, every failure turned into one line."""
     with open_input(path, WHAT) as stream, reading(path):
-        first = stream.read(1)
-        if not first:
+        head = stream.read(16)
+        if not head:
             raise BadInput(f"{path} is empty (0 bytes), not {WHAT}")
+        if head.startswith(b"SQLite format 3\0"):  # its "S" would pass for protocol 0's STRING
+            raise BadInput(
+                f"{path} is an SQLite database (an nsys export or results DB), not {WHAT}"
+            )
+        first = head[:1]
         stream.seek(0)  # compressed streams rewind cheaply from their start
         try:
             return load(stream)
