@@ -167,7 +167,7 @@ def read_int_columns(
     several small columns into one integer saves a column's worth of work).
     """
     query = _chunk_query(table, exprs, where, missing, _column_info(conn, table))
-    chunks = [_read_chunk(conn, query, b) for b in _chunk_bounds(conn, table)]
+    chunks = [_read_chunk(conn, query, b) for b in chunk_bounds(conn, table)]
     return _concatenate(chunks, exprs)
 
 
@@ -223,7 +223,7 @@ class ParallelReader:
         def chunk(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
             return _read_chunk(self.connection(), query, bounds)
 
-        futures = [self.pool.submit(chunk, b) for b in _chunk_bounds(conn, table)]
+        futures = [self.pool.submit(chunk, b) for b in chunk_bounds(conn, table)]
         return Pending(futures, list(exprs))
 
     def stream(
@@ -233,11 +233,13 @@ class ParallelReader:
         exprs: dict[str, str],
         where: str = "",
         ahead: int = 0,
+        chunks: list[tuple[int, int]] | None = None,
     ) -> Iterator[dict[str, np.ndarray]]:
         """The chunks of ``read_int_columns(table, exprs, where)`` in rowid order, as they come.
 
         At most ``ahead`` (default: one per thread, plus one) chunks are read ahead, so memory
-        holds a few chunks whatever the table's size.
+        holds a few chunks whatever the table's size. ``chunks``: the rowid bounds to read,
+        if the caller has them already (:func:`chunk_bounds`).
         """
         query = _chunk_query(table, exprs, where, -1, _column_info(conn, table))
 
@@ -249,7 +251,7 @@ class ParallelReader:
 
         window: deque[Future[dict[str, np.ndarray]]] = deque()
         limit = ahead or self.threads + 1
-        for bounds in _chunk_bounds(conn, table):
+        for bounds in chunk_bounds(conn, table) if chunks is None else chunks:
             window.append(self.pool.submit(chunk, bounds))
             if len(window) >= limit:
                 yield window.popleft().result()
@@ -283,7 +285,7 @@ def row_bound(conn: sqlite3.Connection, table: str) -> int:
     return 0 if lo is None else int(hi) - int(lo) + 1
 
 
-def _chunk_bounds(conn: sqlite3.Connection, table: str) -> list[tuple[int, int]]:
+def chunk_bounds(conn: sqlite3.Connection, table: str) -> list[tuple[int, int]]:
     """``[lo, hi)`` rowid ranges of about ``CHUNK_ROWS`` rows each."""
     # Two queries: SQLite answers min(rowid) or max(rowid) alone from the B-tree's ends,
     # but scans the whole table for both at once.
