@@ -211,12 +211,12 @@ def test_a_column_damaged_inside_is_one_line_and_the_entry_goes(
 def test_shapes_are_read_by_row_id_even_where_rows_were_deleted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from profkit.traces import _sqlite
+    from profkit.traces import nsys_stream
 
     path = unpack(SMALL_FP32, tmp_path)
     with sqlite3.connect(path) as db:  # gaps: every 7th kernel row, and a run at the end
         db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid % 7 = 3 OR rowid > 3800")
-    monkeypatch.setattr(_sqlite, "CHUNK_ROWS", 1000)  # several chunks, each with gaps
+    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)  # several chunks, each with gaps
     streamed, tables = read_nsys_columns(path), from_trace(load_trace(path))
     assert streamed.kernel_rows is not None and len(streamed.kernel_rows.starts) > 400
     every = np.arange(len(tables))

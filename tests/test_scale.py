@@ -10,6 +10,7 @@ Timings live in benchmarks/, never here.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -180,14 +181,31 @@ def test_a_slot_holding_several_phases_is_seen(exports: Path) -> None:
     assert add_up(columns, plan, attributed(columns, plan), Selection()).slot_phase is None
 
 
+@pytest.mark.parametrize(
+    ("cell", "said"),
+    [("start = 'soon'", "start holds text ('soon')"), ("\"end\" = X'00ff'", "end holds a blob")],
+)
+def test_a_time_that_is_not_an_integer_is_one_line(tmp_path: Path, cell: str, said: str) -> None:
+    """Text reads as 0 in SQLite's arithmetic: the scan's per-chunk max() must see it."""
+    import sqlite3
+
+    from profkit.errors import BadInput
+
+    path = unpack(SMALL_FP32, tmp_path)
+    with sqlite3.connect(path) as db:
+        db.execute(f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET {cell} WHERE rowid = 2000")
+    with pytest.raises(BadInput, match=re.escape(f"CUPTI_ACTIVITY_KIND_KERNEL.{said}")):
+        read_nsys_columns(path)
+
+
 def test_small_chunks_give_the_same_report(exports: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk seams (reader and analysis) change nothing: 1,000-row chunks on 4,028 rows."""
     from profkit.analysis import stream_tables
-    from profkit.traces import _sqlite
+    from profkit.traces import nsys_stream
 
     path = unpack(SMALL_FP32, exports)
     expected = analyze(load_trace(path), range="forward")
-    monkeypatch.setattr(_sqlite, "CHUNK_ROWS", 1000)
+    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
     monkeypatch.setattr(stream_tables, "CHUNK", 1000)
     assert_same_report(analyze_columns(read_nsys_columns(path), range="forward"), expected)
 

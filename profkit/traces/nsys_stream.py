@@ -71,7 +71,13 @@ from profkit.traces.nsys_sqlite import (
     opened_export,
 )
 
-BAD_TIME = -(1 << 62)  # the duration of a row whose start or end is not an integer
+# Unread, a start of the wrong type would go unseen (SQLite reads text as 0 in arithmetic):
+# the scan checks start and end per chunk (_sqlite's ``checked``), and a bad cell is named.
+TIMES = ("start", "end")
+# Rows per chunk: a chunk's text (SQLite's, Python's) and parsed arrays are a few MB, which
+# the allocator keeps and reuses; at 500,000 rows they were fresh pages each time, and the
+# page faults cost a sixth of the read's CPU (docs/PERFORMANCE.md).
+CHUNK_ROWS = 1 << 17
 
 
 class _Calls:
@@ -164,8 +170,6 @@ class _Builder:
 
     def add(self, table: str, chunk: dict[str, np.ndarray], calls: _Calls) -> None:
         n = len(chunk["duration"])
-        if (chunk["duration"] == BAD_TIME).any():
-            raise _sqlite._bad_cell(self.conn, table, ["start", "end"], "1")
         rows = slice(self.rows, self.rows + n)
         self.arrays["duration"][rows] = chunk["duration"]
         self.arrays["name"][rows] = self._names(table, chunk)
@@ -296,19 +300,19 @@ def _read(
         for table in api:
             # No process filter here: a launch needs a CUDA context, so with one context
             # process every launch-like call is that process's.
-            scanned = 0  # rows the chunk's scan went over (the launch-like ones are fewer)
-            for chunk in reader.stream(conn, table, exprs, _where(launch_ids, True, None)):
-                calls.add(chunk)
-                step = min(_sqlite.CHUNK_ROWS, bounds[table] - scanned)
-                scanned += step
-                done = _tick(progress, done, step, total)
+            chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
+            where = _where(launch_ids, True, None)
+            for (lo, hi), chunk in zip(
+                chunks, reader.stream(conn, table, exprs, where, chunks=chunks), strict=True
+            ):
+                calls.add(chunk)  # the scan went over the chunk's rows, fewer launches
+                done = _tick(progress, done, min(hi, chunks[0][0] + bounds[table]) - lo, total)
         calls.seal()
         for table in activity:
-            chunks = _sqlite.chunk_bounds(conn, table)
+            chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
             activity_exprs = _activity_exprs(codec, tables, table, scan_shapes)
-            for rows, chunk in zip(
-                chunks, reader.stream(conn, table, activity_exprs, chunks=chunks), strict=True
-            ):
+            stream = reader.stream(conn, table, activity_exprs, chunks=chunks, checked=TIMES)
+            for rows, chunk in zip(chunks, stream, strict=True):
                 builder.add(table, chunk, calls)
                 if kernel_rows is not None and table == KERNEL_TABLE:
                     kernel_rows.add(rows, len(chunk["duration"]))
@@ -318,7 +322,8 @@ def _read(
             others = _Calls(codec.tid0, base, sum(bounds[t] for t in api), calls.thread_code)
             for table in api:
                 where = _where(launch_ids, False, one_process)
-                for chunk in reader.stream(conn, table, exprs, where):
+                chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
+                for chunk in reader.stream(conn, table, exprs, where, chunks=chunks):
                     others.add(chunk)
             others.seal()
             builder.fill_unmatched(others)
@@ -470,11 +475,7 @@ def _activity_exprs(
 ) -> dict[str, str]:
     common = codec.common()
     # No start times: the report needs durations (and launch times, from the API calls).
-    # Unread, a start of the wrong type would go unseen (SQLite reads text as 0 in
-    # arithmetic): such rows get BAD_TIME instead, and the reader names the cell.
-    times = "typeof(start) IN ('integer', 'null') AND typeof(\"end\") IN ('integer', 'null')"
-    duration = f"CASE WHEN {times} THEN {common['duration']} ELSE {BAD_TIME} END"
-    exprs = {"duration": duration, "key": common["key"]}
+    exprs = {"duration": common["duration"], "key": common["key"]}
     cols = tables[table]
     if table == KERNEL_TABLE:
         name_col = next(c for c in ("demangledName", "name", "mangledName") if c in cols)
