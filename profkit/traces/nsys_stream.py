@@ -2,12 +2,12 @@
 
 The same tables as :mod:`profkit.traces.nsys_sqlite`, read chunk by chunk with a few chunks
 in flight (:meth:`~profkit.traces._sqlite.ParallelReader.stream`), so memory holds the
-compact columns (26 bytes per activity) and the launch calls, never a whole table's text:
+compact columns (22 bytes per activity) and the launch calls, never a whole table's text:
 
 1. the launch-like API calls go into :class:`_Calls`: key, start and thread code (18 bytes
    a call), in the correlation-id order real exports already store them in;
 2. each chunk of kernels, copies, memsets and graph rows is joined to its call by looking
-   its key up (a binary search), its names and shapes become codes, and it is copied into
+   its key up (a binary search), its names become codes, and it is copied into
    preallocated columns;
 3. activities left without a call look in the other API calls, read only then.
 
