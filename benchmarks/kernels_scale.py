@@ -10,23 +10,28 @@ this process.
 
 Scales: ``--scale N`` is the issue's ×N, N units of 8 copies of the fixture (one unit:
 30,864 kernels, 55,472 runtime rows; ×1000: 30.9 M kernels, 55.5 M runtime rows, ~5 GB);
-``--copies`` counts fixture copies directly.
+several (``--scale 1 100 1000``) run one after the other, each export deleted when done
+(unless ``--keep``); ``--copies`` counts fixture copies directly.
 
 It also measures the floor: one bare SQL scan of the kernel, copy, memset and runtime
 tables (``SELECT total(start), total(end), total(correlationId)`` over each, one connection;
-total, not sum: sums of ×1000 start times overflow 64 bits),
-which any reader of those rows must pay, and prints ``profkit kernels``' wall time as a
-multiple of it. ``--cache`` adds the columnar cache: a first read that writes it, then a
-``--phase backward`` query that reads it (the figure to compare with the first read).
-``--legacy`` also times the in-memory path (``load_trace`` + ``analyze``) for comparison.
+total, not sum: sums of ×1000 start times overflow 64 bits), which any reader of those rows
+must pay, run alternately with ``profkit kernels --no-cache`` (best of ``--runs`` each, so
+both see the same load), and prints the ratio of wall times and of CPU times.
+``--cache`` adds the columnar cache: a first read that writes it, then each repeated query
+from it (``--phase backward``, ``--range 'computing softmax'``, ``--top 0``, and
+``profkit diff BIG BIG``), each as a share of the uncached read. ``--legacy`` also times
+the in-memory path (``load_trace`` + ``analyze``).
 
 Where nsys is installed (``--nsys``, ``$PROFKIT_NSYS`` or PATH) it also times
 ``nsys stats --report cuda_gpu_kern_sum`` and ``--report nvtx_gpu_proj_sum`` on the same
-file and prints the ratio. Outputs go under ``--workdir`` (default ``$OUT`` or a temp dir):
-the big export itself is not kept unless ``--keep``.
+file and prints the ratio. The JSON summary, ``kernels_scale.json``, goes under
+``--workdir`` (default ``$OUT`` or a temp dir) and is rewritten after each scale, so a run
+cut short keeps what it finished.
 
     python benchmarks/kernels_scale.py                  # ~3 M activities, ~5 M API rows
-    python benchmarks/kernels_scale.py --scale 1000 --cache --runs 1
+    python benchmarks/kernels_scale.py --scale 100 --cache
+    python benchmarks/kernels_scale.py --scale 1 100 1000 --cache --runs 3 3 1   # GPU host
     python benchmarks/kernels_scale.py --copies 10      # a quick look
     python benchmarks/kernels_scale.py --ranks 100      # 2-rank export vs 1-rank, per kernel
 
@@ -52,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,28 +178,32 @@ def show(what: str, run: dict[str, float]) -> None:
     )
 
 
-def measure(big: Path, runs: int, with_cache: bool, legacy: bool) -> dict[str, object]:
-    """The scan floor, ``profkit kernels`` uncached, and optionally cached and legacy."""
+HITS = {
+    "--phase backward": ["--phase", "backward"],
+    "--range 'computing softmax'": ["--range", "computing softmax"],
+    "--top 0": ["--top", "0"],
+}
+"""Repeated queries timed against the cache (``profkit diff BIG BIG`` too: two hits)."""
+
+
+def measure(big: Path, runs: int, legacy: bool) -> dict[str, object]:
+    """The scan floor and ``profkit kernels`` uncached, back to back; optionally the
+    in-memory path."""
     result: dict[str, object] = {}
     kernels = [sys.executable, "-m", "profkit", "kernels", str(big), "--format", "json"]
-    floor = [timed([sys.executable, "-c", SCAN, str(big), *SCANNED], ROOT) for _ in range(runs)]
-    result["scan_floor"] = best = min(floor, key=lambda r: r["wall_s"])
-    show("bare SQL scan (the floor)", best)
-    read = [timed([*kernels, "--no-cache"], ROOT) for _ in range(runs)]
-    result["profkit_kernels"] = top = min(read, key=lambda r: r["wall_s"])
-    result["profkit_kernels_runs"] = read
+    floors, reads = [], []
+    for _ in range(runs):  # alternated: both see the same load
+        floors.append(timed([sys.executable, "-c", SCAN, str(big), *SCANNED], ROOT))
+        reads.append(timed([*kernels, "--no-cache"], ROOT))
+    result["scan_floor"] = best = min(floors, key=lambda r: r["wall_s"])
+    result["profkit_kernels"] = top = min(reads, key=lambda r: r["wall_s"])
+    result["scan_floor_runs"], result["profkit_kernels_runs"] = floors, reads
     result["ratio_to_floor"] = top["wall_s"] / best["wall_s"]
+    result["cpu_ratio_to_floor"] = top["cpu_s"] / best["cpu_s"]
+    show(f"bare SQL scan (the floor, best of {runs})", best)
     show(f"profkit kernels --no-cache (best of {runs})", top)
-    print(f"  = {result['ratio_to_floor']:.2f}x the scan floor")
-    if with_cache:
-        env = {**os.environ, "PROFKIT_CACHE_DIR": tempfile.mkdtemp(prefix="kscale-cache-")}
-        result["cache_first_read"] = first = timed(kernels, ROOT, env)
-        show("profkit kernels, first read (writes the cache)", first)
-        hits = [timed([*kernels, "--phase", "backward"], ROOT, env) for _ in range(runs)]
-        result["cache_hit"] = hit = min(hits, key=lambda r: r["wall_s"])
-        show("profkit kernels --phase backward, from the cache", hit)
-        print(f"  = {hit['wall_s'] / top['wall_s']:.0%} of an uncached read")
-        shutil.rmtree(env["PROFKIT_CACHE_DIR"], ignore_errors=True)
+    print(f"  = {result['ratio_to_floor']:.2f}x the scan floor (CPU: "
+          f"{result['cpu_ratio_to_floor']:.2f}x)")  # fmt: skip
     if legacy:
         code = (
             "import sys; from profkit.analysis import analyze; from profkit.traces import "
@@ -259,6 +269,31 @@ def compare_ranks(copies: int, runs: int, scratch: Path) -> dict[str, object]:
     return result
 
 
+def cached(kernels: list[str], big: Path, runs: int, read: dict[str, float]) -> dict[str, object]:
+    """A first read that writes the cache, then each repeated query from it (best of runs),
+    as a share of the uncached read ``read``."""
+    folder = tempfile.mkdtemp(prefix="kscale-cache-")
+    env = {**os.environ, "PROFKIT_CACHE_DIR": folder}
+    result: dict[str, object] = {"first_read": timed(kernels, ROOT, env)}
+    show("profkit kernels, first read (writes the cache)", result["first_read"])  # type: ignore[arg-type]
+    diff = [sys.executable, "-m", "profkit", "diff", str(big), str(big), "--format", "json"]
+    queries = {name: [*kernels, *extra] for name, extra in HITS.items()}
+    queries["profkit diff BIG BIG"] = diff
+    hits = {}
+    for name, argv in queries.items():
+        hit = min((timed(argv, ROOT, env) for _ in range(runs)), key=lambda r: r["wall_s"])
+        hit["share_of_read"] = hit["wall_s"] / read["wall_s"]
+        hit["cpu_share_of_read"] = hit["cpu_s"] / read["cpu_s"]
+        hits[name] = hit
+        show(f"{name}, from the cache", hit)
+        print(f"  = {hit['share_of_read']:.0%} of an uncached read "
+              f"(CPU: {hit['cpu_share_of_read']:.0%})")  # fmt: skip
+    result["hits"] = hits
+    result["cache_mb"] = sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file()) / 1e6
+    shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
 def breakdown(path: Path) -> dict[str, dict[str, float]]:
     """Stages of ``profkit kernels`` in this process: wall and CPU seconds (all threads)."""
     sys.path.insert(0, str(ROOT))
@@ -289,20 +324,83 @@ def find_nsys(explicit: str | None) -> str | None:
     return explicit or os.environ.get("PROFKIT_NSYS") or shutil.which("nsys")
 
 
+def nsys_stats(nsys: str, big: Path, scratch: Path, profkit_wall_s: float) -> dict[str, object]:
+    """``nsys stats`` with the two reports profkit kernels replaces, on the same file."""
+    timings = {}
+    for report in ("cuda_gpu_kern_sum", "nvtx_gpu_proj_sum"):
+        out_prefix = scratch / f"stats-{report}"
+        for old in scratch.glob(f"{out_prefix.name}*"):
+            old.unlink()  # nsys stats will not overwrite its own output
+        argv = [nsys, "stats", "--report", report, "--format", "csv", "--output",
+                str(out_prefix), str(big)]  # fmt: skip
+        timings[report] = timed(argv, scratch)
+        print(f"nsys stats {report}: {timings[report]['wall_s']:.2f} s wall")
+    total = sum(t["wall_s"] for t in timings.values())
+    print(f"nsys stats, both reports: {total:.2f} s; profkit kernels is "
+          f"{total / profkit_wall_s:.1f}x faster")  # fmt: skip
+    return {"reports": timings, "both_wall_s": total, "speedup": total / profkit_wall_s}
+
+
+def one_scale(
+    args: argparse.Namespace,
+    copies: int,
+    runs: int,
+    scratch: Path,
+    result: dict[str, object],
+    save: Callable[[], None],
+) -> None:
+    """Build the export of ``copies`` fixture copies and measure everything on it, into
+    ``result``, calling ``save`` after each stage (what is done survives a timeout)."""
+    big = scratch / f"replicated-x{copies}.sqlite"
+    started = time.perf_counter()
+    rows = build(args.fixture, copies, big)
+    size_mb = big.stat().st_size / 1e6
+    print(
+        f"built {big.name}: {size_mb:,.0f} MB in {time.perf_counter() - started:.1f} s; rows: "
+        + ", ".join(f"{t.removeprefix('CUPTI_ACTIVITY_KIND_')} {n:,}" for t, n in rows.items())
+    )
+    result.update(copies=copies, scale=copies / UNIT_COPIES, export_mb=round(size_mb), rows=rows,
+                  load_before=os.getloadavg())  # fmt: skip
+    result.update(measure(big, runs, args.legacy))
+    save()
+    best = result["profkit_kernels"]
+    assert isinstance(best, dict)
+    if args.breakdown:
+        stages = breakdown(big)
+        result["breakdown"] = stages
+        print("in-process stages (wall/CPU s): "
+              + ", ".join(f"{k} {v['wall_s']:.2f}/{v['cpu_s']:.2f}" for k, v in stages.items()))  # fmt: skip
+    nsys = find_nsys(args.nsys)
+    if nsys:
+        result["nsys_stats"] = nsys_stats(nsys, big, scratch, best["wall_s"])
+        save()
+    else:
+        print("nsys not found: skipped the nsys stats comparison")
+    if args.cache:  # last: on the GPU host, nsys stats is the comparison that matters most
+        kernels = [sys.executable, "-m", "profkit", "kernels", str(big), "--format", "json"]
+        result["cache"] = cached(kernels, big, runs, best)
+    result["load_after"] = os.getloadavg()
+    save()
+    if not args.keep:
+        big.unlink(missing_ok=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--copies", type=int, default=745, help="copies of the fixture (745 ≈ 3 M activities)"
     )
-    parser.add_argument("--scale", type=int, default=None, help="the issue's xN (N*8 copies)")
-    parser.add_argument("--runs", type=int, default=3, help="runs of each timing (best kept)")
+    parser.add_argument("--scale", type=int, nargs="+", default=None,
+                        help="the issue's xN (N*8 copies); several: one after the other")  # fmt: skip
+    parser.add_argument("--runs", type=int, nargs="+", default=[3],
+                        help="runs of each timing (best kept); one per --scale, or one for all")  # fmt: skip
     parser.add_argument("--cache", action="store_true", help="also time the columnar cache")
     parser.add_argument("--legacy", action="store_true", help="also time load_trace + analyze")
     parser.add_argument("--fixture", type=Path, default=FIXTURE)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--nsys", default=None, help="nsys executable for the comparison")
     parser.add_argument("--breakdown", action="store_true", help="also time the stages in-process")
-    parser.add_argument("--keep", action="store_true", help="keep the big export")
+    parser.add_argument("--keep", action="store_true", help="keep the big exports")
     parser.add_argument(
         "--ranks",
         type=int,
@@ -311,80 +409,50 @@ def main() -> int:
         help="compare the 2-rank export xN with the 1-rank one at as many kernels, per kernel",
     )
     args = parser.parse_args()
-    if args.scale:
-        args.copies = args.scale * UNIT_COPIES
+    copies = [n * UNIT_COPIES for n in args.scale] if args.scale else [args.copies]
+    runs = args.runs * len(copies) if len(args.runs) == 1 else args.runs
+    if len(runs) != len(copies):
+        parser.error("give one --runs, or one per --scale")
 
     workdir = args.workdir or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="kscale-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="kscale-db-")) if not args.keep else workdir
+    scratch = workdir if args.keep else Path(tempfile.mkdtemp(prefix="kscale-db-"))
     if args.ranks:
-        result = {"load_before": os.getloadavg(), **compare_ranks(args.ranks, args.runs, scratch)}
+        result = {
+            "load_before": os.getloadavg(),
+            **compare_ranks(args.ranks, args.runs[0], scratch),
+        }
         result["load_after"] = os.getloadavg()
         (workdir / "kernels_ranks.json").write_text(json.dumps(result, indent=2))
         print(f"wrote {workdir / 'kernels_ranks.json'}")
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
         return 0
-    big = scratch / f"replicated-x{args.copies}.sqlite"
-    started = time.perf_counter()
-    rows = build(args.fixture, args.copies, big)
-    size_mb = big.stat().st_size / 1e6
-    print(
-        f"built {big.name}: {size_mb:,.0f} MB in {time.perf_counter() - started:.1f} s; rows: "
-        + ", ".join(f"{t.removeprefix('CUPTI_ACTIVITY_KIND_')} {n:,}" for t, n in rows.items())
-    )
-
+    baseline = timed([sys.executable, "-c", "import profkit.cli"], ROOT)
     result: dict[str, object] = {
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()})",
         "python": platform.python_version(),
-        "copies": args.copies,
-        "export_mb": round(size_mb),
-        "rows": rows,
-        "load_before": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "import_profkit": baseline,
+        "scales": [],
     }
-    baseline = timed([sys.executable, "-c", "import profkit.cli"], ROOT)
-    result["import_profkit"] = baseline
-    print(
-        f"import profkit.cli alone: {baseline['wall_s']:.2f} s wall, {baseline['cpu_s']:.2f} s "
-        f"CPU, peak RSS {baseline['peak_rss_gib']:.2f} GiB"
-    )
-    result.update(measure(big, args.runs, args.cache, args.legacy))
-    best = result["profkit_kernels"]
-    assert isinstance(best, dict)
-    if args.breakdown:
-        stages = breakdown(big)
-        result["breakdown"] = stages
-        print(
-            "in-process stages (wall/CPU s): "
-            + ", ".join(f"{k} {v['wall_s']:.2f}/{v['cpu_s']:.2f}" for k, v in stages.items())
-        )
-
-    nsys = find_nsys(args.nsys)
-    if nsys:
-        timings = {}
-        for report in ("cuda_gpu_kern_sum", "nvtx_gpu_proj_sum"):
-            out_prefix = scratch / f"stats-{report}"
-            for old in scratch.glob(f"{out_prefix.name}*"):
-                old.unlink()  # nsys stats will not overwrite its own output
-            argv = [nsys, "stats", "--report", report, "--format", "csv", "--output",
-                    str(out_prefix), str(big)]  # fmt: skip
-            timings[report] = timed(argv, scratch)
-            print(f"nsys stats {report}: {timings[report]['wall_s']:.2f} s wall")
-        nsys_total = sum(t["wall_s"] for t in timings.values())
-        result["nsys_stats"] = timings
-        result["speedup_vs_nsys"] = nsys_total / best["wall_s"]
-        print(
-            f"nsys stats, both reports: {nsys_total:.2f} s; profkit kernels is "
-            f"{nsys_total / best['wall_s']:.1f}x faster"
-        )
-    else:
-        print("nsys not found: skipped the nsys stats comparison")
-    result["load_after"] = os.getloadavg()
+    show("import profkit.cli alone", baseline)
     summary = workdir / "kernels_scale.json"
-    summary.write_text(json.dumps(result, indent=2))
+    scales: list[dict[str, object]] = []
+    result["scales"] = scales
+
+    def save() -> None:
+        summary.write_text(json.dumps(result, indent=2))
+
+    try:
+        for count, n in zip(copies, runs, strict=True):
+            print(f"--- x{count / UNIT_COPIES:g} ({count} copies of the fixture)")
+            scales.append({})
+            one_scale(args, count, n, scratch, scales[-1], save)
+    finally:
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
     print(f"wrote {summary}")
-    if not args.keep:
-        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

@@ -10,7 +10,7 @@ Timings live in benchmarks/, never here.
 from __future__ import annotations
 
 import importlib.util
-import os
+import re
 import sys
 from pathlib import Path
 
@@ -28,13 +28,12 @@ from nsys_data import (
     Export,
     unpack,
 )
+from report_checks import assert_same_report
 
 from profkit.analysis import _streamable, analyze
-from profkit.analysis import kernels as kernel_report
 from profkit.analysis.streaming import analyze_columns
-from profkit.traces import cache, load_trace
+from profkit.traces import load_trace
 from profkit.traces.columns import ActivityColumns, from_trace
-from profkit.traces.load import load_columns
 from profkit.traces.nsys_stream import read_nsys_columns
 
 DATA = Path(__file__).parent / "data"
@@ -43,21 +42,11 @@ NSYS = [SMALL_FP32, SMALL_BF16, TINY_COMPILE, GRAPH_NODES, GRAPH_WHOLE,
         "nsys-2025.3-h100-small-compiled", "nsys-2025.3-h100-user_train"]  # fmt: skip
 CHROME = ["torch-small-ctx128-train.json.gz", "torch-small-ctx128-forward.json.gz"]
 FILTERS = [{}, {"phase": "backward"}, {"range": "computing softmax"}, {"top": 0}]
-TABLES = ("phases", "ranges", "kernels", "overall", "categories")
 
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("scale")
-
-
-def assert_same_report(a, b) -> None:  # type: ignore[no-untyped-def]
-    for table in TABLES:
-        # std is summed in another order (sorted, not row order): equal to the last ulps.
-        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table), rtol=1e-12)
-    assert a.totals == b.totals
-    assert a.notes == b.notes
-    assert a.source == b.source
 
 
 @pytest.mark.parametrize("name", NSYS)
@@ -67,11 +56,13 @@ def test_streamed_columns_are_the_tables_columns(exports: Path, name: str) -> No
     assert (streamed.names, streamed.kinds) == (tables.names, tables.kinds)
     for field in ("name", "duration", "launch_start"):
         np.testing.assert_array_equal(streamed.arrays[field], tables.arrays[field])
-    for cols in (streamed, tables):
-        cols.decoded = [cols.shapes[s] for s in cols.arrays["shape"]]  # type: ignore[attr-defined]
-        cols.thread_ids = cols.launch_threads(cols.arrays["launch_thread"])  # type: ignore[attr-defined]
-    assert streamed.decoded == tables.decoded  # type: ignore[attr-defined]
-    np.testing.assert_array_equal(streamed.thread_ids, tables.thread_ids)  # type: ignore[attr-defined]
+    every = np.arange(len(tables))
+    assert "shape" not in streamed.arrays  # read afterwards, by row id
+    assert streamed.shapes_at(every) == tables.shapes_at(every)
+    np.testing.assert_array_equal(
+        streamed.launch_threads(streamed.arrays["launch_thread"]),
+        tables.launch_threads(tables.arrays["launch_thread"]),
+    )
     pd.testing.assert_frame_equal(streamed.ranges, tables.ranges)
 
 
@@ -150,15 +141,72 @@ def test_synthetic_edge_cases_give_the_same_columns_and_report(tmp_path: Path, b
     assert_same_report(analyze_columns(streamed), analyze(load_trace(path)))
 
 
+@pytest.mark.parametrize("name", [*NSYS, *CHROME])
+def test_a_phase_is_its_share_of_the_whole_trace_sums(
+    exports: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--phase keeps one phase's share of the sums of every activity (each slot holds one
+    phase's points); adding that phase's activities up again gives the same report."""
+    from profkit.analysis import stream_attribution, streaming
+
+    path = DATA / name if name in CHROME else unpack(name, exports)
+    trace = load_trace(path)
+    columns = from_trace(trace) if name in CHROME else read_nsys_columns(path)
+    plan = stream_attribution.plan_of(columns)
+    assert plan.slot_phase is not None
+    phases = [p for p in plan.phase_names if p in analyze(trace).phases["phase"].tolist()]
+    shares = {p: analyze_columns(columns, phase=p) for p in phases}
+
+    def mixed_slots(cols: ActivityColumns, domain: str | None = None) -> object:
+        found = stream_attribution.plan_of(cols, domain)
+        found.slot_phase = None  # as where several processes share a slot
+        return found
+
+    monkeypatch.setattr(streaming, "plan_of", mixed_slots)
+    for phase in phases:
+        added_up = analyze_columns(from_trace(trace), phase=phase)
+        assert_same_report(shares[phase], added_up)
+        assert_same_report(added_up, analyze(trace, phase=phase))
+
+
+def test_a_slot_holding_several_phases_is_seen(exports: Path) -> None:
+    from profkit.analysis.stream_attribution import attributed, plan_of
+    from profkit.analysis.stream_sums import Selection, add_up
+
+    columns = read_nsys_columns(unpack(SMALL_FP32, exports))
+    plan = plan_of(columns)
+    assert add_up(columns, plan, attributed(columns, plan), Selection()).slot_phase is not None
+    assert plan.slot_phase is not None
+    plan.slot_phase = np.zeros_like(plan.slot_phase)  # wrong for every phase but the first
+    assert add_up(columns, plan, attributed(columns, plan), Selection()).slot_phase is None
+
+
+@pytest.mark.parametrize(
+    ("cell", "said"),
+    [("start = 'soon'", "start holds text ('soon')"), ("\"end\" = X'00ff'", "end holds a blob")],
+)
+def test_a_time_that_is_not_an_integer_is_one_line(tmp_path: Path, cell: str, said: str) -> None:
+    """Text reads as 0 in SQLite's arithmetic: the scan's per-chunk max() must see it."""
+    import sqlite3
+
+    from profkit.errors import BadInput
+
+    path = unpack(SMALL_FP32, tmp_path)
+    with sqlite3.connect(path) as db:
+        db.execute(f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET {cell} WHERE rowid = 2000")
+    with pytest.raises(BadInput, match=re.escape(f"CUPTI_ACTIVITY_KIND_KERNEL.{said}")):
+        read_nsys_columns(path)
+
+
 def test_small_chunks_give_the_same_report(exports: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk seams (reader and analysis) change nothing: 1,000-row chunks on 4,028 rows."""
-    from profkit.analysis import streaming
-    from profkit.traces import _sqlite
+    from profkit.analysis import stream_tables
+    from profkit.traces import nsys_stream
 
     path = unpack(SMALL_FP32, exports)
     expected = analyze(load_trace(path), range="forward")
-    monkeypatch.setattr(_sqlite, "CHUNK_ROWS", 1000)
-    monkeypatch.setattr(streaming, "CHUNK", 1000)
+    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
+    monkeypatch.setattr(stream_tables, "CHUNK", 1000)
     assert_same_report(analyze_columns(read_nsys_columns(path), range="forward"), expected)
 
 
@@ -197,106 +245,6 @@ def test_replicated_ten_times_is_exactly_ten_times(exports: Path) -> None:
         assert (y[column].to_numpy() == x[column].to_numpy()).all() or np.allclose(
             y[column].astype(float), x[column].astype(float), rtol=1e-12
         ), column
-
-
-# The cache -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("PROFKIT_CACHE", raising=False)
-    return tmp_path / "cache"
-
-
-@pytest.fixture
-def export(tmp_path: Path) -> Path:
-    return unpack(SMALL_FP32, tmp_path)
-
-
-def _entry(export: Path) -> ActivityColumns | None:
-    return cache.load(cache.entry_dir(export), cache.identity(export))
-
-
-def test_first_read_builds_the_cache_and_the_second_reads_it(cache_dir: Path, export: Path) -> None:
-    assert _entry(export) is None  # miss
-    fresh = kernel_report(export, phase="forward")
-    entry = _entry(export)
-    assert entry is not None and len(entry) == 4_028
-    assert_same_report(kernel_report(export, phase="forward"), fresh)
-    hit = analyze_columns(load_columns(export), range="backward")
-    assert_same_report(hit, analyze(load_trace(export), range="backward"))
-
-
-def test_tables_from_the_cache_equal_a_fresh_read(cache_dir: Path, export: Path) -> None:
-    fresh = read_nsys_columns(export)
-    kernel_report(export)
-    cached = _entry(export)
-    assert cached is not None
-    for name, array in fresh.arrays.items():
-        np.testing.assert_array_equal(cached.arrays[name], array)
-        assert cached.arrays[name].dtype == array.dtype
-    assert (cached.names, cached.kinds, cached.shapes) == (fresh.names, fresh.kinds, fresh.shapes)
-    pd.testing.assert_frame_equal(cached.ranges, fresh.ranges)
-    fresh.meta.pop("sidecar")
-    assert cached.meta == fresh.meta
-
-
-def test_a_changed_export_is_read_again(cache_dir: Path, export: Path) -> None:
-    kernel_report(export)
-    stat = export.stat()
-    os.utime(export, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # stale
-    assert _entry(export) is None
-    kernel_report(export)
-    assert _entry(export) is not None  # rebuilt for the new identity
-
-
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "index", "remove"])
-def test_a_damaged_cache_is_rebuilt_silently(cache_dir: Path, export: Path, damage: str) -> None:
-    expected = kernel_report(export, cache=False)
-    entry = cache.entry_dir(export)
-    kernel_report(export)
-    target = entry / (cache.INDEX if damage == "index" else cache.ACTIVITIES)
-    if damage == "truncate":
-        target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
-    elif damage in ("garbage", "index"):
-        target.write_bytes(b"\x00not what was written" * 10)
-    else:
-        target.unlink()
-    assert _entry(export) is None
-    assert_same_report(kernel_report(export), expected)
-    assert _entry(export) is not None
-
-
-def test_the_cache_can_be_turned_off(
-    cache_dir: Path, export: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    kernel_report(export, cache=False)
-    monkeypatch.setenv("PROFKIT_CACHE", "0")
-    load_columns(export)
-    assert not cache_dir.exists()
-
-
-def test_an_unwritable_cache_folder_is_skipped(
-    tmp_path: Path, export: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    blocker = tmp_path / "not-a-folder"
-    blocker.write_text("a file where the cache folder would go")
-    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(blocker))
-    assert kernel_report(export).totals["kernels"] == 3_858  # launches; +170 copies, memsets
-
-
-def test_cli_no_cache_writes_nothing(cache_dir: Path, export: Path) -> None:
-    from typer.testing import CliRunner
-
-    from profkit.cli import app
-
-    result = CliRunner().invoke(app, ["kernels", str(export), "--no-cache", "--format", "json"])
-    assert result.exit_code == 0, result.output
-    assert not cache_dir.exists()
-    result = CliRunner().invoke(app, ["kernels", str(export), "--format", "json"])
-    assert result.exit_code == 0
-    assert _entry(export) is not None
 
 
 def test_progress_counts_every_row_once(exports: Path) -> None:

@@ -113,15 +113,37 @@ def category_table(by_phase_category: np.ndarray, phase_names: list[str]) -> pd.
     return table.drop(columns=["order"]).reset_index(drop=True)
 
 
-def kernel_tables(
-    cols: ActivityColumns, phase: np.ndarray, categories: np.ndarray, phase_names: list[str]
+STAT_COLUMNS = ["name", "phase", "instances", "total_ms", "avg_us", "med_us", "min_us",
+                "max_us", "std_us", "grid", "block"]  # fmt: skip
+"""The columns of :func:`kernel_stats`' tables (name and phase are codes; phase -1: all)."""
+
+
+def kernel_stats(
+    cols: ActivityColumns, phase: np.ndarray, n_phases: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """:func:`.tables.kernel_tables` from the columns and each activity's phase (-1: not selected)."""
-    n_phases = len(phase_names)
-    names = np.array(cols.names, dtype=object)
-    kinds = np.array(cols.kinds, dtype=object)
+    """Duration statistics per (name, phase) and per name of the activities whose ``phase``
+    is not -1 (not selected), with the shape of each group's longest one."""
     per_phase = _duration_stats(cols, phase, n_phases, by_phase=True)
     overall = _duration_stats(cols, phase, n_phases, by_phase=False)
+    longest = np.unique(np.concatenate([per_phase["longest"], overall["longest"]]))
+    shape_of = dict(zip(longest.tolist(), cols.shapes_at(longest), strict=True))
+    for table in (per_phase, overall):
+        shapes = [shape_of[i] for i in table.pop("longest").tolist()]
+        table["grid"] = [g for g, _ in shapes]
+        table["block"] = [b for _, b in shapes]
+    return per_phase[STAT_COLUMNS], overall[STAT_COLUMNS]
+
+
+def kernel_tables(
+    stats: tuple[pd.DataFrame, pd.DataFrame],
+    cols: ActivityColumns,
+    categories: np.ndarray,
+    phase_names: list[str],
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`.tables.kernel_tables` from :func:`kernel_stats`' tables."""
+    names = np.array(cols.names, dtype=object)
+    kinds = np.array(cols.kinds, dtype=object)
+    per_phase, overall = (table.copy() for table in stats)
     per_phase["phase_total"] = per_phase.groupby("phase")["total_ms"].transform("sum")
     overall["phase_total"] = overall["total_ms"].sum()
     phase_order = {p: i for i, p in enumerate(phase_names)}
@@ -132,9 +154,6 @@ def kernel_tables(
         table["short_name"] = [short_kernel_name(n) for n in names[table["name"]]]
         table["category"] = np.array(CATEGORIES, dtype=object)[categories[table["name"]]]
         table["kind"] = kinds[table["name"]]
-        shapes = [cols.shapes[s] for s in table["shape"]]
-        table["grid"] = [g for g, _ in shapes]
-        table["block"] = [b for _, b in shapes]
         table["phase"] = np.where(
             table["phase"] >= 0, labels[table["phase"].clip(lower=0)], ALL_PHASES
         )
@@ -145,19 +164,22 @@ def kernel_tables(
     return out[0], out[1]
 
 
+def _group_of(name: np.ndarray, phase: np.ndarray, n_phases: int, by_phase: bool) -> np.ndarray:
+    group = name.astype(np.int64)
+    return group * n_phases + phase if by_phase else group
+
+
 def _group_keys(
     cols: ActivityColumns, phase: np.ndarray, n_phases: int, by_phase: bool
 ) -> np.ndarray:
     """Sorted ``group << 40 | duration`` of the selected activities."""
-    selected = int((phase >= 0).sum())
+    selected = sum(int((phase[lo : lo + CHUNK] >= 0).sum()) for lo in range(0, len(cols), CHUNK))
     keys = np.empty(selected, dtype=np.int64)
     at = 0
     for lo in range(0, len(cols), CHUNK):
         p = phase[lo : lo + CHUNK]
         keep = p >= 0
-        group = cols.arrays["name"][lo : lo + CHUNK][keep].astype(np.int64)
-        if by_phase:
-            group = group * n_phases + p[keep]
+        group = _group_of(cols.arrays["name"][lo : lo + CHUNK][keep], p[keep], n_phases, by_phase)
         duration = cols.arrays["duration"][lo : lo + CHUNK][keep].clip(min=0)
         if len(duration) and duration.max() > DURATION_MASK:
             raise BadInput("an activity lasts over 18 minutes: not a trace profkit can read")
@@ -170,7 +192,7 @@ def _group_keys(
 def _duration_stats(
     cols: ActivityColumns, phase: np.ndarray, n_phases: int, by_phase: bool
 ) -> pd.DataFrame:
-    """count, sum, mean, median, min, max, std and the longest instance's shape per group."""
+    """count, sum, mean, median, min, max, std and the longest instance (its index) per group."""
     keys = _group_keys(cols, phase, n_phases, by_phase)
     first = _runs(keys)  # keys are sorted: each group is one run
     groups = keys[first] >> DURATION_BITS
@@ -196,7 +218,7 @@ def _duration_stats(
             "min_us": low / NS_PER_US,
             "max_us": high / NS_PER_US,
             "std_us": std / NS_PER_US,
-            "shape": _longest_shapes(cols, phase, groups, high, n_phases, by_phase),
+            "longest": _longest(cols, phase, groups, high, n_phases, by_phase),
         }
     )
 
@@ -218,7 +240,11 @@ def _sums(keys: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.nd
     shifted, shifted_sq = np.zeros(groups), np.zeros(groups)
     for lo in range(0, len(keys), CHUNK):
         part = keys[lo : lo + CHUNK]
-        group = np.searchsorted(first, np.arange(lo, lo + len(part)), side="right") - 1
+        # The group of each key: the last group starting at or before it (runs are sorted).
+        marks = np.zeros(len(part), dtype=np.int64)
+        inside = first[(first > lo) & (first < lo + len(part))]
+        marks[inside - lo] = 1
+        group = np.cumsum(marks) + (np.searchsorted(first, lo, side="right") - 1)
         duration = (part & DURATION_MASK).astype(np.float64)
         total += np.bincount(group, weights=duration, minlength=groups)
         deviation = duration - shift[group]
@@ -228,7 +254,7 @@ def _sums(keys: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.nd
     return total, shifted_sq - shifted * shifted / np.maximum(count, 1)
 
 
-def _longest_shapes(
+def _longest(
     cols: ActivityColumns,
     phase: np.ndarray,
     groups: np.ndarray,
@@ -236,18 +262,18 @@ def _longest_shapes(
     n_phases: int,
     by_phase: bool,
 ) -> np.ndarray:
-    """Shape code of each group's first activity (in trace order) with its longest duration."""
-    shape = np.full(len(groups), -1, dtype=np.int64)
+    """Index of each group's first activity (in trace order) with its longest duration."""
+    size = len(cols.names) * (n_phases if by_phase else 1)
+    longest_of = np.full(size, -1, dtype=np.int64)  # by group code: few, so a dense table
+    longest_of[groups] = high
+    first_hit = np.full(size, len(cols), dtype=np.int64)
+    found = np.full(size, -1, dtype=np.int64)
     for lo in range(0, len(cols), CHUNK):
         p = phase[lo : lo + CHUNK]
         rows = np.flatnonzero(p >= 0)
-        group = cols.arrays["name"][lo : lo + CHUNK][rows].astype(np.int64)
-        if by_phase:
-            group = group * n_phases + p[rows]
-        index = np.searchsorted(groups, group)
+        group = _group_of(cols.arrays["name"][lo : lo + CHUNK][rows], p[rows], n_phases, by_phase)
         duration = cols.arrays["duration"][lo : lo + CHUNK][rows].clip(min=0)
-        hit = duration == high[index]
-        found, at = np.unique(index[hit], return_index=True)
-        new = shape[found] < 0
-        shape[found[new]] = cols.arrays["shape"][lo + rows[hit][at[new]]]
-    return shape
+        hit = (duration == longest_of[group]) & (found[group] < 0)
+        np.minimum.at(first_hit, group[hit], lo + rows[hit])  # ties: the first in trace order
+        found = np.where(first_hit < len(cols), first_hit, -1)
+    return found[groups]

@@ -167,7 +167,7 @@ def read_int_columns(
     several small columns into one integer saves a column's worth of work).
     """
     query = _chunk_query(table, exprs, where, missing, _column_info(conn, table))
-    chunks = [_read_chunk(conn, query, b) for b in _chunk_bounds(conn, table)]
+    chunks = [_read_chunk(conn, query, b) for b in chunk_bounds(conn, table)]
     return _concatenate(chunks, exprs)
 
 
@@ -223,7 +223,7 @@ class ParallelReader:
         def chunk(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
             return _read_chunk(self.connection(), query, bounds)
 
-        futures = [self.pool.submit(chunk, b) for b in _chunk_bounds(conn, table)]
+        futures = [self.pool.submit(chunk, b) for b in chunk_bounds(conn, table)]
         return Pending(futures, list(exprs))
 
     def stream(
@@ -233,13 +233,17 @@ class ParallelReader:
         exprs: dict[str, str],
         where: str = "",
         ahead: int = 0,
+        chunks: list[tuple[int, int]] | None = None,
+        checked: tuple[str, ...] = (),
     ) -> Iterator[dict[str, np.ndarray]]:
         """The chunks of ``read_int_columns(table, exprs, where)`` in rowid order, as they come.
 
         At most ``ahead`` (default: one per thread, plus one) chunks are read ahead, so memory
-        holds a few chunks whatever the table's size.
+        holds a few chunks whatever the table's size. ``chunks``: the rowid bounds to read,
+        if the caller has them already (:func:`chunk_bounds`); ``checked``: columns whose cells
+        must all be integers (or NULL), which no expression's arithmetic would show.
         """
-        query = _chunk_query(table, exprs, where, -1, _column_info(conn, table))
+        query = _chunk_query(table, exprs, where, -1, _column_info(conn, table), checked)
 
         def chunk(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
             worker = self.connection()
@@ -249,7 +253,7 @@ class ParallelReader:
 
         window: deque[Future[dict[str, np.ndarray]]] = deque()
         limit = ahead or self.threads + 1
-        for bounds in _chunk_bounds(conn, table):
+        for bounds in chunk_bounds(conn, table) if chunks is None else chunks:
             window.append(self.pool.submit(chunk, bounds))
             if len(window) >= limit:
                 yield window.popleft().result()
@@ -283,19 +287,22 @@ def row_bound(conn: sqlite3.Connection, table: str) -> int:
     return 0 if lo is None else int(hi) - int(lo) + 1
 
 
-def _chunk_bounds(conn: sqlite3.Connection, table: str) -> list[tuple[int, int]]:
-    """``[lo, hi)`` rowid ranges of about ``CHUNK_ROWS`` rows each."""
+def chunk_bounds(
+    conn: sqlite3.Connection, table: str, rows: int | None = None
+) -> list[tuple[int, int]]:
+    """``[lo, hi)`` rowid ranges of about ``rows`` (default ``CHUNK_ROWS``) rows each."""
+    size = rows or CHUNK_ROWS
     # Two queries: SQLite answers min(rowid) or max(rowid) alone from the B-tree's ends,
     # but scans the whole table for both at once.
     lo = conn.execute(f'SELECT min(rowid) FROM "{table}"').fetchone()[0]
     hi = conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0]
     if lo is None:
         return []
-    if (hi - lo) // CHUNK_ROWS < MAX_SPARSE_CHUNKS:
-        return [(start, start + CHUNK_ROWS) for start in range(lo, hi + 1, CHUNK_ROWS)]
+    if (hi - lo) // size < MAX_SPARSE_CHUNKS:
+        return [(start, start + size) for start in range(lo, hi + 1, size)]
     # Rowids far apart (a damaged or hand-made file): bounds from the rowids themselves.
     rowids = [r[0] for r in conn.execute(f'SELECT rowid FROM "{table}" ORDER BY rowid')]
-    starts = rowids[::CHUNK_ROWS]
+    starts = rowids[::size]
     return list(zip(starts, [*starts[1:], hi + 1], strict=True))
 
 
@@ -314,6 +321,8 @@ class _ChunkQuery:
     names: list[str]
     columns: list[str]
     """The table's columns the expressions use (their cells' types are checked)."""
+    checked: tuple[str, ...] = ()
+    """Columns whose every cell must be an integer (or NULL), checked per chunk by max()."""
 
 
 def _chunk_query(
@@ -322,6 +331,7 @@ def _chunk_query(
     where: str,
     missing: int,
     columns: tuple[set[str], set[str]],
+    checked: tuple[str, ...] = (),
 ) -> _ChunkQuery:
     # NULL -> ``missing`` keeps the columns aligned: group_concat skips NULLs. Expressions
     # over NOT NULL columns only skip the ifnull (a function call per value).
@@ -333,15 +343,24 @@ def _chunk_query(
         for expr in exprs.values()
     )
     used = sorted({w for e in exprs.values() for w in re.findall(r"[A-Za-z_]\w*", e)} & all_columns)
+    # Text and blobs sort above every number, so a chunk's max() is text or a blob exactly
+    # when one of its cells is: an aggregate step a row, no function call per cell (reals
+    # show in arithmetic on the column, which then does not parse as integers).
+    selects += "".join(f', max("{column}")' for column in checked)
     condition = f" AND ({where})" if where else ""
     sql = f'SELECT count(*){selects} FROM "{table}" WHERE rowid >= ? AND rowid < ?{condition}'
-    return _ChunkQuery(sql, table, list(exprs), used)
+    return _ChunkQuery(sql, table, list(exprs), used, checked)
 
 
 def _read_chunk(
     conn: sqlite3.Connection, query: _ChunkQuery, bounds: tuple[int, int]
 ) -> dict[str, np.ndarray]:
     count, *texts = conn.execute(query.sql, bounds).fetchone()
+    if query.checked:
+        highest, texts = texts[len(query.names) :], texts[: len(query.names)]
+        if any(not isinstance(value, int | float | None) for value in highest):
+            where = f"rowid >= {bounds[0]} AND rowid < {bounds[1]}"
+            raise _bad_cell(conn, query.table, list(query.checked), where)
     chunk = {}
     for name, text in zip(query.names, texts, strict=True):
         try:

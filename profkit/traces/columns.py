@@ -2,16 +2,22 @@
 
 A :class:`~profkit.traces.schema.Trace` keeps twelve columns per activity, text included:
 at 30 million kernels that is over 8 GiB. The kernel report needs only each activity's
-name, duration, launch shape and launching call, so :class:`ActivityColumns` keeps those
-as integer codes (26 bytes per activity) beside small lookup tables, and the analysis
+name, duration and launching call, so :class:`ActivityColumns` keeps those as integer
+codes (22 bytes per activity) beside small lookup tables, and the analysis
 (:mod:`profkit.analysis.streaming`) walks them in chunks. Readers that stream
 (:mod:`profkit.traces.nsys_stream`) build them directly; :func:`from_trace` converts any
-reader's tables, and the cache (:mod:`profkit.traces.cache`) stores them as Parquet.
+reader's tables, and the cache (:mod:`profkit.traces.cache`) stores them on disk, with what
+the analysis derived from them (:attr:`ActivityColumns.derived`).
+
+Launch shapes (grid, block) show only in the per-kernel tables, one per table row: a
+reader may keep a shape code per activity (``arrays["shape"]``), or read the few shapes
+asked for from the trace itself afterwards (``read_shapes``, by row ids:
+:class:`RowMap`), which spares the scan three columns of the kernel table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,34 +32,107 @@ Progress = Callable[[int, int], None]
 
 ARRAYS = {
     "name": np.int32,  # index into ``names``
-    "shape": np.int32,  # index into ``shapes`` (grid, block)
     "duration": np.int64,  # ns, end - start
     "launch_start": np.int64,  # ns; -1 when the launch call is unknown
     "launch_thread": np.int16,  # index into ``threads``; -1 when unknown
 }
+SHAPE = "shape"
+"""The optional array of shape codes (int32, index into ``shapes``)."""
+NO_SHAPE = ("", "")
+ShapeReader = Callable[[np.ndarray], list[tuple[str, str]]]
+"""``read(rows)``: (grid, block) of the activities at ``rows``, read from the trace."""
+
+
+@dataclass(frozen=True)
+class RowMap:
+    """Activity index -> row id in the table it was read from, as runs of consecutive ids.
+
+    Covers activities ``0 .. count - 1``; a run starts at activity ``starts[i]`` with row id
+    ``rowids[i]`` and goes on one id per activity (real exports have one run per table).
+    """
+
+    starts: np.ndarray
+    rowids: np.ndarray
+    count: int
+
+    def rowid(self, index: np.ndarray) -> np.ndarray:
+        """Row ids of activities ``index`` (each below ``count``)."""
+        run = np.searchsorted(self.starts, index, side="right") - 1
+        return self.rowids[run] + (index - self.starts[run])
+
+    @classmethod
+    def of_runs(cls, starts: list[np.ndarray], rowids: list[np.ndarray], count: int) -> RowMap:
+        """The map of runs given in order (chunk by chunk), merging runs that continue."""
+        start = np.concatenate([np.zeros(0, np.int64), *starts]).astype(np.int64)
+        rowid = np.concatenate([np.zeros(0, np.int64), *rowids]).astype(np.int64)
+        keep = np.ones(len(start), dtype=bool)
+        keep[1:] = np.diff(rowid) != np.diff(start)  # a run that goes on needs no new entry
+        return cls(start[keep], rowid[keep], count)
+
+
+@dataclass
+class Derived:
+    """Arrays an analysis computed from the columns (kept by the cache): per activity, or
+    sums of them."""
+
+    arrays: Mapping[str, np.ndarray]
+    meta: dict[str, Any]
 
 
 @dataclass
 class ActivityColumns:
     """One entry per GPU activity in each array of :data:`ARRAYS`, plus lookup tables."""
 
-    arrays: dict[str, np.ndarray]
+    arrays: Mapping[str, np.ndarray]
     names: list[str]
     """Full activity names (``[CUDA memcpy Host-to-Device]`` for copies)."""
     kinds: list[str]
     """``kernel`` | ``memcpy`` | ``memset`` | ``graph``, one per entry of ``names``."""
     shapes: list[tuple[str, str]]
-    """(grid, block) as ``"x,y,z"`` strings; ``("", "")`` for copies."""
+    """(grid, block) as ``"x,y,z"`` strings, indexed by ``arrays["shape"]``; ``("", "")``
+    for copies. Empty when shapes are read afterwards (``read_shapes``)."""
     threads: np.ndarray
     """Global thread ids the ``launch_thread`` codes index."""
     ranges: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    kernel_rows: RowMap | None = None
+    """Where the kernels (activities ``0 .. kernel_rows.count - 1``) sit in the trace, for
+    ``read_shapes``; the other activities have no shape."""
+    read_shapes: ShapeReader | None = None
+    derived: dict[str, Derived] = field(default_factory=dict)
+    """What an analysis derived and wants kept (``keep``), by name."""
+    keep: Callable[[str, Derived], None] | None = None
+    """Called by :meth:`remember` (the cache sets it to store derived arrays)."""
+    known_launch_bounds: tuple[int, int] | tuple[()] | None = None
+    """:meth:`launch_bounds` once computed (``()``: no launch is known)."""
 
     def __len__(self) -> int:
-        return len(self.arrays["name"])
+        known = getattr(self.arrays, "length", None)  # the cache's lazily read columns
+        return int(known) if known is not None else len(self.arrays["name"])
+
+    def shapes_at(self, rows: np.ndarray) -> list[tuple[str, str]]:
+        """(grid, block) of the activities at ``rows``."""
+        if SHAPE in self.arrays:
+            return [self.shapes[int(c)] for c in self.arrays[SHAPE][rows]]
+        if self.read_shapes is None:
+            raise ValueError("these columns keep no shapes and cannot read them")
+        return self.read_shapes(np.asarray(rows, dtype=np.int64))
+
+    def remember(self, name: str, derived: Derived) -> None:
+        """Keep ``derived`` with the columns (and in the cache, where they came through it)."""
+        self.derived[name] = derived
+        if self.keep is not None:
+            self.keep(name, derived)
 
     def launch_bounds(self) -> tuple[int, int] | None:
-        """Earliest and latest known launch start (None if none is known), chunk by chunk."""
+        """Earliest and latest known launch start (None if none is known), chunk by chunk;
+        computed once (the cache stores it, so a cached load need not scan for it)."""
+        if self.known_launch_bounds is None:
+            found = self._scan_launch_bounds()
+            self.known_launch_bounds = found if found is not None else ()
+        return self.known_launch_bounds or None
+
+    def _scan_launch_bounds(self) -> tuple[int, int] | None:
         low, high = None, None
         launch = self.arrays["launch_start"]
         for lo in range(0, len(launch), 1 << 20):  # no full-length temporaries
@@ -70,6 +149,7 @@ class ActivityColumns:
         return ids[codes.astype(np.int64)]
 
 
+KEPT = {**ARRAYS, SHAPE: np.int32}  # the arrays of columns that keep shape codes
 MAX_THREADS = np.iinfo(np.int16).max
 
 
@@ -95,13 +175,13 @@ def from_trace(trace: Trace) -> ActivityColumns:
     codes[launch >= 0] = thread_codes
     arrays = {
         "name": name_codes,
-        "shape": shape_codes,
+        SHAPE: shape_codes,
         "duration": (k["end"].to_numpy(np.int64) - k["start"].to_numpy(np.int64)),
         "launch_start": np.where(launch >= 0, launch, -1),
         "launch_thread": codes,
     }
     return ActivityColumns(
-        arrays={name: np.asarray(arrays[name]).astype(t) for name, t in ARRAYS.items()},
+        arrays={name: np.asarray(arrays[name]).astype(t) for name, t in KEPT.items()},
         names=[str(n) for n in names],
         kinds=[str(x) for x in kinds],
         shapes=[(str(g), str(b)) for g, b in shapes],

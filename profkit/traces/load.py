@@ -27,7 +27,7 @@ from profkit.traces._sqlite import SQLITE_MAGIC
 from profkit.traces.cache import cached_columns
 from profkit.traces.columns import ActivityColumns, Progress, check_column_span, from_trace
 from profkit.traces.nsys_sqlite import FORMAT, cuda_processes, read_nsys_sqlite
-from profkit.traces.nsys_stream import read_nsys_columns
+from profkit.traces.nsys_stream import read_nsys_columns, shape_reader
 from profkit.traces.schema import Trace, check_time_span
 
 Reader = Callable[[Path], Trace]
@@ -93,11 +93,13 @@ def load_columns(
             return check_column_span(read_nsys_columns(source, progress))
         return from_trace(load_trace(source))
 
-    def fresh_sidecar(columns: ActivityColumns) -> None:
+    def finish(columns: ActivityColumns) -> None:
         if columns.meta.get("format") == FORMAT and "sidecar" not in columns.meta:
             columns.meta["sidecar"] = read_sidecar(source)
+        if columns.kernel_rows is not None and columns.read_shapes is None:  # from the cache
+            columns.read_shapes = shape_reader(source, columns.kernel_rows)
 
-    return cached_columns(source, read, cache, fresh_sidecar)
+    return cached_columns(source, read, cache, finish)
 
 
 def gpu_processes(

@@ -2,17 +2,24 @@
 
 The same tables as :mod:`profkit.traces.nsys_sqlite`, read chunk by chunk with a few chunks
 in flight (:meth:`~profkit.traces._sqlite.ParallelReader.stream`), so memory holds the
-compact columns (26 bytes per activity) and the launch calls, never a whole table's text:
+compact columns (22 bytes per activity) and the launch calls, never a whole table's text:
 
 1. the launch-like API calls go into :class:`_Calls`: key, start and thread code (18 bytes
    a call), in the correlation-id order real exports already store them in;
 2. each chunk of kernels, copies, memsets and graph rows is joined to its call by looking
-   its key up (a binary search), its names and shapes become codes, and it is copied into
+   its key up (a binary search), its names become codes, and it is copied into
    preallocated columns;
 3. activities left without a call look in the other API calls, read only then.
 
 The calls are freed before the analysis starts, so the read's peak is the columns plus the
 launch calls (about 0.6 GB for 33 M), whatever the number of API rows.
+
+Launch shapes are not scanned: grid and block are six columns a kernel row, a third of the
+kernel table's read, and a report shows one shape per table row. The columns keep where
+each kernel sits (:class:`~profkit.traces.columns.RowMap`: one run of row ids per table in
+a real export) and :func:`shape_reader` reads the few shapes asked for by row id. A
+compressed export is unpacked to a temporary file for the read only, so its shapes are
+scanned with the rest.
 """
 
 from __future__ import annotations
@@ -27,7 +34,16 @@ import pandas as pd
 
 from profkit.sidecar import read_sidecar
 from profkit.traces import _sqlite
-from profkit.traces.columns import ARRAYS, ActivityColumns, Progress, check_threads
+from profkit.traces.columns import (
+    ARRAYS,
+    NO_SHAPE,
+    SHAPE,
+    ActivityColumns,
+    Progress,
+    RowMap,
+    ShapeReader,
+    check_threads,
+)
 from profkit.traces.nsys_activity import (
     API_TABLES,
     BLOCK_EXPR,
@@ -55,8 +71,13 @@ from profkit.traces.nsys_sqlite import (
     opened_export,
 )
 
-NO_SHAPE = ("", "")
-BAD_TIME = -(1 << 62)  # the duration of a row whose start or end is not an integer
+# Unread, a start of the wrong type would go unseen (SQLite reads text as 0 in arithmetic):
+# the scan checks start and end per chunk (_sqlite's ``checked``), and a bad cell is named.
+TIMES = ("start", "end")
+# Rows per chunk: a chunk's text (SQLite's, Python's) and parsed arrays are a few MB, which
+# the allocator keeps and reuses; at 500,000 rows they were fresh pages each time, and the
+# page faults cost a sixth of the read's CPU (docs/PERFORMANCE.md).
+CHUNK_ROWS = 1 << 17
 
 
 class _Calls:
@@ -129,10 +150,16 @@ class _Builder:
     """Fills preallocated columns chunk by chunk, turning names and shapes into codes."""
 
     def __init__(
-        self, conn: sqlite3.Connection, tables: dict[str, list[str]], capacity: int, codec: Codec
+        self,
+        conn: sqlite3.Connection,
+        tables: dict[str, list[str]],
+        capacity: int,
+        codec: Codec,
+        shapes: bool,
     ) -> None:
         self.conn, self.tables, self.codec = conn, tables, codec
-        self.arrays = {name: np.empty(capacity, dtype=t) for name, t in ARRAYS.items()}
+        kept = {**ARRAYS, SHAPE: np.int32} if shapes else ARRAYS
+        self.arrays = {name: np.empty(capacity, dtype=t) for name, t in kept.items()}
         self.rows = 0
         self.name_code: dict[str, int] = {}
         self.kinds: list[str] = []
@@ -143,12 +170,11 @@ class _Builder:
 
     def add(self, table: str, chunk: dict[str, np.ndarray], calls: _Calls) -> None:
         n = len(chunk["duration"])
-        if (chunk["duration"] == BAD_TIME).any():
-            raise _sqlite._bad_cell(self.conn, table, ["start", "end"], "1")
         rows = slice(self.rows, self.rows + n)
         self.arrays["duration"][rows] = chunk["duration"]
         self.arrays["name"][rows] = self._names(table, chunk)
-        self.arrays["shape"][rows] = self._shapes(chunk) if table == KERNEL_TABLE else 0
+        if SHAPE in self.arrays:
+            self.arrays[SHAPE][rows] = self._shapes(chunk) if table == KERNEL_TABLE else 0
         start, thread = calls.lookup(chunk["key"])
         self.arrays["launch_start"][rows] = start
         self.arrays["launch_thread"][rows] = thread
@@ -215,6 +241,8 @@ def read_nsys_columns(path: str | Path, progress: Progress | None = None) -> Act
     path = Path(path)
     with opened_export(path) as (conn, plain):
         columns = _columns(conn, plain, path, progress)
+    if columns.kernel_rows is not None:
+        columns.read_shapes = shape_reader(path, columns.kernel_rows)
     columns.meta["sidecar"] = read_sidecar(path)
     return columns
 
@@ -226,7 +254,8 @@ def _columns(
     _check_nsys(path, tables)
     _check_columns(conn, tables)
     meta = _meta(conn, tables, path)
-    builder, threads, nvtx = _read(plain, conn, tables, progress)
+    # A compressed export's plain copy is gone after the read: scan its shapes now.
+    builder, kernel_rows, threads, nvtx = _read(plain, conn, tables, progress, plain != path)
     if not builder.rows:
         raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
     arrays = builder.columns()
@@ -235,16 +264,23 @@ def _columns(
         arrays=arrays,
         names=sorted(builder.name_code, key=builder.name_code.__getitem__),
         kinds=builder.kinds,
-        shapes=sorted(builder.shape_code, key=builder.shape_code.__getitem__),
+        shapes=sorted(builder.shape_code, key=builder.shape_code.__getitem__)
+        if SHAPE in arrays
+        else [],
         threads=threads,
         ranges=build_ranges(*nvtx, _trace_end(conn, tables, nvtx[0]), meta),
         meta=meta,
+        kernel_rows=kernel_rows,
     )
 
 
 def _read(
-    path: Path, conn: sqlite3.Connection, tables: dict[str, list[str]], progress: Progress | None
-) -> tuple[_Builder, np.ndarray, tuple[Any, Any]]:
+    path: Path,
+    conn: sqlite3.Connection,
+    tables: dict[str, list[str]],
+    progress: Progress | None,
+    scan_shapes: bool,
+) -> tuple[_Builder, RowMap | None, np.ndarray, tuple[Any, Any]]:
     codec = Codec.of(conn, tables)
     one_process = _single_cuda_process(conn, tables, codec)
     if one_process is not None:  # keys are correlation ids: no pid arithmetic per row
@@ -254,7 +290,8 @@ def _read(
     api = [t for t in API_TABLES if t in tables and "globalTid" in tables[t]]
     bounds = {t: _sqlite.row_bound(conn, t) for t in (*activity, *api)}
     done, total = 0, sum(bounds.values())
-    builder = _Builder(conn, tables, sum(bounds[t] for t in activity), codec)
+    builder = _Builder(conn, tables, sum(bounds[t] for t in activity), codec, scan_shapes)
+    kernel_rows = None if scan_shapes or KERNEL_TABLE not in tables else _RowRuns(conn)
     with _sqlite.ParallelReader(path) as reader:
         nvtx = reader.call(lambda worker: nvtx_rows(worker, tables))
         base = _first_start(conn, api)
@@ -263,28 +300,105 @@ def _read(
         for table in api:
             # No process filter here: a launch needs a CUDA context, so with one context
             # process every launch-like call is that process's.
-            scanned = 0  # rows the chunk's scan went over (the launch-like ones are fewer)
-            for chunk in reader.stream(conn, table, exprs, _where(launch_ids, True, None)):
-                calls.add(chunk)
-                step = min(_sqlite.CHUNK_ROWS, bounds[table] - scanned)
-                scanned += step
-                done = _tick(progress, done, step, total)
+            chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
+            where = _where(launch_ids, True, None)
+            for (lo, hi), chunk in zip(
+                chunks, reader.stream(conn, table, exprs, where, chunks=chunks), strict=True
+            ):
+                calls.add(chunk)  # the scan went over the chunk's rows, fewer launches
+                done = _tick(progress, done, min(hi, chunks[0][0] + bounds[table]) - lo, total)
         calls.seal()
         for table in activity:
-            for chunk in reader.stream(conn, table, _activity_exprs(codec, tables, table)):
+            chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
+            activity_exprs = _activity_exprs(codec, tables, table, scan_shapes)
+            stream = reader.stream(conn, table, activity_exprs, chunks=chunks, checked=TIMES)
+            for rows, chunk in zip(chunks, stream, strict=True):
                 builder.add(table, chunk, calls)
+                if kernel_rows is not None and table == KERNEL_TABLE:
+                    kernel_rows.add(rows, len(chunk["duration"]))
                 done = _tick(progress, done, len(chunk["duration"]), total)
         if builder.unmatched and launch_ids:
             # The thread codes dict is shared: one code per thread across both reads.
             others = _Calls(codec.tid0, base, sum(bounds[t] for t in api), calls.thread_code)
             for table in api:
                 where = _where(launch_ids, False, one_process)
-                for chunk in reader.stream(conn, table, exprs, where):
+                chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
+                for chunk in reader.stream(conn, table, exprs, where, chunks=chunks):
                     others.add(chunk)
             others.seal()
             builder.fill_unmatched(others)
         range_rows = nvtx.result()
-    return builder, calls.threads(), range_rows
+    row_map = kernel_rows.map() if kernel_rows is not None else None
+    return builder, row_map, calls.threads(), range_rows
+
+
+class _RowRuns:
+    """The kernel table's row ids, chunk by chunk, as runs: a chunk of ``[lo, hi)`` whose
+    count fills the range is one run; only a chunk with gaps has its row ids read."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        last = conn.execute(f'SELECT max(rowid) FROM "{KERNEL_TABLE}"').fetchone()[0]
+        self.end = 0 if last is None else int(last) + 1
+        self.starts: list[np.ndarray] = []
+        self.rowids: list[np.ndarray] = []
+        self.count = 0
+
+    def add(self, bounds: tuple[int, int], rows: int) -> None:
+        lo, hi = bounds
+        if rows == min(hi, self.end) - lo:
+            ids_first, first = np.array([lo]), np.array([0])
+        else:
+            sql = f'SELECT group_concat(rowid) FROM "{KERNEL_TABLE}" WHERE rowid >= ? AND rowid < ?'
+            text = self.conn.execute(sql, bounds).fetchone()[0]
+            ids = np.array((text or "").split(",") if text else [], dtype=np.int64)
+            if len(ids) != rows:
+                raise _sqlite.BadColumn(f"{KERNEL_TABLE} changed while it was read")
+            first = np.flatnonzero(np.diff(ids, prepend=ids[0] - 2) != 1) if rows else ids
+            ids_first = ids[first]
+        self.starts.append(first + self.count)
+        self.rowids.append(ids_first)
+        self.count += rows
+
+    def map(self) -> RowMap:
+        return RowMap.of_runs(self.starts, self.rowids, self.count)
+
+
+def shape_reader(path: Path, rows: RowMap) -> ShapeReader:
+    """Reads (grid, block) of given activities from the export at ``path`` by row id."""
+
+    def read(index: np.ndarray) -> list[tuple[str, str]]:
+        shapes = [NO_SHAPE] * len(index)
+        kernels = np.flatnonzero((index >= 0) & (index < rows.count))
+        if not len(kernels):
+            return shapes
+        rowids = rows.rowid(index[kernels])
+        with opened_export(path) as (conn, _):
+            found = _shapes_by_rowid(conn, np.unique(rowids))
+        for at, rowid in zip(kernels.tolist(), rowids.tolist(), strict=True):
+            shapes[at] = found[rowid]
+        return shapes
+
+    return read
+
+
+def _shapes_by_rowid(conn: sqlite3.Connection, rowids: np.ndarray) -> dict[int, tuple[str, str]]:
+    grid_columns = ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"]
+    found: dict[int, tuple[str, str]] = {}
+    for lo in range(0, len(rowids), 500):  # SQLite's bound-parameter limit
+        batch = rowids[lo : lo + 500].tolist()
+        sql = (
+            f"SELECT rowid, ifnull({GRID_EXPR}, -1), ifnull({BLOCK_EXPR}, -1) "
+            f'FROM "{KERNEL_TABLE}" WHERE rowid IN ({",".join("?" * len(batch))})'
+        )
+        for rowid, grid, block in conn.execute(sql, batch):
+            if not isinstance(grid, int) or not isinstance(block, int):
+                raise _sqlite._bad_cell(conn, KERNEL_TABLE, grid_columns, f"rowid = {rowid}")
+            found[int(rowid)] = (_shape(grid, 31, 16), _shape(block, 11, 10))
+    missing = set(rowids.tolist()) - set(found)
+    if missing:
+        raise _sqlite.BadColumn(f"{KERNEL_TABLE} lost rows since it was read (row {min(missing)})")
+    return found
 
 
 def _tick(progress: Progress | None, done: int, rows: int, total: int) -> int:
@@ -356,18 +470,18 @@ def _single_cuda_process(
     return codec.pid0
 
 
-def _activity_exprs(codec: Codec, tables: dict[str, list[str]], table: str) -> dict[str, str]:
+def _activity_exprs(
+    codec: Codec, tables: dict[str, list[str]], table: str, shapes: bool
+) -> dict[str, str]:
     common = codec.common()
     # No start times: the report needs durations (and launch times, from the API calls).
-    # Unread, a start of the wrong type would go unseen (SQLite reads text as 0 in
-    # arithmetic): such rows get BAD_TIME instead, and the reader names the cell.
-    times = "typeof(start) IN ('integer', 'null') AND typeof(\"end\") IN ('integer', 'null')"
-    duration = f"CASE WHEN {times} THEN {common['duration']} ELSE {BAD_TIME} END"
-    exprs = {"duration": duration, "key": common["key"]}
+    exprs = {"duration": common["duration"], "key": common["key"]}
     cols = tables[table]
     if table == KERNEL_TABLE:
         name_col = next(c for c in ("demangledName", "name", "mangledName") if c in cols)
-        exprs.update(names=name_col, grid=GRID_EXPR, block=BLOCK_EXPR)
+        exprs["names"] = name_col
+        if shapes:
+            exprs.update(grid=GRID_EXPR, block=BLOCK_EXPR)
     elif table == MEMCPY_TABLE:
         exprs["copy_kind"] = "copyKind" if "copyKind" in cols else "0"
     elif table == GRAPH_TABLE:

@@ -1,0 +1,239 @@
+"""What the kernel report's tables are made of, added up per phase from attributed columns.
+
+:func:`add_up` walks the activities chunk by chunk (their attribution from
+:mod:`.stream_attribution`) and keeps, per phase, everything the tables need: counts and
+ns per (phase, category) and per slot between range bounds, the notes' counts, and the
+per-kernel statistics (:mod:`.stream_tables`). Kept per phase, the sums of all activities
+answer ``--phase`` too: :meth:`Sums.restricted` keeps one phase's share, which is what a
+pass over that phase's activities alone would add up (slot sums need each slot to hold one
+phase's points, which the plan arranges and the pass checks). So the sums of a whole
+trace are kept with its columns (and in the cache): a later query without ``--range``
+reads them instead of walking the activities; ``--range`` walks them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.analysis import stream_tables as tables
+from profkit.analysis.categories import CATEGORIES
+from profkit.analysis.report import _category
+from profkit.analysis.stream_attribution import Plan
+from profkit.traces.columns import ActivityColumns, Derived
+from profkit.traces.schema import KINDS
+
+KEPT_AS = "sums"
+VERSION = 1  # bumped whenever what the sums mean changes
+QUANTITIES = (*KINDS, "kernel_ns", "gpu_ns")
+"""What every sum carries: a count per activity kind, then kernel and all-activity ns."""
+KERNEL_NS, GPU_NS = len(KINDS), len(KINDS) + 1
+STATS = ("per_phase", "overall")
+STAT_TEXT = ("grid", "block")  # the statistics' text columns (kept as JSON, not arrays)
+
+
+@dataclass
+class Selection:
+    """Which activities a pass adds up: a phase code (``--phase``), slots (``--range``)."""
+
+    phase: int | None = None
+    inside: np.ndarray | None = None  # per slot, then False for slot -1 (Plan.slots_inside)
+
+    def of(self, att: Mapping[str, np.ndarray], lo: int, hi: int) -> np.ndarray | None:
+        """Mask of the chunk's selected activities (None: all of them)."""
+        if self.phase is None and self.inside is None:
+            return None
+        keep = np.ones(hi - lo, dtype=bool)
+        if self.phase is not None:
+            keep &= att["phase"][lo:hi] == self.phase
+        if self.inside is not None:
+            keep &= self.inside[att["self_slot"][lo:hi]] | self.inside[att["owner_slot"][lo:hi]]
+        return keep
+
+
+@dataclass
+class Sums:
+    """Per phase, what the selected activities add up to (the tables need nothing else)."""
+
+    by_phase_category: np.ndarray
+    """(phases × categories, QUANTITIES)."""
+    by_slot: np.ndarray
+    """(slots, QUANTITIES): the points of the selected activities in each slot between
+    consecutive bounds; :meth:`by_range` adds them up per range."""
+    slot_phase: np.ndarray | None
+    """The phase of every point of each slot (:attr:`.Plan.slot_phase`); None where a
+    slot holds several phases' points (then no :meth:`restricted`)."""
+    moved: np.ndarray  # per phase: activities attributed through the owner thread
+    same: np.ndarray  # (phase, the launching thread's own phase): activities
+    unlaunched: np.ndarray  # per phase: activities without a launch call
+    workers: np.ndarray  # (phase, thread code): threads that launched moved activities
+    per_phase: pd.DataFrame  # kernel statistics per (name, phase): stream_tables.kernel_stats
+    overall: pd.DataFrame  # per name
+    unattributed_seen: bool  # whether any activity (selected or not) is unattributed
+
+    def by_range(self, plan: Plan) -> np.ndarray:
+        """(ranges, QUANTITIES): the slots from each range's start to its end, summed.
+
+        A point p lies in [start, end) exactly when its slot (bounds <= p, counted) is in
+        [bounds <= start, bounds <= end), so a range's sum is a difference of prefix sums.
+        """
+        prefix = np.zeros((len(self.by_slot) + 1, len(QUANTITIES)), dtype=np.int64)
+        np.cumsum(self.by_slot, axis=0, out=prefix[1:])
+        return prefix[plan.slot(plan.range_end)] - prefix[plan.slot(plan.range_start)]
+
+    def restricted(self, phase: int) -> Sums:
+        """The sums of this phase's activities alone (needs ``slot_phase``)."""
+        if self.slot_phase is None:
+            raise ValueError("slots hold several phases: add up the phase's activities")
+        n_phases = len(self.moved)
+        rows = np.arange(n_phases) == phase
+        by_phase = self.by_phase_category.reshape(n_phases, len(CATEGORIES), -1)
+        stats = self.per_phase[self.per_phase["phase"] == phase].reset_index(drop=True)
+        return replace(
+            self,
+            by_phase_category=(by_phase * rows[:, None, None]).reshape(-1, len(QUANTITIES)),
+            by_slot=self.by_slot * (self.slot_phase[:-1] == phase)[:, None],
+            moved=self.moved * rows,
+            same=self.same * rows[:, None],
+            unlaunched=self.unlaunched * rows,
+            workers=self.workers & rows[:, None],
+            per_phase=stats,
+            overall=stats.assign(phase=-1),  # one phase: its rows are the per-name ones
+        )
+
+    def kept(self, identity: dict[str, Any]) -> Derived:
+        """These sums as arrays and JSON, to keep with the columns."""
+        arrays = {name: getattr(self, name) for name in ARRAYS}
+        if self.slot_phase is not None:
+            arrays["slot_phase"] = self.slot_phase
+        text = {}
+        for name in STATS:
+            frame = getattr(self, name)
+            for column in frame.columns:
+                if column in STAT_TEXT:
+                    text[f"{name}.{column}"] = frame[column].tolist()
+                else:
+                    arrays[f"{name}.{column}"] = frame[column].to_numpy()
+        meta = {"identity": identity, "text": text, "unattributed_seen": self.unattributed_seen}
+        return Derived(arrays=arrays, meta=meta)
+
+    @classmethod
+    def from_kept(cls, kept: Derived, identity: dict[str, Any]) -> Sums | None:
+        """The sums kept by :meth:`kept`, or None if they were computed from other inputs."""
+        if kept.meta.get("identity") != identity:
+            return None
+        a, text = kept.arrays, kept.meta["text"]
+        stats = {}
+        for name in STATS:
+            columns = {k.split(".", 1)[1]: v for k, v in a.items() if k.startswith(f"{name}.")}
+            columns.update({k.split(".", 1)[1]: v for k, v in text.items() if k.startswith(name)})
+            stats[name] = pd.DataFrame({c: columns[c] for c in tables.STAT_COLUMNS})
+        return cls(
+            **{name: a[name] for name in ARRAYS},
+            slot_phase=a.get("slot_phase"),
+            per_phase=stats["per_phase"],
+            overall=stats["overall"],
+            unattributed_seen=bool(kept.meta["unattributed_seen"]),
+        )
+
+
+ARRAYS = ("by_phase_category", "by_slot", "moved", "same", "unlaunched", "workers")
+
+
+def add_up(
+    cols: ActivityColumns, plan: Plan, att: Mapping[str, np.ndarray], selection: Selection
+) -> Sums:
+    """One pass over the chunks: the sums of the selected activities (see the module doc)."""
+    n_phases, last = len(plan.phase_names), len(plan.phase_names) - 1
+    sums = Sums(
+        by_phase_category=np.zeros((n_phases * len(CATEGORIES), len(QUANTITIES)), np.int64),
+        by_slot=np.zeros((len(plan.bounds) + 1, len(QUANTITIES)), np.int64),
+        slot_phase=plan.slot_phase,
+        moved=np.zeros(n_phases, np.int64),
+        same=np.zeros((n_phases, n_phases), np.int64),
+        unlaunched=np.zeros(n_phases, np.int64),
+        workers=np.zeros((n_phases, len(cols.threads)), dtype=bool),
+        per_phase=pd.DataFrame(),
+        overall=pd.DataFrame(),
+        unattributed_seen=False,
+    )
+    name_kind, name_category = name_codes(cols)
+    filtered = selection.phase is not None or selection.inside is not None
+    selected_phase = np.full(len(cols), -1, dtype=np.int16) if filtered else att["phase"]
+    for lo in range(0, len(cols), tables.CHUNK):
+        hi = min(lo + tables.CHUNK, len(cols))
+        keep = selection.of(att, lo, hi)
+        phase = att["phase"][lo:hi]
+        sums.unattributed_seen |= bool((phase == last).any())
+        chunk = {"phase": phase, "same": att["same"][lo:hi], "self_slot": att["self_slot"][lo:hi],
+                 "owner_slot": att["owner_slot"][lo:hi], "name": cols.arrays["name"][lo:hi],
+                 "code": cols.arrays["launch_thread"][lo:hi],
+                 "duration": cols.arrays["duration"][lo:hi]}  # fmt: skip
+        if keep is not None:
+            selected_phase[lo:hi][keep] = phase[keep]
+            chunk = {name: values[keep] for name, values in chunk.items()}
+        _add_chunk(sums, chunk, name_kind[chunk["name"]], name_category[chunk["name"]], last)
+    sums.per_phase, sums.overall = tables.kernel_stats(cols, selected_phase, n_phases)
+    return sums
+
+
+def _add_chunk(
+    sums: Sums, c: dict[str, np.ndarray], kind: np.ndarray, category: np.ndarray, last: int
+) -> None:
+    n_phases = len(sums.moved)
+    duration = c["duration"].clip(min=0).astype(np.float64)
+    phase = c["phase"].astype(np.int64)
+    add_sums(sums.by_phase_category, phase * len(CATEGORIES) + category, kind, duration)
+    for slot in (c["self_slot"], c["owner_slot"]):
+        point = slot >= 0
+        _add_points(sums.by_slot, slot[point], c["code"][point], kind[point], duration[point])
+        if sums.slot_phase is not None and (sums.slot_phase[slot[point]] != phase[point]).any():
+            sums.slot_phase = None  # another process's points: no per-phase slot sums
+    moved = (c["owner_slot"] >= 0) & (phase != last)
+    sums.moved += np.bincount(phase[moved], minlength=n_phases)
+    sums.same += np.bincount(phase * n_phases + c["same"], minlength=n_phases**2).reshape(
+        n_phases, n_phases
+    )
+    unlaunched = c["code"] < 0
+    sums.unlaunched += np.bincount(phase[unlaunched], minlength=n_phases)
+    sums.workers[phase[moved], c["code"][moved]] = True  # moved ones have a launch call
+
+
+def name_codes(cols: ActivityColumns) -> tuple[np.ndarray, np.ndarray]:
+    """Per name: the index of its kind in ``KINDS`` and of its category in ``CATEGORIES``."""
+    kind = np.array([KINDS.index(k) for k in cols.kinds], dtype=np.int64)
+    index = {c: i for i, c in enumerate(CATEGORIES)}
+    category = [index[_category(n, k)] for n, k in zip(cols.names, cols.kinds, strict=True)]
+    return kind, np.array(category, dtype=np.int64)
+
+
+def add_sums(into: np.ndarray, key: np.ndarray, kind: np.ndarray, duration: np.ndarray) -> None:
+    """Add each activity to row ``key`` of ``into``: its kind's count, its ns (float64:
+    bincount's weights are float, and converting int64 weights inside it is slow)."""
+    size = len(into)
+    n_kinds = len(KINDS)  # one bincount for every kind's count
+    counts = np.bincount(key * n_kinds + kind, minlength=size * n_kinds).reshape(size, n_kinds)
+    into[:, :n_kinds] += counts
+    kernel = kind == KINDS.index("kernel")
+    # Float sums of integer ns are exact below 2^53 ns (104 days) per row.
+    kernel_ns = np.bincount(key[kernel], weights=duration[kernel], minlength=size)
+    into[:, KERNEL_NS] += kernel_ns.astype(np.int64)
+    into[:, GPU_NS] += np.bincount(key, weights=duration, minlength=size).astype(np.int64)
+
+
+def _add_points(
+    by_slot: np.ndarray, slot: np.ndarray, code: np.ndarray, kind: np.ndarray, duration: np.ndarray
+) -> None:
+    """:func:`add_sums` into the slots, one launching thread at a time: a chunk's points of
+    one thread lie on one lane, close in time, so in a narrow window of slots (a bincount
+    over every slot per chunk would cost chunks × slots)."""
+    present = np.flatnonzero(np.bincount(code.astype(np.int64) + 1)) - 1
+    for thread in present.tolist():
+        mine = code == thread if len(present) > 1 else slice(None)
+        s = slot[mine].astype(np.int64)
+        low, high = int(s.min()), int(s.max()) + 1
+        add_sums(by_slot[low:high], s - low, kind[mine], duration[mine])

@@ -1,0 +1,234 @@
+"""The columnar cache: a repeated query reads what the first read kept, and says the same.
+
+A cache hit must give exactly the report of a cold read, for every kind of repeated query
+(another ``--phase``, ``--range``, ``--top``, ``profkit diff``, ``profkit report``); an
+entry that is stale, damaged or half-written is never trusted. Timings live in
+benchmarks/kernels_scale.py, never here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from nsys_data import SMALL_BF16, SMALL_FP32, unpack
+from report_checks import assert_same_report
+
+from profkit.analysis import analyze
+from profkit.analysis import kernels as kernel_report
+from profkit.analysis.streaming import analyze_columns
+from profkit.errors import BadInput
+from profkit.traces import cache, load_trace
+from profkit.traces.columns import ActivityColumns, from_trace
+from profkit.traces.load import load_columns
+from profkit.traces.nsys_stream import read_nsys_columns
+
+DATA = Path(__file__).parent / "data"
+QUERIES = [{}, {"phase": "backward"}, {"phase": "Forward"}, {"range": "computing softmax"},
+           {"range": "forward"}, {"top": 0}, {"top": 3},
+           {"phase": "optimizer", "range": "optimizer"}]  # fmt: skip
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PROFKIT_CACHE", raising=False)
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def export(tmp_path: Path) -> Path:
+    return unpack(SMALL_FP32, tmp_path)
+
+
+def _entry(export: Path) -> ActivityColumns | None:
+    return cache.load(cache.entry_dir(export), cache.identity(export))
+
+
+def test_first_read_builds_the_cache_and_the_second_reads_it(cache_dir: Path, export: Path) -> None:
+    assert _entry(export) is None  # miss
+    fresh = kernel_report(export, phase="forward")
+    entry = _entry(export)
+    assert entry is not None and len(entry) == 4_028
+    assert_same_report(kernel_report(export, phase="forward"), fresh)
+    hit = analyze_columns(load_columns(export), range="backward")
+    assert_same_report(hit, analyze(load_trace(export), range="backward"))
+
+
+def test_tables_from_the_cache_equal_a_fresh_read(cache_dir: Path, export: Path) -> None:
+    fresh = read_nsys_columns(export)
+    kernel_report(export)
+    cached = _entry(export)
+    assert cached is not None
+    for name, array in fresh.arrays.items():
+        np.testing.assert_array_equal(cached.arrays[name], array)
+        assert cached.arrays[name].dtype == array.dtype
+    assert (cached.names, cached.kinds, cached.shapes) == (fresh.names, fresh.kinds, fresh.shapes)
+    pd.testing.assert_frame_equal(cached.ranges, fresh.ranges)
+    fresh.meta.pop("sidecar")
+    assert cached.meta == fresh.meta
+
+
+def test_a_changed_export_is_read_again(cache_dir: Path, export: Path) -> None:
+    kernel_report(export)
+    stat = export.stat()
+    os.utime(export, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # stale
+    assert _entry(export) is None
+    kernel_report(export)
+    assert _entry(export) is not None  # rebuilt for the new identity
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "index", "remove"])
+def test_a_damaged_cache_is_rebuilt_silently(cache_dir: Path, export: Path, damage: str) -> None:
+    expected = kernel_report(export, cache=False)
+    entry = cache.entry_dir(export)
+    kernel_report(export)
+    target = entry / (cache.INDEX if damage == "index" else cache.ACTIVITIES)
+    if damage == "truncate":
+        target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    elif damage in ("garbage", "index"):
+        target.write_bytes(b"\x00not what was written" * 10)
+    else:
+        target.unlink()
+    assert _entry(export) is None
+    assert_same_report(kernel_report(export), expected)
+    assert _entry(export) is not None
+
+
+def test_the_cache_can_be_turned_off(
+    cache_dir: Path, export: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernel_report(export, cache=False)
+    monkeypatch.setenv("PROFKIT_CACHE", "0")
+    load_columns(export)
+    assert not cache_dir.exists()
+
+
+def test_an_unwritable_cache_folder_is_skipped(
+    tmp_path: Path, export: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(blocker))
+    assert kernel_report(export).totals["kernels"] == 3_858  # launches; +170 copies, memsets
+
+
+def test_cli_no_cache_writes_nothing(cache_dir: Path, export: Path) -> None:
+    from typer.testing import CliRunner
+
+    from profkit.cli import app
+
+    result = CliRunner().invoke(app, ["kernels", str(export), "--no-cache", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert not cache_dir.exists()
+    result = CliRunner().invoke(app, ["kernels", str(export), "--format", "json"])
+    assert result.exit_code == 0
+    assert _entry(export) is not None
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=lambda q: ",".join(f"{k}={v}" for k, v in q.items()))
+def test_a_cache_hit_says_what_a_cold_read_says(
+    cache_dir: Path, tmp_path: Path, query: dict
+) -> None:
+    path = unpack(SMALL_BF16 if "top" in query else SMALL_FP32, tmp_path)
+    cold = kernel_report(path, cache=False, **query)
+    assert_same_report(cold, analyze(load_trace(path), **query))  # the in-memory path
+    assert_same_report(kernel_report(path, **query), cold)  # the first read, writing
+    assert_same_report(kernel_report(path, **query), cold)  # a hit
+
+
+def test_a_hit_without_range_reads_no_per_activity_array(cache_dir: Path, export: Path) -> None:
+    """Another --phase or --top is answered from the kept sums: nothing per activity is read."""
+    kernel_report(export)
+    columns = load_columns(export)
+    assert set(columns.derived) == {"attribution", "sums"}
+    for query in ({}, {"phase": "backward"}, {"top": 0}):
+        analyze_columns(columns, **query)
+    assert columns.arrays.loaded == []  # type: ignore[attr-defined]
+    assert columns.derived["attribution"].arrays.loaded == []  # type: ignore[attr-defined]
+    analyze_columns(columns, range="computing softmax")  # a range walks the activities
+    assert "duration" in columns.arrays.loaded  # type: ignore[attr-defined]
+
+
+def test_diff_and_report_read_the_cache(
+    cache_dir: Path, export: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from profkit.analysis.diff import diff
+    from profkit.report.traces import _trace_part
+    from profkit.traces import load as loader
+
+    chrome = DATA / "torch-small-ctx128-train.json.gz"
+    expected = diff(export, export, top=5)
+    kernel_report(export)
+    kernel_report(chrome)
+
+    def no_read(*args: object) -> None:
+        raise AssertionError("read the trace again instead of the cache")
+
+    monkeypatch.setattr(loader, "read_nsys_columns", no_read)
+    monkeypatch.setattr(loader, "load_trace", no_read)
+    assert diff(export, export, top=5).to_json() == expected.to_json()
+    assert "computing softmax" in _trace_part(chrome, cache_dir)
+
+
+def test_kept_sums_damaged_or_from_other_inputs_are_computed_again(
+    cache_dir: Path, export: Path
+) -> None:
+    from profkit.traces.columns import Derived
+
+    expected = kernel_report(export, cache=False, phase="backward")
+    kernel_report(export)
+    kept = cache.entry_dir(export) / cache.DERIVED.format("sums")
+    kept.write_bytes(b"\x00garbage" * 20)
+    assert_same_report(kernel_report(export, phase="backward"), expected)  # and rewritten
+    columns = load_columns(export)
+    assert "sums" in columns.derived
+    columns.derived["sums"] = Derived(arrays={}, meta={"identity": {"version": -1}})
+    assert_same_report(analyze_columns(columns, phase="backward"), expected)
+
+
+def test_a_column_damaged_inside_is_one_line_and_the_entry_goes(
+    cache_dir: Path, export: Path
+) -> None:
+    expected = kernel_report(export, cache=False, range="forward")
+    kernel_report(export)
+    target = cache.entry_dir(export) / cache.ACTIVITIES
+    data = bytearray(target.read_bytes())
+    footer = int.from_bytes(data[-10:-6], "little") + 10  # footer, its length, "ARROW1"
+    data[8 : len(data) - footer] = b"\xff" * (len(data) - footer - 8)  # every column's bytes
+    target.write_bytes(bytes(data))
+    with pytest.raises(BadInput, match=r"cache entry .* was damaged .* run the command again"):
+        kernel_report(export, range="forward")
+    assert not cache.entry_dir(export).exists()
+    assert_same_report(kernel_report(export, range="forward"), expected)
+
+
+def test_shapes_are_read_by_row_id_even_where_rows_were_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from profkit.traces import nsys_stream
+
+    path = unpack(SMALL_FP32, tmp_path)
+    with sqlite3.connect(path) as db:  # gaps: every 7th kernel row, and a run at the end
+        db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid % 7 = 3 OR rowid > 3800")
+    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)  # several chunks, each with gaps
+    streamed, tables = read_nsys_columns(path), from_trace(load_trace(path))
+    assert streamed.kernel_rows is not None and len(streamed.kernel_rows.starts) > 400
+    every = np.arange(len(tables))
+    assert streamed.shapes_at(every) == tables.shapes_at(every)
+    assert_same_report(analyze_columns(streamed, top=0), analyze(load_trace(path), top=0))
+
+
+def test_a_compressed_export_keeps_its_shapes_in_the_columns(tmp_path: Path) -> None:
+    """Its plain copy is gone after the read: no row id to read a shape by afterwards."""
+    packed = tmp_path / f"{SMALL_FP32}.sqlite.xz"
+    shutil.copy(DATA / packed.name, packed)
+    streamed, tables = read_nsys_columns(packed), from_trace(load_trace(packed))
+    assert "shape" in streamed.arrays and streamed.kernel_rows is None
+    every = np.arange(len(tables))
+    assert streamed.shapes_at(every) == tables.shapes_at(every)
