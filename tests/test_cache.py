@@ -159,7 +159,8 @@ def test_diff_and_report_read_the_cache(
     cache_dir: Path, export: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from profkit.analysis.diff import diff
-    from profkit.report.traces import _trace_part
+    from profkit.report.sections import Pictures
+    from profkit.report.traces import _trace_part, trace_stem
     from profkit.traces import load as loader
 
     chrome = DATA / "torch-small-ctx128-train.json.gz"
@@ -173,7 +174,8 @@ def test_diff_and_report_read_the_cache(
     monkeypatch.setattr(loader, "read_nsys_columns", no_read)
     monkeypatch.setattr(loader, "load_trace", no_read)
     assert diff(export, export, top=5).to_json() == expected.to_json()
-    assert "computing softmax" in _trace_part(chrome, cache_dir)
+    part = _trace_part(trace_stem(chrome), [chrome], cache_dir, Pictures())
+    assert "computing softmax" in part
 
 
 def test_kept_sums_damaged_or_from_other_inputs_are_computed_again(
