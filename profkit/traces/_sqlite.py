@@ -37,7 +37,7 @@ CHUNK_ROWS = 500_000  # ~10 MB of text per column per chunk: bounded memory, few
 # about 0.07 GiB per thread (0.78 GiB with 1 thread, 1.05 with 4, 1.33 with 8), while on
 # 16 cores the read went only from 3.9 s with 4 threads to 3.5 s with 8.
 MAX_READ_THREADS = 4
-STREAM_CACHE_KIB = 8192  # page cache of each reader thread's connection
+STREAM_CACHE_KIB = 8192  # page cache of a streaming reader's connection (stream())
 MAX_SPARSE_CHUNKS = 1 << 16  # more rowid chunks than this means the rowids are sparse
 T = TypeVar("T")
 
@@ -204,9 +204,6 @@ class ParallelReader:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = open_readonly(self.path, any_thread=True)  # closed by __exit__'s thread
-            # Workers read each page of a chunk's rowid range once: a small page cache does
-            # (64 MiB per worker held 0.14 GiB more of a 1.2 M-kernel export's read).
-            conn.execute(f"PRAGMA cache_size = -{STREAM_CACHE_KIB}")
             self._local.conn = conn
             with self._lock:
                 self._connections.append(conn)
