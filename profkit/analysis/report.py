@@ -194,19 +194,8 @@ def tables_of(
 
     ``counts_of_all()`` gives the range counts of every activity (``tables.range_counts``),
     used when no activity is filtered out."""
-    n = len(acts.duration)
     labels = _range_labels(ranges)
-    selected = np.ones(n, dtype=bool)
-    if phase is not None:
-        selected &= att.kernel_phase == _phase_index(att, phase)
-    if range is not None:
-        names = ranges["name"].to_numpy(dtype=object)
-        rows = np.flatnonzero((labels == range) | (names == range))
-        if not len(rows):
-            known = ", ".join(list(dict.fromkeys(labels.tolist()))[:12]) or "none"
-            raise BadInput(f"no range named {range!r} in this trace; ranges: {known}")
-        selected &= att.enclosed_by(rows, n)
-
+    selected = _selected(att, ranges, labels, phase, range)
     category_names = np.array(CATEGORIES, dtype=object)
     phase_names = np.array(att.phase_names, dtype=object)
     sidecar = meta.get("sidecar") or {}
@@ -248,6 +237,28 @@ def tables_of(
     report.notes = _notes(att, frame, acts.launch_thread, meta)
     report.selected = selected
     return report
+
+
+def _selected(
+    att: Attribution,
+    ranges: pd.DataFrame,
+    labels: np.ndarray,
+    phase: str | None,
+    range_: str | None,
+) -> np.ndarray:
+    """Per activity: in ``phase`` and enclosed by a range named ``range_`` (where given)."""
+    n = len(att.kernel_phase)
+    selected = np.ones(n, dtype=bool)
+    if phase is not None:
+        selected &= att.kernel_phase == _phase_index(att, phase)
+    if range_ is not None:
+        names = ranges["name"].to_numpy(dtype=object)
+        rows = np.flatnonzero((labels == range_) | (names == range_))
+        if not len(rows):
+            known = ", ".join(list(dict.fromkeys(labels.tolist()))[:12]) or "none"
+            raise BadInput(f"no range named {range_!r} in this trace; ranges: {known}")
+        selected &= att.enclosed_by(rows, n)
+    return selected
 
 
 def _name_facts(
