@@ -88,6 +88,9 @@ class Attribution:
     _point_rows: np.ndarray  # activity row of each sorted point
     _range_start: np.ndarray
     _range_end: np.ndarray
+    _phase_rows: np.ndarray  # rows of the phase ranges, in (thread, start) order
+    _annotated: int  # phase_names[:_annotated] are the phase ranges' names
+    _mode: PhaseMode
 
     def range_totals(
         self, weights: np.ndarray, counted: np.ndarray
@@ -149,11 +152,10 @@ def attribute(
     launches = Launches.of(kernels)
     inferred = infer_phases(kernels, ranges, hints, launches)
     if phase_domain is None:
-        domains = ranges["domain"].fillna("").astype(str)
-        phase_domain = "" if (domains == "").any() or domains.empty else domains.mode().iloc[0]
+        phase_domain = default_phase_domain(ranges)
     annotated = _Annotated.of(ranges, phase_domain, launches, inferred, phases != "inferred")
     use_inferred = _inferred_steps(annotated, inferred, launches, phases)
-    names, remap = _phase_names(annotated.names, inferred.phase[launches.rows][use_inferred])
+    names, remap = ordered_phase_names(annotated.names, inferred.phase[launches.rows][use_inferred])
     unattributed = len(names) - 1
     n = launches.count
     inferred_code = remap[inferred.phase[launches.rows]]
@@ -176,14 +178,29 @@ def attribute(
         owners=annotated.owners,
         phase_domain=phase_domain,
         inferred=is_inferred,
-        phase_source=_source(use_inferred, annotated, phases),
+        phase_source=phase_source(use_inferred, bool(annotated.names), phases),
         inference=inferred,
-        _inferred_spans=_inferred_spans(inferred, launches, use_inferred, inferred_names),
+        _inferred_spans=inferred_spans(
+            inferred.instance[launches.rows][use_inferred],
+            inferred.phase[launches.rows][use_inferred],
+            launches.time[use_inferred],
+            inferred_names,
+        ),
         _points=annotated.points,
         _point_rows=annotated.point_rows,
         _range_start=annotated.range_start,
         _range_end=annotated.range_end,
+        _phase_rows=annotated.phase_rows,
+        _annotated=len(annotated.names),
+        _mode=phases,
     )
+
+
+def default_phase_domain(ranges: pd.DataFrame) -> str:
+    """The NVTX domain phase ranges are looked for in: the default one ("") where any range
+    uses it, else the most used."""
+    domains = ranges["domain"].fillna("").astype(str)
+    return "" if (domains == "").any() or domains.empty else domains.mode().iloc[0]
 
 
 @dataclass
@@ -198,6 +215,8 @@ class _Annotated:
     """Per activity: the phase on the launching thread alone, or -1."""
     cross_rows: np.ndarray
     """Activity rows launched from another thread than their process's owner."""
+    phase_rows: np.ndarray
+    """Rows of the phase ranges, sorted by (thread, start)."""
     phase_thread: np.ndarray
     phase_start: np.ndarray
     is_phase_range: np.ndarray
@@ -254,6 +273,7 @@ class _Annotated:
             code=code,
             same_thread=same_thread,
             cross_rows=launches.rows[cross & (code >= 0)],
+            phase_rows=phase_rows,
             phase_thread=r_thread[phase_rows],
             phase_start=r_start[phase_rows],
             is_phase_range=is_phase,
@@ -340,7 +360,7 @@ def _inferred_steps(
     return ~np.isin(steps, annotated_steps)
 
 
-def _phase_names(annotated: list[str], inferred: np.ndarray) -> tuple[list[str], np.ndarray]:
+def ordered_phase_names(annotated: list[str], inferred: np.ndarray) -> tuple[list[str], np.ndarray]:
     """All phase names (annotated, then inferred ones not among them, then unattributed),
     and the index of each inferred phase (``PHASES`` order) in that list."""
     names = list(annotated)
@@ -357,27 +377,25 @@ def _phase_names(annotated: list[str], inferred: np.ndarray) -> tuple[list[str],
     return names, remap
 
 
-def _source(use_inferred: np.ndarray, annotated: _Annotated, phases: PhaseMode) -> str:
+def phase_source(use_inferred: np.ndarray, has_annotated: bool, phases: PhaseMode) -> str:
+    """``annotated``, ``inferred`` or ``mixed``, from which launches' phases were inferred."""
     if phases != "auto":
         return phases
     if not len(use_inferred):
-        return "annotated" if len(annotated.names) else "inferred"
+        return "annotated" if has_annotated else "inferred"
     if use_inferred.all():
         return "inferred"
     return "mixed" if use_inferred.any() else "annotated"
 
 
-def _inferred_spans(
-    inferred: InferredPhases, launches: Launches, use: np.ndarray, names: list[str]
+def inferred_spans(
+    instance: np.ndarray, phase: np.ndarray, time: np.ndarray, names: list[str]
 ) -> dict[str, tuple[int, int]]:
-    """Per phase: how many inferred instances hold activities, and their summed spans."""
-    frame = pd.DataFrame(
-        {
-            "instance": inferred.instance[launches.rows][use],
-            "phase": inferred.phase[launches.rows][use],
-            "time": launches.time[use],
-        }
-    )
+    """Per phase: how many inferred instances hold activities, and their summed spans.
+
+    One entry per activity whose phase was inferred: its instance, its phase (``PHASES``
+    index), its launch time; ``names``: the phase name of each ``PHASES`` index."""
+    frame = pd.DataFrame({"instance": instance, "phase": phase, "time": time})
     frame = frame[frame["instance"] != NO_PHASE]
     if frame.empty:
         return {}

@@ -114,13 +114,41 @@ def comm_stats(kernels: pd.DataFrame, nccl_names: np.ndarray | None = None) -> C
     devices are measured per device and summed. ``nccl_names``: :func:`is_nccl` of its
     names, where the caller has it already.
     """
-    kind = kernels["kind"].to_numpy(dtype=object)
-    is_kernel = kind == "kernel"
+    is_kernel = kernels["kind"].to_numpy(dtype=object) == "kernel"
     nccl = is_kernel & (is_nccl(kernels["name"]) if nccl_names is None else nccl_names)
+    return comm_stats_of(
+        Intervals.of(kernels), is_kernel, nccl, kernels["name"].to_numpy(dtype=object)[nccl]
+    )
+
+
+@dataclass
+class Intervals:
+    """GPU activities as arrays: start and end (ns) and device of each."""
+
+    start: np.ndarray
+    end: np.ndarray
+    device: np.ndarray
+
+    @classmethod
+    def of(cls, kernels: pd.DataFrame) -> Intervals:
+        return cls(
+            kernels["start"].to_numpy(np.int64),
+            kernels["end"].to_numpy(np.int64),
+            kernels["device"].to_numpy(np.int64),
+        )
+
+    def take(self, rows: np.ndarray) -> Intervals:
+        """The activities at ``rows`` (indices or a mask)."""
+        return Intervals(self.start[rows], self.end[rows], self.device[rows])
+
+
+def comm_stats_of(
+    activities: Intervals, is_kernel: np.ndarray, nccl: np.ndarray, nccl_names: np.ndarray
+) -> CommStats:
+    """:func:`comm_stats` of activities given as arrays: ``nccl`` marks the NCCL kernels
+    (a subset of ``is_kernel``), ``nccl_names`` are their names, in row order."""
     compute = is_kernel & ~nccl
-    start = kernels["start"].to_numpy(np.int64)
-    end = kernels["end"].to_numpy(np.int64)
-    device = kernels["device"].to_numpy(np.int64)
+    start, end, device = activities.start, activities.end, activities.device
     union_ns = overlap_ns = 0
     for dev in np.unique(device[nccl]):
         n = nccl & (device == dev)
@@ -133,7 +161,7 @@ def comm_stats(kernels: pd.DataFrame, nccl_names: np.ndarray | None = None) -> C
         time_ms=int(duration[nccl].sum()) / NS_PER_MS,
         overlapped_ms=overlap_ns / NS_PER_MS,
         exposed_ms=(union_ns - overlap_ns) / NS_PER_MS,
-        by_collective=_by_collective(kernels["name"].to_numpy(dtype=object)[nccl], duration[nccl]),
+        by_collective=_by_collective(nccl_names, duration[nccl]),
     )
 
 

@@ -20,10 +20,26 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.attribution import UNATTRIBUTED, PhaseMode
-from profkit.analysis.comm import CommStats, comm_stats, is_nccl
-from profkit.analysis.report import KernelReport, analyze
+from profkit.analysis.attribution import (
+    UNATTRIBUTED,
+    Attribution,
+    PhaseMode,
+    TraceHints,
+    attribute,
+    default_phase_domain,
+)
+from profkit.analysis.by_process import processes_of, restrict
+from profkit.analysis.comm import CommStats, Intervals, comm_stats_of, is_nccl
+from profkit.analysis.report import (
+    CONTRACT,
+    Activities,
+    KernelReport,
+    check_options,
+    table_records,
+    tables_of,
+)
 from profkit.analysis.steps import RankSteps, job_summary, step_table
+from profkit.analysis.tables import GRAPH, range_counts
 from profkit.errors import BadInput
 from profkit.traces.schema import Trace
 
@@ -45,16 +61,15 @@ class RankEntry:
     # No copy of the rank's trace is kept: the copies of every rank would double the peak.
 
     def to_json(self) -> dict[str, Any]:
-        whole = self.report.to_json()
         return {
             **{key: self.info.get(key) for key in RANK_FIELDS},
             **self.totals,
-            "phases": whole["phases"],
+            "phases": table_records(self.report.phases, CONTRACT["phases"]),
             "kernels_top": [
                 {k: v for k, v in row.items() if k != "phase"}
                 for row in self.report.top_kernels().to_dict(orient="records")
             ],
-            "categories": whole["categories"],
+            "categories": table_records(self.report.categories, CONTRACT["categories"]),
             "comm": self.comm.to_json(),
         }
 
@@ -116,15 +131,6 @@ def is_multi_rank(trace: Trace) -> bool:
     return len(pd.unique(kernel_processes(trace))) > 1
 
 
-def rank_trace(trace: Trace, pid: int, processes: np.ndarray | None = None) -> Trace:
-    """The activities and ranges of one process, as a Trace of its own."""
-    processes = kernel_processes(trace) if processes is None else processes
-    k = trace.kernels[processes == pid].reset_index(drop=True)
-    threads = trace.ranges["thread"].to_numpy(np.int64)
-    r = trace.ranges[((threads >> PROCESS_SHIFT) & PROCESS_MASK) == pid].reset_index(drop=True)
-    return Trace(kernels=k, ranges=r, meta=trace.meta)
-
-
 def analyze_ranks(
     trace: Trace,
     top: int = 20,
@@ -133,47 +139,133 @@ def analyze_ranks(
     rank: int | None = None,
     phases: PhaseMode = "auto",
 ) -> RankedReport:
-    """Tables of the whole trace (or of ``rank``), each rank's, and the job across ranks."""
+    """Tables of the whole trace (or of ``rank``), each rank's, and the job across ranks.
+
+    The activities are attributed once; each rank's tables are built from its rows of that
+    one attribution (:func:`~profkit.analysis.by_process.restrict`), which is what
+    attributing the rank's rows alone would give.
+    """
     pids = kernel_processes(trace)
     processes = rank_processes(trace, pids)
     if rank is not None and rank not in [p["rank"] for p in processes]:
         known = ", ".join(str(p["rank"]) for p in processes) or "none"
         raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
-    nccl = is_nccl(trace.kernels["name"])  # once: per rank it would factorize the names again
-    entries = [
-        _rank_entry(
-            rank_trace(trace, p["pid"], pids), nccl[pids == p["pid"]], p, top, phase, range, phases
-        )
-        for p in processes
-    ]
+    check_options(top, phases)
+    att = attribute(trace.kernels, trace.ranges, None, TraceHints.of(trace.meta), phases)
+    whole = _Whole.of(trace, att, pids)
+    entries = [_rank_entry(whole, p, top, phase, range) for p in processes]
     chosen = [e for e in entries if rank is None or e.info["rank"] == rank]
-    whole = (
-        chosen[0].report if rank is not None else analyze(trace, top, phase, range, phases=phases)
-    )
-    report = RankedReport(**{f: getattr(whole, f) for f in KernelReport.__dataclass_fields__})
-    report.source = {**whole.source, "ranks": len(processes), "rank": rank}
+    if rank is not None:
+        report_of_all = chosen[0].report
+    else:
+        report_of_all = tables_of(
+            att, whole.acts, trace.ranges, trace.meta, top, phase, range, whole.counts_of_all
+        )
+    fields = KernelReport.__dataclass_fields__
+    report = RankedReport(**{f: getattr(report_of_all, f) for f in fields})
+    report.source = {**report_of_all.source, "ranks": len(processes), "rank": rank}
     report.ranks = chosen
     report.steps = step_table([e.steps for e in entries])
     report.world_size = max([p.get("world_size") or 0 for p in processes] + [len(processes)])
     return report
 
 
+@dataclass
+class _Whole:
+    """The whole trace, attributed once, with the per-activity arrays each rank takes rows of."""
+
+    trace: Trace
+    att: Attribution
+    acts: Activities
+    intervals: Intervals
+    pids: np.ndarray  # per activity: its process (:func:`kernel_processes`)
+    range_pids: np.ndarray  # per range: its thread's process
+    launch_start: np.ndarray  # -1: no launch call
+    is_kernel: np.ndarray
+    nccl: np.ndarray
+    _counts: dict[str, np.ndarray] | None = None
+
+    @classmethod
+    def of(cls, trace: Trace, att: Attribution, pids: np.ndarray) -> _Whole:
+        k = trace.kernels
+        acts = Activities.of(k)
+        is_kernel = k["kind"].to_numpy(dtype=object) == "kernel"
+        threads = trace.ranges["thread"].to_numpy(np.int64)
+        return cls(
+            trace=trace,
+            att=att,
+            acts=acts,
+            intervals=Intervals.of(k),
+            pids=pids,
+            range_pids=(threads >> PROCESS_SHIFT) & PROCESS_MASK,
+            launch_start=k["launch_start"].to_numpy(dtype=np.int64, na_value=-1),
+            is_kernel=is_kernel,
+            # Once per distinct name: per rank it would factorize the names again.
+            nccl=is_kernel & is_nccl(acts.names)[acts.name],
+        )
+
+    def attribution_of(self, rows: np.ndarray, range_rows: np.ndarray) -> Attribution | None:
+        """What attributing these rows alone gives: the one attribution restricted to them;
+        None where the rank would look for its phases in another NVTX domain."""
+        r = self.trace.ranges
+        ranges = r.iloc[range_rows]
+        if default_phase_domain(ranges) != self.att.phase_domain:
+            return None
+        launched = self.launch_start[rows] >= 0
+        threads = np.concatenate(
+            [self.acts.launch_thread[rows][launched], ranges["thread"].to_numpy(np.int64)]
+        )
+        names = r["name"].to_numpy(dtype=object)
+        return restrict(self.att, rows, range_rows, names, self.launch_start, processes_of(threads))
+
+    def attributed_anew(self, rows: np.ndarray, ranges: pd.DataFrame) -> Attribution:
+        """The attribution of these activities and ranges alone, made from scratch."""
+        hints = TraceHints.of(self.trace.meta)
+        kernels = self.trace.kernels.iloc[rows].reset_index(drop=True)
+        return attribute(kernels, ranges, None, hints, self.att._mode)
+
+    def counts_of_all(self) -> dict[str, np.ndarray]:
+        """Per range: what every activity it encloses adds up to (``tables.range_counts``).
+
+        A range's activities all belong to its process, so a rank's rows of these are what
+        the rank's activities alone add up to."""
+        if self._counts is None:
+            kinds = self.acts.name_kinds[self.acts.name]
+            self._counts = range_counts(self.att, kinds, self.acts.duration)
+        return self._counts
+
+    def counts_of(self, rows: np.ndarray, range_rows: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`counts_of_all` of one rank: its ranges' rows, ``graphs`` where it has any."""
+        counts = {key: value[range_rows] for key, value in self.counts_of_all().items()}
+        if "graphs" in counts and not (self.acts.name_kinds[self.acts.name[rows]] == GRAPH).any():
+            del counts["graphs"]
+        return counts
+
+
 def _rank_entry(
-    trace: Trace,
-    nccl: np.ndarray,
-    info: dict[str, Any],
-    top: int,
-    phase: str | None,
-    range_: str | None,
-    phases: PhaseMode = "auto",
+    whole: _Whole, info: dict[str, Any], top: int, phase: str | None, range_: str | None
 ) -> RankEntry:
-    report = analyze(trace, top, phase, range_, phases=phases)
-    mask = report.selected if report.selected is not None else slice(None)
-    selected = trace.kernels[mask]
+    rows = np.flatnonzero(whole.pids == info["pid"])
+    range_rows = np.flatnonzero(whole.range_pids == info["pid"])
+    ranges = whole.trace.ranges.iloc[range_rows].reset_index(drop=True)
+    att = whole.attribution_of(rows, range_rows)
+    # Range totals of the one attribution hold for the rank only where it is the rank's.
+    counts = None if att is None else (lambda: whole.counts_of(rows, range_rows))
+    if att is None:
+        att = whole.attributed_anew(rows, ranges)
+    acts = whole.acts.take(rows)
+    report = tables_of(att, acts, ranges, whole.trace.meta, top, phase, range_, counts)
     totals = {key: report.totals[key] for key in ("kernels", "kernel_time_ms", "gpu_time_ms")}
     names = [p for p in report.phases["phase"] if p != UNATTRIBUTED]
-    steps = RankSteps.of(int(info["rank"]), trace, names[0] if names else "", nccl)
-    comm = comm_stats(selected, nccl[mask])
+    intervals = whole.intervals.take(rows)
+    is_kernel, nccl = whole.is_kernel[rows], whole.nccl[rows]
+    first = names[0] if names else ""
+    launch = whole.launch_start[rows]
+    steps = RankSteps.of(int(info["rank"]), ranges, first, intervals, launch, is_kernel, nccl)
+    mask = report.selected if report.selected is not None else np.ones(len(rows), dtype=bool)
+    selected = intervals.take(mask)
+    nccl_names = whole.acts.names[whole.acts.name[rows][mask][nccl[mask]]]
+    comm = comm_stats_of(selected, is_kernel[mask], nccl[mask], nccl_names)
     return RankEntry(info, report, comm, totals, steps)
 
 

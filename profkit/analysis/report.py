@@ -9,7 +9,8 @@ alone. Overlapping streams can make either exceed wall time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -93,10 +94,10 @@ class KernelReport:
         return {
             "source": self.source,
             "totals": self.totals,
-            "phases": _records(self.phases, CONTRACT["phases"]),
-            "ranges": _records(self.ranges, CONTRACT["ranges"]),
-            "kernels": _records(kernels, CONTRACT["kernels"]),
-            "categories": _records(self.categories, CONTRACT["categories"]),
+            "phases": table_records(self.phases, CONTRACT["phases"]),
+            "ranges": table_records(self.ranges, CONTRACT["ranges"]),
+            "kernels": table_records(kernels, CONTRACT["kernels"]),
+            "categories": table_records(self.categories, CONTRACT["categories"]),
         }
 
 
@@ -115,50 +116,149 @@ def analyze(
     kernels the top-kernel views show (0 = all). ``phases`` (``auto``, ``annotated``,
     ``inferred``) says where phases come from (docs/ATTRIBUTION.md).
     """
+    check_options(top, phases)
+    k, r = trace.kernels, trace.ranges
+    att = attribute(k, r, phase_domain, TraceHints.of(trace.meta), phases)
+    return tables_of(att, Activities.of(k), r, trace.meta, top, phase, range)
+
+
+def check_options(top: int, phases: str) -> None:
+    """Raise :class:`BadInput` for a ``top`` or ``phases`` :func:`analyze` cannot take."""
     if top < 0:
         raise BadInput(f"--top must be 0 (all) or more, got {top}")
-    k, r = trace.kernels, trace.ranges
-    duration = (k["end"].to_numpy(np.int64) - k["start"].to_numpy(np.int64)).clip(min=0)
     if phases not in PHASE_MODES:
         raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
-    att = attribute(k, r, phase_domain, TraceHints.of(trace.meta), phases)
-    labels = _range_labels(r)
-    selected = np.ones(len(k), dtype=bool)
-    if phase is not None:
-        selected &= att.kernel_phase == _phase_index(att, phase)
-    if range is not None:
-        rows = np.flatnonzero((labels == range) | (r["name"].to_numpy(dtype=object) == range))
-        if not len(rows):
-            known = ", ".join(list(dict.fromkeys(labels.tolist()))[:12]) or "none"
-            raise BadInput(f"no range named {range!r} in this trace; ranges: {known}")
-        selected &= att.enclosed_by(rows, len(k))
 
-    codes, names = _factorize(k["name"])
-    kinds, name_kinds, categories = _name_facts(k, codes, names)
+
+@dataclass
+class Activities:
+    """What the tables read of the kernels table, as arrays: per activity its duration
+    (ns, negative clipped to 0), name code, grid, block and launching thread (-1: unknown);
+    per distinct name (``names``, in order of first appearance) its kind and category."""
+
+    duration: np.ndarray
+    name: np.ndarray
+    grid: np.ndarray
+    block: np.ndarray
+    launch_thread: np.ndarray
+    names: np.ndarray
+    kinds: np.ndarray
+    """Per name: its kind (``kernel``, ``memcpy``...)."""
+    name_kinds: np.ndarray
+    """Per name: the index of its kind in ``KINDS``."""
+    categories: np.ndarray
+    """Per name: the index of its category in ``CATEGORIES``."""
+
+    @classmethod
+    def of(cls, kernels: pd.DataFrame) -> Activities:
+        start = kernels["start"].to_numpy(np.int64)
+        duration = (kernels["end"].to_numpy(np.int64) - start).clip(min=0)
+        codes, names = _factorize(kernels["name"])
+        kinds, name_kinds, categories = _name_facts(kernels, codes, names)
+        return cls(
+            duration=duration,
+            name=codes,
+            grid=kernels["grid"].to_numpy(dtype=object),
+            block=kernels["block"].to_numpy(dtype=object),
+            launch_thread=kernels["launch_thread"].to_numpy(dtype=np.int64, na_value=-1),
+            names=names,
+            kinds=kinds,
+            name_kinds=name_kinds,
+            categories=categories,
+        )
+
+    def take(self, rows: np.ndarray) -> Activities:
+        """The activities at ``rows`` (the per-name facts stay whole: codes keep meaning)."""
+        return replace(
+            self,
+            duration=self.duration[rows],
+            name=self.name[rows],
+            grid=self.grid[rows],
+            block=self.block[rows],
+            launch_thread=self.launch_thread[rows],
+        )
+
+
+def tables_of(
+    att: Attribution,
+    acts: Activities,
+    ranges: pd.DataFrame,
+    meta: dict[str, Any],
+    top: int = 20,
+    phase: str | None = None,
+    range: str | None = None,
+    counts_of_all: Callable[[], dict[str, np.ndarray]] | None = None,
+) -> KernelReport:
+    """The report of attributed activities: ``att`` and ``acts`` hold the same rows, and
+    ``ranges`` the rows of the ranges ``att`` was attributed against (one rank's, say).
+
+    ``counts_of_all()`` gives the range counts of every activity (``tables.range_counts``),
+    used when no activity is filtered out."""
+    labels = _range_labels(ranges)
+    selected = _selected(att, ranges, labels, phase, range)
     category_names = np.array(CATEGORIES, dtype=object)
     phase_names = np.array(att.phase_names, dtype=object)
-    sidecar = trace.meta.get("sidecar") or {}
-    config = run_config(sidecar, trace.meta)
-
+    sidecar = meta.get("sidecar") or {}
+    config = run_config(sidecar, meta)
     frame = pd.DataFrame(
-        {"name": codes, "phase": att.kernel_phase, "duration": duration, "kind": name_kinds[codes]}
+        {
+            "name": acts.name,
+            "phase": att.kernel_phase,
+            "duration": acts.duration,
+            "kind": acts.name_kinds[acts.name],
+        }
     )[selected]
     per_phase, overall = kernel_tables(
-        frame, k, names, category_names[categories], kinds, phase_names
+        frame,
+        (acts.grid, acts.block),
+        acts.names,
+        category_names[acts.categories],
+        acts.kinds,
+        phase_names,
     )
     report = KernelReport(
-        source={**_source(trace, phase, range, top, config), "phase_source": att.phase_source},
+        source={**_source_of(meta, phase, range, top, config), "phase_source": att.phase_source},
         totals=_totals(frame),
-        phases=phase_table(frame, att, r, phase_names, sidecar, phase is not None),
-        ranges=range_table(att, r, labels, frame, config, range or phase),
+        phases=phase_table(frame, att, ranges, phase_names, sidecar, phase is not None),
+        ranges=range_table(
+            att,
+            ranges,
+            labels,
+            frame,
+            config,
+            range or phase,
+            counts_of_all() if counts_of_all is not None and selected.all() else None,
+        ),
         kernels=per_phase,
         overall=overall,
-        categories=category_table(frame, categories, category_names, phase_names),
+        categories=category_table(frame, acts.categories, category_names, phase_names),
         top=top,
     )
-    report.notes = _notes(att, frame, k, trace.meta)
+    report.notes = _notes(att, frame, acts.launch_thread, meta)
     report.selected = selected
     return report
+
+
+def _selected(
+    att: Attribution,
+    ranges: pd.DataFrame,
+    labels: np.ndarray,
+    phase: str | None,
+    range_: str | None,
+) -> np.ndarray:
+    """Per activity: in ``phase`` and enclosed by a range named ``range_`` (where given)."""
+    n = len(att.kernel_phase)
+    selected = np.ones(n, dtype=bool)
+    if phase is not None:
+        selected &= att.kernel_phase == _phase_index(att, phase)
+    if range_ is not None:
+        names = ranges["name"].to_numpy(dtype=object)
+        rows = np.flatnonzero((labels == range_) | (names == range_))
+        if not len(rows):
+            known = ", ".join(list(dict.fromkeys(labels.tolist()))[:12]) or "none"
+            raise BadInput(f"no range named {range_!r} in this trace; ranges: {known}")
+        selected &= att.enclosed_by(rows, n)
+    return selected
 
 
 def _name_facts(
@@ -247,7 +347,16 @@ def run_config(sidecar: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] 
 def _source(
     trace: Trace, phase: str | None, range_: str | None, top: int, config: dict[str, Any] | None
 ) -> dict[str, Any]:
-    meta = trace.meta
+    return _source_of(trace.meta, phase, range_, top, config)
+
+
+def _source_of(
+    meta: dict[str, Any],
+    phase: str | None,
+    range_: str | None,
+    top: int,
+    config: dict[str, Any] | None,
+) -> dict[str, Any]:
     source = {"path": meta.get("path"), "format": meta.get("format")}
     # What the reader dropped or clamped (negative durations, non-finite times): counts
     # appear only when non-zero, beside the warnings that say why.
@@ -262,7 +371,7 @@ def _source(
 
 
 def _notes(
-    att: Attribution, frame: pd.DataFrame, kernels: pd.DataFrame, meta: dict[str, Any]
+    att: Attribution, frame: pd.DataFrame, launch_thread: np.ndarray, meta: dict[str, Any]
 ) -> list[str]:
     """Plain sentences on how the activities were attributed (for humans, not the JSON)."""
     notes = list(meta.get("warnings") or [])  # what the reader found odd about the source
@@ -271,7 +380,7 @@ def _notes(
     rows = frame.index.to_numpy()
     cross = att.cross_thread[rows]
     same = att.same_thread_phase[rows]
-    launchers = kernels["launch_thread"].to_numpy(dtype=np.int64, na_value=-1)[rows]
+    launchers = launch_thread[rows]
     owners = ", ".join(sorted({threads.get(t, f"thread {t}") for t in att.owners.values()}))
     nsys = meta.get("format") == "nsys-sqlite"
     rule = "the rule of Nsight Systems' nvtx_gpu_proj_sum" if nsys else "a same-thread rule"
@@ -302,7 +411,8 @@ def _notes(
     return notes
 
 
-def _records(table: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
+def table_records(table: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
+    """The JSON rows of a report table: ``columns`` (and ``graphs`` after ``memset``)."""
     if "graphs" in table and "memset" in columns:
         columns = [
             *columns[: columns.index("memset") + 1],

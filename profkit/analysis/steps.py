@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.comm import is_nccl
-from profkit.traces.schema import Trace
+from profkit.analysis.comm import Intervals
 
 NS_PER_MS = 1_000_000
 STEP_COLUMNS = ["step", "rank", "step_ms", "nccl_ms", "nccl_wait_ms"]
@@ -35,21 +34,22 @@ class RankSteps:
 
     @classmethod
     def of(
-        cls, rank: int, trace: Trace, first_phase: str, nccl_names: np.ndarray | None = None
+        cls,
+        rank: int,
+        ranges: pd.DataFrame,
+        first_phase: str,
+        activities: Intervals,
+        launch_start: np.ndarray,
+        is_kernel: np.ndarray,
+        nccl: np.ndarray,
     ) -> RankSteps:
-        """``nccl_names``: :func:`~profkit.analysis.comm.is_nccl` of the kernels' names,
-        where the caller has it already."""
-        k = trace.kernels
-        starts = step_starts(trace, first_phase)
-        start = k["start"].to_numpy(np.int64)
-        point = k["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
-        point = np.where(point >= 0, point, start)
+        """One rank's steps from its ranges and its activities' arrays: ``launch_start``
+        -1 where the launch call is unknown, ``nccl`` (a subset of ``is_kernel``) marking
+        its NCCL kernels."""
+        starts = step_starts(ranges, first_phase)
+        point = np.where(launch_start >= 0, launch_start, activities.start)
         step = np.searchsorted(starts, point, side="right") - 1
-        is_kernel = k["kind"].to_numpy(dtype=object) == "kernel"
-        if nccl_names is None:
-            nccl_names = is_nccl(k["name"]) if len(k) else np.zeros(0, dtype=bool)
-        nccl = is_kernel & nccl_names
-        return cls(rank, step, start, k["end"].to_numpy(np.int64), nccl, is_kernel)
+        return cls(rank, step, activities.start, activities.end, nccl, is_kernel)
 
     def kernels_of(self, step: int) -> pd.DataFrame:
         """``start``, ``end`` (ns) and ``nccl`` of the kernels of one step."""
@@ -76,9 +76,9 @@ class RankSteps:
         return out.reset_index().assign(rank=self.rank)
 
 
-def step_starts(trace: Trace, first_phase: str) -> np.ndarray:
+def step_starts(ranges: pd.DataFrame, first_phase: str) -> np.ndarray:
     """Start of each instance of the first phase on the thread that holds most of them."""
-    r = trace.ranges[trace.ranges["name"] == first_phase]
+    r = ranges[ranges["name"] == first_phase]
     if r.empty:
         return np.empty(0, np.int64)
     owner = r["thread"].value_counts().index[0]
@@ -131,7 +131,7 @@ def job_summary(steps: pd.DataFrame, world_size: int) -> dict[str, Any]:
     """Per step: slowest and fastest rank, spread; per rank: mean step and NCCL wait."""
     if steps.empty:
         return {"world_size": world_size, "steps": [], "ranks": []}
-    per_step = [_step_record(int(step), group) for step, group in steps.groupby("step")]
+    per_step = _step_records(steps)
     by_rank = steps.groupby("rank").agg(
         mean_step_ms=("step_ms", "mean"),
         nccl_ms=("nccl_ms", "sum"),
@@ -150,16 +150,27 @@ def job_summary(steps: pd.DataFrame, world_size: int) -> dict[str, Any]:
     }
 
 
-def _step_record(step: int, group: pd.DataFrame) -> dict[str, Any]:
-    slow = group.loc[group["step_ms"].idxmax()]
-    fast = group.loc[group["step_ms"].idxmin()]
-    waits = zip(group["rank"], group["nccl_wait_ms"], strict=True)
-    return {
-        "step": step,
-        "slowest_rank": int(slow["rank"]),
-        "slowest_ms": float(slow["step_ms"]),
-        "fastest_rank": int(fast["rank"]),
-        "fastest_ms": float(fast["step_ms"]),
-        "spread_ms": float(slow["step_ms"] - fast["step_ms"]),
-        "nccl_wait_ms": {str(int(rank)): float(wait) for rank, wait in waits},
-    }
+def _step_records(steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per step, in step order: its slowest and fastest rank (the first of equals), the
+    spread, and each rank's NCCL wait (one pass: a group per step costs ~1 ms a step)."""
+    grouped = steps.groupby("step", sort=True)
+    step_ms = steps["step_ms"].to_numpy(np.float64)
+    rank = steps["rank"].to_numpy()
+    slowest = grouped["step_ms"].idxmax()
+    slow = steps.index.get_indexer(slowest)
+    fast = steps.index.get_indexer(grouped["step_ms"].idxmin())
+    waits: dict[Any, dict[str, float]] = {}
+    for step, who, wait in zip(steps["step"], rank, steps["nccl_wait_ms"], strict=True):
+        waits.setdefault(step, {})[str(int(who))] = float(wait)
+    return [
+        {
+            "step": int(step),
+            "slowest_rank": int(rank[s]),
+            "slowest_ms": float(step_ms[s]),
+            "fastest_rank": int(rank[f]),
+            "fastest_ms": float(step_ms[f]),
+            "spread_ms": float(step_ms[s] - step_ms[f]),
+            "nccl_wait_ms": waits[step],
+        }
+        for step, s, f in zip(slowest.index, slow, fast, strict=True)
+    ]

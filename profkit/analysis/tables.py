@@ -65,7 +65,7 @@ def _count_columns(counts: dict[str, np.ndarray], rows: np.ndarray | slice) -> d
 
 def kernel_tables(
     frame: pd.DataFrame,
-    kernels: pd.DataFrame,
+    shapes: tuple[np.ndarray, np.ndarray],
     names: np.ndarray,
     categories: np.ndarray,
     kinds: np.ndarray,
@@ -73,11 +73,11 @@ def kernel_tables(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per (name, phase) and per name statistics, with the launch shape of the longest run.
 
-    ``categories`` and ``kinds`` hold each name's category and activity kind."""
+    ``shapes`` are the grid and block of each row ``frame``'s index numbers; ``categories``
+    and ``kinds`` hold each name's category and activity kind."""
     per_phase = _duration_stats(frame, ["name", "phase"], len(phase_names))
     overall = _duration_stats(frame, ["name"], len(phase_names))
-    grids = kernels["grid"].to_numpy(dtype=object)
-    blocks = kernels["block"].to_numpy(dtype=object)
+    grids, blocks = shapes
     per_phase["phase_total"] = per_phase.groupby("phase")["total_ms"].transform("sum")
     overall["phase_total"] = overall["total_ms"].sum()
     phase_order = {p: i for i, p in enumerate(phase_names)}
@@ -198,19 +198,27 @@ def range_table(
     frame: pd.DataFrame,
     config: dict[str, Any] | None,
     filtered: str | None,
+    counts: dict[str, np.ndarray] | None = None,
 ) -> pd.DataFrame:
-    """Per range name: instances, activities of each kind and their time, wall time, FLOPs."""
-    return ranges_from_counts(_range_counts(att, frame), ranges, labels, config, filtered)
+    """Per range name: instances, activities of each kind and their time, wall time, FLOPs.
+
+    ``counts``: :func:`range_counts` of the frame's activities, where the caller has them."""
+    if counts is None:
+        rows = frame.index.to_numpy()
+        n = len(att.kernel_phase)
+        kind = np.full(n, -1, dtype=np.int8)
+        kind[rows] = frame["kind"].to_numpy()
+        duration = np.zeros(n, dtype=np.int64)
+        duration[rows] = frame["duration"].to_numpy()
+        counts = range_counts(att, kind, duration)
+    return ranges_from_counts(counts, ranges, labels, config, filtered)
 
 
-def _range_counts(att: Attribution, frame: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Per range row: a count per activity kind enclosed, then kernel and all-activity ns."""
-    rows = frame.index.to_numpy()
-    n = len(att.kernel_phase)
-    kind = np.full(n, -1, dtype=np.int8)
-    kind[rows] = frame["kind"].to_numpy()
-    duration = np.zeros(n, dtype=np.int64)
-    duration[rows] = frame["duration"].to_numpy()
+def range_counts(att: Attribution, kind: np.ndarray, duration: np.ndarray) -> dict[str, np.ndarray]:
+    """Per range row: a count per activity kind enclosed, then kernel and all-activity ns.
+
+    ``kind`` (index in ``KINDS``; -1 for an activity not counted) and ``duration`` (ns) are
+    per activity of ``att``. ``graphs`` is there only where a graph is counted."""
     # Each pass over the ranges costs ~80 ms per million activities: each returns a sum and
     # a count, so kernels and copies ride along with the two times, and a kind the trace
     # lacks costs nothing.
