@@ -146,6 +146,8 @@ def test_a_multi_process_export_is_read_once(
     monkeypatch.setenv("PROFKIT_CACHE_DIR", str(cache))
     monkeypatch.setenv("PROFKIT_CACHE", "1")
     assert isinstance(analysis.kernels(plain), RankedReport)
-    assert not cache.exists() or not any(cache.rglob("*.parquet"))
+    from profkit.traces.cache import ACTIVITIES
+
+    assert not cache.exists() or not any(cache.rglob(ACTIVITIES))
     analysis.kernels(single)  # one process: the streaming read, which caches its columns
-    assert any(cache.rglob("*.parquet"))
+    assert any(cache.rglob(ACTIVITIES))
