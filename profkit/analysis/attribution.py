@@ -242,17 +242,14 @@ class _Annotated:
         in_domain = (ranges["domain"].fillna("").astype(str) == phase_domain).to_numpy()
         phase_rows, owners = _phase_rows(ranges, in_domain & use_phases, lanes, inferred)
         owners = {**inferred.main_threads, **owners}  # ranges' owner first, else main thread
-        is_phase = np.zeros(len(ranges), dtype=bool)
-        is_phase[phase_rows] = True
-        p_start = lanes.key(r_thread[phase_rows], r_start[phase_rows])
-        p_end = lanes.key(r_thread[phase_rows], r_end[phase_rows])
-        order = np.argsort(p_start, kind="stable")
-        phase_rows, p_start, p_end = phase_rows[order], p_start[order], p_end[order]
-        row_names = ranges["name"].to_numpy(dtype=object)[phase_rows]
-        names = list(dict.fromkeys(row_names.tolist()))
-        name_code = {name: i for i, name in enumerate(names)}
-        # _stab's -1 (no phase open) indexes the appended last slot, which stays -1.
-        phase_code = np.append(np.array([name_code[x] for x in row_names], dtype=np.int64), -1)
+        phases = phase_intervals(ranges, phase_rows, lanes)
+        is_phase, phase_rows, p_start, p_end = (
+            phases.is_phase,
+            phases.rows,
+            phases.start,
+            phases.end,
+        )
+        names, phase_code = phases.names, phases.code
 
         owner = lookup(owners, launches.thread >> PROCESS_SHIFT)
         self_keys = lanes.key(launches.thread, launches.time)
@@ -429,3 +426,35 @@ def inference_note(att: Attribution, rows: np.ndarray, meta: Mapping[str, Any]) 
         "after a backward pass up to its last optimizer kernel or Optimizer.step range; "
         "forward = the rest (docs/ATTRIBUTION.md, 'Phases without annotations')."
     ]
+
+
+@dataclass
+class PhaseIntervals:
+    """The phase ranges chosen, as intervals on their lanes in start order, and their codes."""
+
+    is_phase: np.ndarray
+    """Per range row: is it one of the phases."""
+    rows: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    names: list[str]
+    """Distinct phase names in order of first start."""
+    code: np.ndarray
+    """Per phase (in start order) its name's index, then one last -1: what ``stab``'s -1
+    (no phase open) indexes."""
+
+
+def phase_intervals(ranges: pd.DataFrame, rows: np.ndarray, lanes: Lanes) -> PhaseIntervals:
+    """Order the phase ``rows`` of ``ranges`` by their start key on ``lanes`` and code them."""
+    r_thread = ranges["thread"].to_numpy(dtype=np.int64)
+    is_phase = np.zeros(len(ranges), dtype=bool)
+    is_phase[rows] = True
+    start = lanes.key(r_thread[rows], ranges["start"].to_numpy(dtype=np.int64)[rows])
+    end = lanes.key(r_thread[rows], ranges["end"].to_numpy(dtype=np.int64)[rows])
+    order = np.argsort(start, kind="stable")
+    rows, start, end = rows[order], start[order], end[order]
+    row_names = ranges["name"].to_numpy(dtype=object)[rows]
+    names = list(dict.fromkeys(row_names.tolist()))
+    name_code = {name: i for i, name in enumerate(names)}
+    code = np.append(np.array([name_code[x] for x in row_names], dtype=np.int64), -1)
+    return PhaseIntervals(is_phase, rows, start, end, names, code)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from profkit.analysis import stream_tables as tables
-from profkit.analysis.attribution import UNATTRIBUTED, _outermost, _owners
+from profkit.analysis.attribution import UNATTRIBUTED, _outermost, _owners, phase_intervals
 from profkit.analysis.intervals import PROCESS_SHIFT, Lanes, stab
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns, Derived
@@ -88,16 +88,9 @@ def plan_of(cols: ActivityColumns, phase_domain: str | None = None) -> Plan:
     candidates = _outermost(r, (domains == phase_domain).to_numpy(), lanes)
     owners = _owners(r_thread[candidates], r_end[candidates] - r_start[candidates])
     phase_rows = candidates[np.isin(r_thread[candidates], list(owners.values()))]
-    is_phase = np.zeros(len(r), dtype=bool)
-    is_phase[phase_rows] = True
-    p_start = lanes.key(r_thread[phase_rows], r_start[phase_rows])
-    p_end = lanes.key(r_thread[phase_rows], r_end[phase_rows])
-    order = np.argsort(p_start, kind="stable")
-    phase_rows, p_start, p_end = phase_rows[order], p_start[order], p_end[order]
-    names = r["name"].to_numpy(dtype=object)[phase_rows]
-    phase_names = list(dict.fromkeys(names.tolist()))
-    name_code = {name: i for i, name in enumerate(phase_names)}
-    phase_code = np.append(np.array([name_code[x] for x in names], dtype=np.int64), -1)
+    phases = phase_intervals(r, phase_rows, lanes)
+    is_phase, p_start, p_end = phases.is_phase, phases.start, phases.end
+    phase_names, phase_code = phases.names, phases.code
     phase_names.append(UNATTRIBUTED)
     phase_code[-1] = len(phase_names) - 1
     if len(phase_names) > np.iinfo(np.int16).max:

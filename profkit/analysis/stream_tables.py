@@ -16,14 +16,12 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis.categories import CATEGORIES
-from profkit.analysis.names import short_kernel_name
 from profkit.analysis.tables import (
-    ALL_PHASES,
     COUNT_COLUMNS,
-    KERNEL_COLUMNS,
     NS_PER_MS,
     NS_PER_US,
     _count_columns,
+    labelled_kernel_tables,
     phases_from_counts,
     ranges_from_counts,
 )
@@ -144,24 +142,9 @@ def kernel_tables(
     names = np.array(cols.names, dtype=object)
     kinds = np.array(cols.kinds, dtype=object)
     per_phase, overall = (table.copy() for table in stats)
-    per_phase["phase_total"] = per_phase.groupby("phase")["total_ms"].transform("sum")
-    overall["phase_total"] = overall["total_ms"].sum()
-    phase_order = {p: i for i, p in enumerate(phase_names)}
     labels = np.array(phase_names, dtype=object)
-    out = []
-    for table in (per_phase, overall):
-        table["share"] = table["total_ms"] / table["phase_total"].where(table["phase_total"] > 0)
-        table["short_name"] = [short_kernel_name(n) for n in names[table["name"]]]
-        table["category"] = np.array(CATEGORIES, dtype=object)[categories[table["name"]]]
-        table["kind"] = kinds[table["name"]]
-        table["phase"] = np.where(
-            table["phase"] >= 0, labels[table["phase"].clip(lower=0)], ALL_PHASES
-        )
-        table["name"] = names[table["name"]]
-        table["phase_order"] = table["phase"].map(phase_order).fillna(-1)
-        table = table.sort_values(["phase_order", "total_ms"], ascending=[True, False])
-        out.append(table[KERNEL_COLUMNS].reset_index(drop=True))
-    return out[0], out[1]
+    category_names = np.array(CATEGORIES, dtype=object)[categories]
+    return labelled_kernel_tables(per_phase, overall, names, category_names, kinds, labels)
 
 
 def _group_of(name: np.ndarray, phase: np.ndarray, n_phases: int, by_phase: bool) -> np.ndarray:

@@ -78,6 +78,23 @@ def kernel_tables(
     per_phase = _duration_stats(frame, ["name", "phase"], len(phase_names))
     overall = _duration_stats(frame, ["name"], len(phase_names))
     grids, blocks = shapes
+    for table in (per_phase, overall):
+        table["grid"] = grids[table["longest"]]
+        table["block"] = blocks[table["longest"]]
+    return labelled_kernel_tables(per_phase, overall, names, categories, kinds, phase_names)
+
+
+def labelled_kernel_tables(
+    per_phase: pd.DataFrame,
+    overall: pd.DataFrame,
+    names: np.ndarray,
+    categories: np.ndarray,
+    kinds: np.ndarray,
+    phase_names: np.ndarray,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The two kernel tables from their statistics by name and phase code: each row's share
+    of its phase, names, categories and kinds looked up per name code, phases labelled and
+    ordered (the in-memory and the streaming analysis share this)."""
     per_phase["phase_total"] = per_phase.groupby("phase")["total_ms"].transform("sum")
     overall["phase_total"] = overall["total_ms"].sum()
     phase_order = {p: i for i, p in enumerate(phase_names)}
@@ -87,8 +104,6 @@ def kernel_tables(
         table["short_name"] = [short_kernel_name(n) for n in names[table["name"]]]
         table["category"] = categories[table["name"]]
         table["kind"] = kinds[table["name"]]
-        table["grid"] = grids[table["longest"]]
-        table["block"] = blocks[table["longest"]]
         table["phase"] = np.where(
             table["phase"] >= 0, phase_names[table["phase"].clip(lower=0)], ALL_PHASES
         )
