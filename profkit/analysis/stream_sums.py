@@ -218,11 +218,13 @@ def add_sums(into: np.ndarray, key: np.ndarray, kind: np.ndarray, duration: np.n
     n_kinds = len(KINDS)  # one bincount for every kind's count
     counts = np.bincount(key * n_kinds + kind, minlength=size * n_kinds).reshape(size, n_kinds)
     into[:, :n_kinds] += counts
+    # One weighted bincount for kernels' ns and the others' (row 2 * key + is kernel): the
+    # float sums of integer ns are exact below 2^53 ns (104 days) per row, so their sum too.
     kernel = kind == KINDS.index("kernel")
-    # Float sums of integer ns are exact below 2^53 ns (104 days) per row.
-    kernel_ns = np.bincount(key[kernel], weights=duration[kernel], minlength=size)
-    into[:, KERNEL_NS] += kernel_ns.astype(np.int64)
-    into[:, GPU_NS] += np.bincount(key, weights=duration, minlength=size).astype(np.int64)
+    ns = np.bincount(key * 2 + kernel, weights=duration, minlength=2 * size).reshape(size, 2)
+    ns = ns.astype(np.int64)
+    into[:, KERNEL_NS] += ns[:, 1]
+    into[:, GPU_NS] += ns[:, 0] + ns[:, 1]
 
 
 def _add_points(

@@ -120,15 +120,26 @@ def kernel_stats(
     cols: ActivityColumns, phase: np.ndarray, n_phases: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Duration statistics per (name, phase) and per name of the activities whose ``phase``
-    is not -1 (not selected), with the shape of each group's longest one."""
-    per_phase = _duration_stats(cols, phase, n_phases, by_phase=True)
-    overall = _duration_stats(cols, phase, n_phases, by_phase=False)
+    is not -1 (not selected), with the shape of each group's longest one.
+
+    One sort: the per-name keys are the per-(name, phase) keys with the phase dropped,
+    already sorted within each phase, so a stable sort (a merge of those runs) orders them.
+    """
+    keys = _group_keys(cols, phase, n_phases)
+    per_phase = _duration_stats(keys, n_phases, by_phase=True)
+    per_phase["longest"] = _longest(cols, phase, per_phase, n_phases)
+    _drop_phase(keys, n_phases)
+    keys.sort(kind="stable")
+    overall = _duration_stats(keys, n_phases, by_phase=False)
+    del keys
+    overall["longest"] = _longest_overall(per_phase, overall)
     longest = np.unique(np.concatenate([per_phase["longest"], overall["longest"]]))
     shape_of = dict(zip(longest.tolist(), cols.shapes_at(longest), strict=True))
     for table in (per_phase, overall):
         shapes = [shape_of[i] for i in table.pop("longest").tolist()]
         table["grid"] = [g for g, _ in shapes]
         table["block"] = [b for _, b in shapes]
+        table.pop("high")
     return per_phase[STAT_COLUMNS], overall[STAT_COLUMNS]
 
 
@@ -147,22 +158,19 @@ def kernel_tables(
     return labelled_kernel_tables(per_phase, overall, names, category_names, kinds, labels)
 
 
-def _group_of(name: np.ndarray, phase: np.ndarray, n_phases: int, by_phase: bool) -> np.ndarray:
-    group = name.astype(np.int64)
-    return group * n_phases + phase if by_phase else group
+def _group_of(name: np.ndarray, phase: np.ndarray, n_phases: int) -> np.ndarray:
+    return name.astype(np.int64) * n_phases + phase
 
 
-def _group_keys(
-    cols: ActivityColumns, phase: np.ndarray, n_phases: int, by_phase: bool
-) -> np.ndarray:
-    """Sorted ``group << 40 | duration`` of the selected activities."""
+def _group_keys(cols: ActivityColumns, phase: np.ndarray, n_phases: int) -> np.ndarray:
+    """Sorted ``(name * n_phases + phase) << 40 | duration`` of the selected activities."""
     selected = sum(int((phase[lo : lo + CHUNK] >= 0).sum()) for lo in range(0, len(cols), CHUNK))
     keys = np.empty(selected, dtype=np.int64)
     at = 0
     for lo in range(0, len(cols), CHUNK):
         p = phase[lo : lo + CHUNK]
         keep = p >= 0
-        group = _group_of(cols.arrays["name"][lo : lo + CHUNK][keep], p[keep], n_phases, by_phase)
+        group = _group_of(cols.arrays["name"][lo : lo + CHUNK][keep], p[keep], n_phases)
         duration = cols.arrays["duration"][lo : lo + CHUNK][keep].clip(min=0)
         if len(duration) and duration.max() > DURATION_MASK:
             raise BadInput("an activity lasts over 18 minutes: not a trace profkit can read")
@@ -172,11 +180,17 @@ def _group_keys(
     return keys
 
 
-def _duration_stats(
-    cols: ActivityColumns, phase: np.ndarray, n_phases: int, by_phase: bool
-) -> pd.DataFrame:
-    """count, sum, mean, median, min, max, std and the longest instance (its index) per group."""
-    keys = _group_keys(cols, phase, n_phases, by_phase)
+def _drop_phase(keys: np.ndarray, n_phases: int) -> None:
+    """``name << 40 | duration`` in place of each ``(name * n_phases + phase) << 40 | ...``."""
+    for lo in range(0, len(keys), CHUNK):
+        part = keys[lo : lo + CHUNK]
+        name = (part >> DURATION_BITS) // n_phases
+        part &= DURATION_MASK
+        part |= name << DURATION_BITS
+
+
+def _duration_stats(keys: np.ndarray, n_phases: int, by_phase: bool) -> pd.DataFrame:
+    """count, sum, mean, median, min, max and std per group of the sorted ``keys``."""
     first = _runs(keys)  # keys are sorted: each group is one run
     groups = keys[first] >> DURATION_BITS
     count = np.diff(np.append(first, len(keys)))
@@ -189,7 +203,6 @@ def _duration_stats(
     total, squares = _sums(keys, first, count)
     mean = total / count
     std = np.where(count > 1, np.sqrt(np.maximum(squares, 0) / np.maximum(count - 1, 1)), 0.0)
-    del keys
     return pd.DataFrame(
         {
             "name": groups // n_phases if by_phase else groups,
@@ -201,7 +214,7 @@ def _duration_stats(
             "min_us": low / NS_PER_US,
             "max_us": high / NS_PER_US,
             "std_us": std / NS_PER_US,
-            "longest": _longest(cols, phase, groups, high, n_phases, by_phase),
+            "high": high,
         }
     )
 
@@ -216,47 +229,56 @@ def _runs(keys: np.ndarray) -> np.ndarray:
 
 
 def _sums(keys: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per group: the sum of durations and the sum of squared deviations from the mean."""
+    """Per group: the sum of durations and the sum of squared deviations from the mean.
+
+    Groups are runs of the sorted keys, so each chunk's part of a run is one segment of
+    ``np.add.reduceat`` (summed in key order, as a bincount over the run would)."""
     groups = len(first)
     total = np.zeros(groups)
     shift = (keys[first] & DURATION_MASK).astype(np.float64) if groups else np.zeros(0)
     shifted, shifted_sq = np.zeros(groups), np.zeros(groups)
     for lo in range(0, len(keys), CHUNK):
         part = keys[lo : lo + CHUNK]
-        # The group of each key: the last group starting at or before it (runs are sorted).
-        marks = np.zeros(len(part), dtype=np.int64)
-        inside = first[(first > lo) & (first < lo + len(part))]
-        marks[inside - lo] = 1
-        group = np.cumsum(marks) + (np.searchsorted(first, lo, side="right") - 1)
+        # The chunk's segments: from its start, then from each run that starts inside it.
+        inside = first[(first > lo) & (first < lo + len(part))] - lo
+        segment = np.concatenate([[0], inside])
+        group = np.arange(len(segment)) + (np.searchsorted(first, lo, side="right") - 1)
         duration = (part & DURATION_MASK).astype(np.float64)
-        total += np.bincount(group, weights=duration, minlength=groups)
-        deviation = duration - shift[group]
-        shifted += np.bincount(group, weights=deviation, minlength=groups)
-        shifted_sq += np.bincount(group, weights=deviation * deviation, minlength=groups)
+        total[group] += np.add.reduceat(duration, segment)
+        deviation = duration - np.repeat(shift[group], np.diff(np.append(segment, len(part))))
+        shifted[group] += np.add.reduceat(deviation, segment)
+        deviation *= deviation
+        shifted_sq[group] += np.add.reduceat(deviation, segment)
     # sum((d - mean)^2) = sum((d - s)^2) - (sum(d - s))^2 / n, with s a member: stable.
     return total, shifted_sq - shifted * shifted / np.maximum(count, 1)
 
 
 def _longest(
-    cols: ActivityColumns,
-    phase: np.ndarray,
-    groups: np.ndarray,
-    high: np.ndarray,
-    n_phases: int,
-    by_phase: bool,
+    cols: ActivityColumns, phase: np.ndarray, stats: pd.DataFrame, n_phases: int
 ) -> np.ndarray:
-    """Index of each group's first activity (in trace order) with its longest duration."""
-    size = len(cols.names) * (n_phases if by_phase else 1)
+    """Index of each (name, phase) group's first activity (in trace order) with its longest
+    duration (``stats["high"]``)."""
+    groups = stats["name"].to_numpy(np.int64) * n_phases + stats["phase"].to_numpy(np.int64)
+    size = len(cols.names) * n_phases
     longest_of = np.full(size, -1, dtype=np.int64)  # by group code: few, so a dense table
-    longest_of[groups] = high
+    longest_of[groups] = stats["high"].to_numpy(np.int64)
     first_hit = np.full(size, len(cols), dtype=np.int64)
     found = np.full(size, -1, dtype=np.int64)
     for lo in range(0, len(cols), CHUNK):
         p = phase[lo : lo + CHUNK]
         rows = np.flatnonzero(p >= 0)
-        group = _group_of(cols.arrays["name"][lo : lo + CHUNK][rows], p[rows], n_phases, by_phase)
+        group = _group_of(cols.arrays["name"][lo : lo + CHUNK][rows], p[rows], n_phases)
         duration = cols.arrays["duration"][lo : lo + CHUNK][rows].clip(min=0)
         hit = (duration == longest_of[group]) & (found[group] < 0)
         np.minimum.at(first_hit, group[hit], lo + rows[hit])  # ties: the first in trace order
         found = np.where(first_hit < len(cols), first_hit, -1)
     return found[groups]
+
+
+def _longest_overall(per_phase: pd.DataFrame, overall: pd.DataFrame) -> np.ndarray:
+    """Each name's first activity with its longest duration: among its phases reaching
+    that duration, the earliest of their first such activities."""
+    high_of = pd.Series(overall["high"].to_numpy(), index=overall["name"].to_numpy())
+    reaching = per_phase[per_phase["high"].to_numpy() == high_of[per_phase["name"]].to_numpy()]
+    earliest = reaching.groupby("name")["longest"].min()
+    return earliest[overall["name"]].to_numpy(np.int64)
