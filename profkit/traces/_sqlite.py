@@ -10,6 +10,8 @@ so they stay aligned row for row.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
 import sqlite3
@@ -198,6 +200,7 @@ class ParallelReader:
         self.pool.shutdown(wait=True, cancel_futures=True)
         for conn in self._connections:
             conn.close()
+        release_freed_memory()
 
     def connection(self) -> sqlite3.Connection:
         """This worker thread's own connection."""
@@ -397,3 +400,11 @@ def strings_by_id(conn: sqlite3.Connection, ids: np.ndarray) -> dict[int, str]:
         query = f"SELECT id, CAST(value AS TEXT) FROM StringIds WHERE id IN ({marks})"
         result.update(conn.execute(query, batch))
     return result
+
+
+def release_freed_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). The reader threads' chunk texts leave their arenas with ~0.1 GB of free
+    pages at 30 M kernels, which would otherwise count in the analysis' peak."""
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None).malloc_trim(0)

@@ -47,6 +47,9 @@ def write_table(path: Path, table: Any, record: dict[str, Any] | None = None) ->
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+        # A column's compressed copy was as large as the column: give the pool's free
+        # memory back now, not at exit (it would add to the analysis' peak).
+        pa.default_memory_pool().release_unused()
 
 
 def write_arrays(path: Path, arrays: Mapping[str, np.ndarray], record: dict[str, Any]) -> None:
