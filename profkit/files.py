@@ -20,7 +20,7 @@ import shutil
 import stat
 import tempfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -244,6 +244,37 @@ def open_input(path: Path | str, what: str) -> IO[bytes]:
         return path.open("rb")
     except OSError as exc:
         raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def open_tracked_input(
+    path: Path | str, what: str
+) -> Iterator[tuple[IO[bytes], Callable[[], int]]]:
+    """:func:`open_input` for the block, with ``position()``: how many bytes of the file on
+    disk the reading has consumed so far (compressed bytes for ``.xz``/``.gz``/``.bz2``;
+    the file's size once the stream is read to its end). Readers report progress with it.
+    """
+    path = check_readable(path, what)
+    kind = compression_of(path)
+    try:
+        raw = path.open("rb")
+    except OSError as exc:
+        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+    with raw:
+        if kind is None:
+            yield raw, raw.tell
+            return
+        with _decompressing(raw, kind) as stream:
+            yield stream, raw.tell
+
+
+def _decompressing(raw: IO[bytes], kind: str) -> IO[bytes]:
+    """``raw`` read through the decompressor of ``kind`` (which leaves ``raw`` open)."""
+    if kind == "xz":
+        return lzma.LZMAFile(raw, "rb")  # type: ignore[return-value]
+    if kind == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return bz2.BZ2File(raw, "rb")  # type: ignore[return-value]
 
 
 @contextlib.contextmanager

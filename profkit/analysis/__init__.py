@@ -68,11 +68,11 @@ def kernels(
 
     # Decided before reading where it can be: a multi-process export is read once, whole.
     if rank is not None or phases == "inferred" or (gpu_processes(path, nsys) or 1) > 1:
-        return analyze_any(load_trace(path, nsys=nsys), top, phase, range, rank, phases)
+        return analyze_any(load_trace(path, nsys, progress), top, phase, range, rank, phases)
     columns = load_columns(path, nsys=nsys, cache=cache, progress=progress)
     if _streamable(columns, rank, phases):
         return analyze_columns(columns, top=top, phase=phase, range=range)
-    return analyze_any(load_trace(path, nsys=nsys), top, phase, range, rank, phases)
+    return analyze_any(load_trace(path, nsys, progress), top, phase, range, rank, phases)
 
 
 def _streamable(columns: ActivityColumns, rank: int | None, phases: PhaseMode) -> bool:

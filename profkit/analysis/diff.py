@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -26,6 +26,9 @@ from profkit.analysis import crosscheck
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.report import KernelReport
 from profkit.errors import BadInput
+
+if TYPE_CHECKING:
+    from profkit.traces.columns import Progress
 
 GROUPS = {
     "appeared": "Appeared (only in B)",
@@ -145,13 +148,15 @@ def diff(
     per_step: bool = True,
     top: int = 10,
     nsys: str | os.PathLike[str] | None = None,
+    progress: Progress | None = None,
 ) -> ProfileDiff:
-    """Read two traces (any supported formats) and compare B against A."""
+    """Read two traces (any supported formats) and compare B against A; ``progress``
+    hears from the read of A, then from B's."""
     from profkit.analysis import kernels
 
     # As `profkit kernels` reads them: bounded memory and the columnar cache where the
     # phases are annotated, inferred phases and ranks where they are not.
-    a, b = (kernels(p, top=0, nsys=nsys) for p in (path_a, path_b))
+    a, b = (kernels(p, top=0, nsys=nsys, progress=progress) for p in (path_a, path_b))
     return diff_reports(a, b, per_step=per_step, top=top)
 
 

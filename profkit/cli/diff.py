@@ -10,7 +10,7 @@ import typer
 from profkit.analysis import diff as diff_lib
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
-from profkit.cli.render import console, emit_tables, err_console
+from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
 from profkit.formats import check_format, file_format, markdown_table, write_text
 
@@ -52,8 +52,8 @@ def diff(
     paths = list(profiles or [])
     if len(paths) != 2:
         raise BadInput(f"profkit diff takes two profiles, A and B; got {len(paths)}")
-    with err_console.status(f"reading {paths[0].name} and {paths[1].name}"):
-        result = diff_lib.diff(paths[0], paths[1], per_step=per_step, top=top, nsys=nsys)
+    with read_progress(f"{paths[0].name} and {paths[1].name}") as progress:
+        result = diff_lib.diff(paths[0], paths[1], per_step, top, nsys, progress)
     tables = result.display_tables()
     fmt = file_format(fmt, out)
     if fmt == "md":

@@ -16,7 +16,8 @@ from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
 from profkit.formats import check_format, file_format, write_text
 from profkit.memory.plot import check_image_path
-from profkit.traces import Trace, load_trace
+from profkit.traces import Trace
+from profkit.traces.load import load_traces
 from profkit.traces.ranks import is_rank_set, merge_rank_traces
 
 PathArg = Annotated[
@@ -114,7 +115,8 @@ def kernels(
         check_image_path(plot)
     paths = list(path)
     if len(paths) > 1 or compare:
-        traces = [_read(p, nsys) for p in paths]
+        with read_progress(f"{len(paths)} traces") as progress:
+            traces = load_traces(paths, nsys, progress)
         if len(traces) > 1 and not compare and is_rank_set(traces):
             report = analysis.analyze_any(
                 merge_rank_traces(traces), top, phase, range_, rank, _mode(phases)
@@ -156,11 +158,6 @@ def kernels(
     if fmt == "table":
         for note in report.notes:
             console.print(f"[dim]• {note}[/]", highlight=False)
-
-
-def _read(path: Path, nsys: str | None) -> Trace:
-    with err_console.status(f"reading {path.name}"):
-        return load_trace(path, nsys=nsys)
 
 
 def _compare(

@@ -11,10 +11,10 @@ import errno
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from rich.console import Console
@@ -32,6 +32,9 @@ from rich.table import Table
 from rich.text import Text
 
 from profkit.formats import cell_text, check_format, dumps, file_format, markdown_table, write_text
+
+if TYPE_CHECKING:
+    from profkit.traces.columns import Progress as ReadProgress
 
 
 class _Console(Console):
@@ -140,35 +143,36 @@ def emit_tables(
         print(text, end="")
 
 
-# Progress of long trace reads: rows read / total, on stderr, only on a terminal. The library
-# reports through a callback (progress(rows_done, rows_total)); a read that ends within
-# SHOW_AFTER_S shows only the spinner, and off a terminal (a pipe, CI) nothing is drawn.
+# Progress of long trace reads: rows read / total (nsys exports) or MB of the file read / its
+# size (Chrome traces), on stderr, only on a terminal. The library reports through a callback
+# (progress(done, total, unit)); a read that ends within SHOW_AFTER_S shows only the spinner,
+# and off a terminal (a pipe, CI) nothing is drawn.
 SHOW_AFTER_S = 2.0
 
 
 @contextmanager
-def read_progress(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A callback drawing ``label: [bar] done/total rows`` once the read passes 2 s."""
+def read_progress(label: str) -> Iterator[ReadProgress]:
+    """A callback drawing ``label: [bar] done/total UNIT`` once the read passes 2 s."""
     started = time.monotonic()
     bar: Progress | None = None
     task = None
     status = err_console.status(f"reading {label}")
     status.start()
 
-    def update(done: int, total: int) -> None:
+    def update(done: int, total: int, unit: str = "rows", /) -> None:
         nonlocal bar, task
         if bar is None:
             if not err_console.is_terminal or time.monotonic() - started < SHOW_AFTER_S:
                 return
             status.stop()
             bar = Progress(
-                TextColumn(f"reading {label}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("rows"), TimeElapsedColumn(), console=err_console, transient=True,
+                TextColumn(f"reading {label}"), BarColumn(), _AmountColumn(), TimeElapsedColumn(),
+                console=err_console, transient=True,
             )  # fmt: skip
             bar.start()
-            task = bar.add_task(label, total=total)
+            task = bar.add_task(label, total=total, unit=unit)
         assert task is not None
-        bar.update(task, completed=done, total=total)
+        bar.update(task, completed=done, total=total, unit=unit)
 
     try:
         yield update
@@ -176,3 +180,18 @@ def read_progress(label: str) -> Iterator[Callable[[int, int], None]]:
         status.stop()
         if bar is not None:
             bar.stop()
+
+
+def amount_read(done: float, total: float, unit: str) -> str:
+    """``1,234/5,678 rows``, or bytes in MB (GB from 1 GB on): ``12.3/456.7 MB``."""
+    if unit != "bytes":
+        return f"{done:,.0f}/{total:,.0f} {unit}"
+    scale, name, digits = (1e9, "GB", 2) if total >= 1e9 else (1e6, "MB", 1)
+    return f"{done / scale:,.{digits}f}/{total / scale:,.{digits}f} {name}"
+
+
+class _AmountColumn(ProgressColumn):
+    """A read task's done/total in its unit (its ``unit`` field)."""
+
+    def render(self, task: Task) -> Text:
+        return Text(amount_read(task.completed, task.total or 0, task.fields.get("unit", "rows")))

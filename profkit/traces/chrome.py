@@ -42,7 +42,7 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import BadInput, warn
-from profkit.files import open_input, read_input, reading
+from profkit.files import open_tracked_input, read_input, reading
 from profkit.sidecar import BrokenSidecar, read_sidecar, validate
 from profkit.traces.chrome_stream import CHUNK_BYTES, BrokenJSON, EventBatches, NotStreamable
 from profkit.traces.chrome_tables import (
@@ -53,6 +53,7 @@ from profkit.traces.chrome_tables import (
     ranges_table,
     to_ns,
 )
+from profkit.traces.columns import Progress
 from profkit.traces.schema import Trace
 
 _loads: Callable[[bytes], Any]
@@ -125,13 +126,20 @@ def is_chrome_trace(path: str | PathLike[str]) -> bool:
     )
 
 
-def read_chrome_trace(path: str | PathLike[str], *, chunk_bytes: int | None = CHUNK_BYTES) -> Trace:
+def read_chrome_trace(
+    path: str | PathLike[str],
+    *,
+    chunk_bytes: int | None = CHUNK_BYTES,
+    progress: Progress | None = None,
+) -> Trace:
     """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a :class:`Trace`.
 
     The events are parsed ``chunk_bytes`` of JSON at a time (:mod:`.chrome_stream`), so
     memory holds one batch of events, not the document; ``chunk_bytes=None`` parses the
     whole document at once, as the reader did before (the tables are the same; the
-    benchmark and the exactness tests compare the two).
+    benchmark and the exactness tests compare the two). ``progress(done, size, "bytes")``
+    hears, after each read, how many bytes of the file on disk have been consumed
+    (compressed bytes for a ``.json.gz``), ending at the file's size.
 
     Raises :class:`BadInput` (one line) for a missing file or one that is not a regular
     file, truncated or corrupt compression (gzip, xz), invalid JSON, or JSON that is not a
@@ -143,7 +151,7 @@ def read_chrome_trace(path: str | PathLike[str], *, chunk_bytes: int | None = CH
     """
     p = Path(path)
     with _gc_paused():
-        header, collected = _read_events(p, chunk_bytes)
+        header, collected = _read_events(p, chunk_bytes, _bytes_read(p, progress))
     base_ns = _int_or(header.get("baseTimeNanoseconds"), 0)
     if not abs(base_ns) < MAX_BASE_NS:
         collected["issues"].add("baseTimeNanoseconds out of range (read as 0)", 1)
@@ -171,14 +179,26 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _read_events(p: Path, chunk_bytes: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def _bytes_read(p: Path, progress: Progress | None) -> Callable[[int], None] | None:
+    """``report(position)``: ``progress`` in bytes of ``p`` (None when nobody listens)."""
+    if progress is None:
+        return None
+    size = p.stat().st_size
+    return lambda done: progress(done, max(size, done), "bytes")
+
+
+def _read_events(
+    p: Path, chunk_bytes: int | None, report: Callable[[int], None] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The header keys and the collected columns, streaming the events where the layout
-    allows (:mod:`.chrome_stream`), else from the whole parsed document."""
+    allows (:mod:`.chrome_stream`), else from the whole parsed document. ``report(position)``
+    hears where the reading stands in the file on disk after each read."""
     if chunk_bytes is not None:
         try:
-            with open_input(p, "a Chrome trace") as stream, reading(p):
+            with open_tracked_input(p, "a Chrome trace") as (stream, position), reading(p):
                 errors = (*_DECODE_ERRORS, RecursionError)
-                batches = EventBatches(stream, _loads, errors, chunk_bytes)
+                on_read = None if report is None else lambda: report(position())
+                batches = EventBatches(stream, _loads, errors, chunk_bytes, on_read)
                 collected = _collect(chain.from_iterable(batches))
                 return batches.header, collected
         except NotStreamable:
@@ -186,6 +206,8 @@ def _read_events(p: Path, chunk_bytes: int | None) -> tuple[dict[str, Any], dict
         except BrokenJSON as exc:
             raise _invalid_json(p, exc.detail) from None
     doc = _loads_trace(p)
+    if report is not None:
+        report(p.stat().st_size)  # read whole: every byte of the file
     header, collected = _events_of(p, doc)
     del doc  # the columns are all we keep; free the parsed events before building tables
     return header, collected
@@ -414,7 +436,7 @@ def _register() -> None:
     from profkit.traces.load import register
 
     for suffix in (".json", ".json.gz"):
-        register(suffix, read_chrome_trace)
+        register(suffix, read_chrome_trace, reports_progress=True)
 
 
 _register()

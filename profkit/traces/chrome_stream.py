@@ -64,6 +64,7 @@ class EventBatches:
     ``header`` holds the document's other top-level keys once the iteration has ended
     (those before the array as soon as the first batch comes). ``loads`` parses bytes
     (orjson's or json's); ``decode_errors`` are the exceptions it raises for bad JSON.
+    ``on_read()`` is called after every read of ``stream`` (a reader reports progress there).
     """
 
     def __init__(
@@ -72,17 +73,19 @@ class EventBatches:
         loads: Callable[[bytes], Any],
         decode_errors: tuple[type[Exception], ...],
         chunk_bytes: int = CHUNK_BYTES,
+        on_read: Callable[[], None] | None = None,
     ) -> None:
         self._stream = stream
         self._loads = loads
         self._errors = decode_errors
         self._chunk_bytes = chunk_bytes
+        self._on_read = on_read
         self._offset = 0  # where the buffer starts in the (decompressed) document
         self.header: dict[str, Any] = {}
 
     def __iter__(self) -> Iterator[list[Any]]:
         buffer = self._open()
-        while chunk := self._stream.read(self._chunk_bytes):
+        while chunk := self._read():
             buffer += chunk
             batch, start = self._batch(buffer)
             if batch:
@@ -95,7 +98,7 @@ class EventBatches:
         """Read up to the array's ``[``; keep the keys before it in ``header``."""
         buffer = b""
         while True:
-            chunk = self._stream.read(self._chunk_bytes)
+            chunk = self._read()
             if not chunk:
                 raise NotStreamable("no top-level traceEvents array")
             searched_to = max(len(buffer) - 64, 0)  # the key may straddle two reads
@@ -117,6 +120,12 @@ class EventBatches:
         self.header = header
         self._offset = found.end()
         return buffer[found.end() :]
+
+    def _read(self) -> bytes:
+        chunk = self._stream.read(self._chunk_bytes)
+        if self._on_read is not None:
+            self._on_read()
+        return chunk
 
     def _batch(self, buffer: bytes) -> tuple[list[Any], int]:
         """The events before the last cut that parses, and where the rest starts."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pandas as pd
@@ -27,8 +27,19 @@ import pandas as pd
 from profkit.errors import BadInput
 from profkit.traces.schema import MAX_SPAN_NS, Trace
 
-Progress = Callable[[int, int], None]
-"""``progress(rows_done, rows_total)``: called by long reads as they go."""
+ProgressUnit = Literal["rows", "bytes"]
+
+
+class Progress(Protocol):
+    """``progress(done, total, unit)``: called by long reads as they go.
+
+    ``unit`` says what is counted: ``"rows"`` of the tables read (nsys exports; the default,
+    so ``progress(rows_done, rows_total)`` means rows), or ``"bytes"`` of the file on disk
+    (Chrome traces: the compressed bytes consumed, for a ``.json.gz``).
+    """
+
+    def __call__(self, done: int, total: int, unit: ProgressUnit = "rows", /) -> None: ...
+
 
 ARRAYS = {
     "name": np.int32,  # index into ``names``

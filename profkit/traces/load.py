@@ -8,11 +8,15 @@ directly, whatever reads them; anything that is not a regular file is refused at
 ``profkit.traces.chrome``, imported on first use (:data:`PLUGINS`), which registers itself::
 
     from profkit.traces.load import register
-    register(".json.gz", read_chrome_trace)
+    register(".json.gz", read_chrome_trace, reports_progress=True)
+
+A reader registered with ``reports_progress=True`` takes ``progress=`` (a
+:class:`~profkit.traces.columns.Progress`) and reports how far its read has got.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import lzma
 import os
@@ -25,7 +29,13 @@ from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input
 from profkit.sidecar import read_sidecar
 from profkit.traces._sqlite import SQLITE_MAGIC
 from profkit.traces.cache import cached_columns
-from profkit.traces.columns import ActivityColumns, Progress, check_column_span, from_trace
+from profkit.traces.columns import (
+    ActivityColumns,
+    Progress,
+    ProgressUnit,
+    check_column_span,
+    from_trace,
+)
 from profkit.traces.nsys_sqlite import FORMAT, cuda_processes, read_nsys_sqlite
 from profkit.traces.nsys_stream import read_nsys_columns, shape_reader
 from profkit.traces.schema import Trace, check_time_span
@@ -39,6 +49,8 @@ READERS: dict[str, Reader] = {
     # ".nsys-rep" is handled by load_trace itself (it needs the nsys executable).
     # ".json" / ".json.gz": registered by profkit.traces.chrome (torch.profiler traces).
 }
+PROGRESS_READERS: set[str] = set()
+"""Suffixes whose reader takes ``progress=`` (:func:`register`)."""
 # Readers living in modules of their own register themselves when imported; load_trace
 # imports the module named here the first time it meets one of its suffixes.
 PLUGINS: dict[str, str] = {".json": "profkit.traces.chrome", ".json.gz": "profkit.traces.chrome"}
@@ -46,16 +58,25 @@ NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 SUPPORTED = "an Nsight Systems .sqlite or .nsys-rep export, or a Chrome trace .json[.gz]"
 
 
-def register(suffix: str, reader: Reader) -> None:
-    """Read files ending in ``suffix`` (``".json.gz"``) with ``reader``."""
+def register(suffix: str, reader: Reader, *, reports_progress: bool = False) -> None:
+    """Read files ending in ``suffix`` (``".json.gz"``) with ``reader``; one that
+    ``reports_progress`` is called with ``progress=`` when a caller listens."""
     READERS[suffix.lower()] = reader
+    PROGRESS_READERS.discard(suffix.lower())
+    if reports_progress:
+        PROGRESS_READERS.add(suffix.lower())
 
 
-def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None = None) -> Trace:
+def load_trace(
+    path: str | os.PathLike[str],
+    nsys: str | os.PathLike[str] | None = None,
+    progress: Progress | None = None,
+) -> Trace:
     """Read ``path`` with the reader its content or suffix calls for.
 
     ``nsys`` is the Nsight Systems executable used to export a ``.nsys-rep`` (else
-    ``$PROFKIT_NSYS``, else ``nsys`` on PATH).
+    ``$PROFKIT_NSYS``, else ``nsys`` on PATH). ``progress`` hears from readers that report
+    it (Chrome traces, in bytes of the file); the others read silently.
     """
     path = _checked(path)
     name = path.name.lower()
@@ -67,7 +88,10 @@ def load_trace(path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None
     inner = _without_compression(name)
     for suffix in sorted(READERS, key=len, reverse=True):  # ".json.gz" before ".gz"
         if name.endswith(suffix) or inner.endswith(suffix):
-            return check_time_span(READERS[suffix](path))
+            reader = READERS[suffix]
+            if progress is not None and suffix in PROGRESS_READERS:
+                reader = functools.partial(reader, progress=progress)  # type: ignore[call-arg]
+            return check_time_span(reader(path))
     raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED})")
 
 
@@ -81,7 +105,7 @@ def load_columns(
 
     Nsight Systems exports are read chunk by chunk in bounded memory; other formats through
     their reader's tables. ``cache`` overrides ``$PROFKIT_CACHE`` (:mod:`.cache`);
-    ``progress(rows_done, rows_total)`` hears from long reads.
+    ``progress`` hears from long reads: rows of an nsys export, bytes of a Chrome trace.
     """
     path = _checked(path)
     if path.name.lower().endswith(NSYS_REPORT_SUFFIXES):
@@ -91,7 +115,7 @@ def load_columns(
     def read() -> ActivityColumns:
         if _head(source).startswith(SQLITE_MAGIC):
             return check_column_span(read_nsys_columns(source, progress))
-        return from_trace(load_trace(source))
+        return from_trace(load_trace(source, progress=progress))
 
     def finish(columns: ActivityColumns) -> None:
         if columns.meta.get("format") == FORMAT and "sidecar" not in columns.meta:
@@ -100,6 +124,36 @@ def load_columns(
             columns.read_shapes = shape_reader(source, columns.kernel_rows)
 
     return cached_columns(source, read, cache, finish)
+
+
+def load_traces(
+    paths: list[Path],
+    nsys: str | os.PathLike[str] | None = None,
+    progress: Progress | None = None,
+) -> list[Trace]:
+    """:func:`load_trace` of each path, with one ``progress`` over all of them in bytes of
+    the files on disk (a file whose reader reports nothing counts when it is done)."""
+    sizes = [_checked(p).stat().st_size for p in paths]  # every path checked before reading
+    total = sum(sizes)
+    traces = []
+    for index, path in enumerate(paths):
+        before = sum(sizes[:index])
+        inner = None if progress is None else _offset(progress, before, total)
+        traces.append(load_trace(path, nsys, inner))
+        if progress is not None:
+            progress(before + sizes[index], total, "bytes")
+    return traces
+
+
+def _offset(progress: Progress, before: int, total: int) -> Progress:
+    """``progress`` of one file as a part of all: its bytes after the ``before`` of those
+    read earlier (a reader counting other things than bytes is not heard)."""
+
+    def report(done: int, _size: int, unit: ProgressUnit = "rows", /) -> None:
+        if unit == "bytes":
+            progress(min(before + done, total), total, "bytes")
+
+    return report
 
 
 def gpu_processes(
