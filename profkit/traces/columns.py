@@ -186,7 +186,9 @@ def from_trace(trace: Trace) -> ActivityColumns:
         "launch_thread": codes,
     }
     return ActivityColumns(
-        arrays={name: np.asarray(arrays[name]).astype(t) for name, t in KEPT.items()},
+        arrays={
+            name: np.asarray(arrays[name]).astype(t) for name, t in KEPT.items() if name in arrays
+        },
         names=[str(n) for n in names],
         kinds=[str(x) for x in kinds],
         shapes=[(str(g), str(b)) for g, b in shapes],
