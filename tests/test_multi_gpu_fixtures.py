@@ -121,14 +121,14 @@ def test_per_rank_torch_traces(rank0: Path) -> None:
 
 
 @pytest.mark.parametrize("fixture", NSYS, ids=lambda p: p.name)
-def test_a_multi_process_export_is_read_once(
+def test_a_multi_process_export_is_streamed_unless_its_phases_are_inferred(
     fixture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The CUDA contexts in the export's metadata send it straight to the whole-table read:
-    the streaming read, which would write the columnar cache first, never runs."""
+    """Annotated phases: the export is read as compact columns (cached, the full tables
+    never built); ``--phases inferred`` sends it straight to the whole-table read, which
+    writes no cache."""
     from profkit import analysis
     from profkit.analysis.ranks import RankedReport
-    from profkit.traces.load import gpu_processes
 
     plain = tmp_path / fixture.name.removesuffix(".xz")
     plain.write_bytes(lzma.decompress(fixture.read_bytes()))
@@ -136,18 +136,19 @@ def test_a_multi_process_export_is_read_once(
     single.write_bytes(
         lzma.decompress((DATA / "nsys-2025.3-h100-small-fp32.sqlite.xz").read_bytes())
     )
-    with sqlite3.connect(plain) as conn:
-        pids = conn.execute("SELECT count(DISTINCT globalPid) FROM CUPTI_ACTIVITY_KIND_KERNEL")
-        assert gpu_processes(plain) == pids.fetchone()[0] == 2
-    assert gpu_processes(single) == 1
-    assert gpu_processes(fixture) is None  # compressed: not unpacked just to look
-    assert gpu_processes(TORCH[0]) is None  # a Chrome trace: one process by construction
     cache = tmp_path / "cache"
     monkeypatch.setenv("PROFKIT_CACHE_DIR", str(cache))
     monkeypatch.setenv("PROFKIT_CACHE", "1")
-    assert isinstance(analysis.kernels(plain), RankedReport)
     from profkit.traces.cache import ACTIVITIES
 
+    assert isinstance(analysis.kernels(plain, phases="inferred"), RankedReport)
     assert not cache.exists() or not any(cache.rglob(ACTIVITIES))
+    with monkeypatch.context() as patch:
+        patch.setattr("profkit.traces.load_trace", lambda *a, **k: pytest.fail("full read"))
+        first = analysis.kernels(plain)
+        assert isinstance(first, RankedReport)
+        assert len(list(cache.rglob(ACTIVITIES))) == 1
+        again = analysis.kernels(plain)  # from the cache: its starts and devices too
+    assert again.to_json() == first.to_json()
     analysis.kernels(single)  # one process: the streaming read, which caches its columns
-    assert any(cache.rglob(ACTIVITIES))
+    assert len(list(cache.rglob(ACTIVITIES))) == 2

@@ -53,26 +53,46 @@ def kernels(
 ) -> KernelReport:
     """Read the trace at ``path`` (any supported format) and build its kernel report.
 
-    One process whose steps carry phase ranges is read and analysed in bounded memory, from
-    compact columns, through the columnar cache unless ``cache`` is False or
-    ``$PROFKIT_CACHE=0`` (:mod:`profkit.traces.cache`). Phases to infer, or several ranks,
-    take the full tables (:func:`analyze_any`): the streaming analysis does neither. Where
-    that is known before reading (``rank``, ``phases="inferred"``, an nsys export whose
-    CUDA contexts belong to several processes) the trace is read once, whole. A
-    multi-process trace gives a :class:`~profkit.analysis.ranks.RankedReport`; ``rank``
-    narrows its tables to one rank.
+    An nsys export whose steps carry phase ranges is read and analysed in bounded memory,
+    from compact columns, through the columnar cache unless ``cache`` is False or
+    ``$PROFKIT_CACHE=0`` (:mod:`profkit.traces.cache`): one process by
+    :func:`~.streaming.analyze_columns`, several (ranks) by
+    :func:`~.stream_ranks.analyze_rank_columns` where its rule holds. Phases to infer and
+    the odd cases take the full tables (:func:`analyze_any`); ``phases="inferred"`` is
+    known before reading, so that trace is read once, whole. A multi-process trace gives a
+    :class:`~profkit.analysis.ranks.RankedReport`; ``rank`` narrows its tables to one rank.
     """
     from profkit.analysis.streaming import analyze_columns
     from profkit.traces import load_trace
-    from profkit.traces.load import gpu_processes, load_columns
+    from profkit.traces.load import load_columns
 
-    # Decided before reading where it can be: a multi-process export is read once, whole.
-    if rank is not None or phases == "inferred" or (gpu_processes(path, nsys) or 1) > 1:
+    # Inferred phases need the full tables: read them once, whole.
+    if phases == "inferred":
         return analyze_any(load_trace(path, nsys, progress), top, phase, range, rank, phases)
     columns = load_columns(path, nsys=nsys, cache=cache, progress=progress)
     if _streamable(columns, rank, phases):
         return analyze_columns(columns, top=top, phase=phase, range=range)
+    ranked = _ranks_streamed(columns, top, phase, range, rank)
+    if ranked is not None:
+        return ranked
     return analyze_any(load_trace(path, nsys, progress), top, phase, range, rank, phases)
+
+
+def _ranks_streamed(
+    columns: ActivityColumns, top: int, phase: str | None, range: str | None, rank: int | None
+) -> KernelReport | None:
+    """The ranked report of a multi-process export from its columns, where they can give
+    it (:mod:`.stream_ranks`: the rule); None where the full tables must."""
+    from profkit.analysis.stream_rank_tables import NotStreamable
+    from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
+
+    layout = ranks_of(columns)
+    if layout is None:
+        return None
+    try:
+        return analyze_rank_columns(columns, layout, top, phase, range, rank)
+    except NotStreamable:
+        return None
 
 
 def _streamable(columns: ActivityColumns, rank: int | None, phases: PhaseMode) -> bool:

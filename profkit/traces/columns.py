@@ -49,6 +49,11 @@ ARRAYS = {
 }
 SHAPE = "shape"
 """The optional array of shape codes (int32, index into ``shapes``)."""
+START, DEVICE = "start", "device"
+"""The optional arrays of GPU start times (int64 ns) and device ordinals (int16) that a
+multi-process export's columns keep: a rank's activities, NCCL overlap and steps need them
+(:mod:`profkit.analysis.stream_ranks`); one process's report does not."""
+TIMED = {START: np.int64, DEVICE: np.int16}
 NO_SHAPE = ("", "")
 ShapeReader = Callable[[np.ndarray], list[tuple[str, str]]]
 """``read(rows)``: (grid, block) of the activities at ``rows``, read from the trace."""
@@ -160,7 +165,7 @@ class ActivityColumns:
         return ids[codes.astype(np.int64)]
 
 
-KEPT = {**ARRAYS, SHAPE: np.int32}  # the arrays of columns that keep shape codes
+KEPT = {**ARRAYS, SHAPE: np.int32, **TIMED}  # every array columns may keep
 MAX_THREADS = np.iinfo(np.int16).max
 
 
@@ -192,7 +197,9 @@ def from_trace(trace: Trace) -> ActivityColumns:
         "launch_thread": codes,
     }
     return ActivityColumns(
-        arrays={name: np.asarray(arrays[name]).astype(t) for name, t in KEPT.items()},
+        arrays={
+            name: np.asarray(arrays[name]).astype(t) for name, t in KEPT.items() if name in arrays
+        },
         names=[str(n) for n in names],
         kinds=[str(x) for x in kinds],
         shapes=[(str(g), str(b)) for g, b in shapes],

@@ -36,7 +36,7 @@ from profkit.traces.columns import (
     check_column_span,
     from_trace,
 )
-from profkit.traces.nsys_sqlite import FORMAT, cuda_processes, read_nsys_sqlite
+from profkit.traces.nsys_sqlite import FORMAT, read_nsys_sqlite
 from profkit.traces.nsys_stream import read_nsys_columns, shape_reader
 from profkit.traces.schema import Trace, check_time_span
 
@@ -154,23 +154,6 @@ def _offset(progress: Progress, before: int, total: int) -> Progress:
             progress(min(before + done, total), total, "bytes")
 
     return report
-
-
-def gpu_processes(
-    path: str | os.PathLike[str], nsys: str | os.PathLike[str] | None = None
-) -> int | None:
-    """How many processes ran on a GPU in ``path``, where its metadata says so without
-    reading the trace (an nsys export's CUDA contexts); None where it cannot be known cheaply.
-
-    Lets a caller choose between :func:`load_columns` (one process) and :func:`load_trace`
-    (several) before reading either.
-    """
-    path = _checked(path)
-    if path.name.lower().endswith(NSYS_REPORT_SUFFIXES):
-        path = _export(path, nsys)  # exported once, then reused beside the report
-    if not _head(path).startswith(SQLITE_MAGIC):
-        return None  # a Chrome trace: torch.profiler writes one per process
-    return cuda_processes(path)
 
 
 def _checked(path: str | os.PathLike[str]) -> Path:

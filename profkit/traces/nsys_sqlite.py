@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from profkit.errors import BadInput
-from profkit.files import compression_of, plain_copy
+from profkit.files import plain_copy
 from profkit.sidecar import read_sidecar
 from profkit.traces import _sqlite
 from profkit.traces.nsys_activity import (
@@ -102,32 +102,6 @@ def opened_export(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
             raise BadInput(f"{path}: unexpected values in the export ({detail})") from None
         finally:
             conn.close()
-
-
-def cuda_processes(path: Path) -> int | None:
-    """How many processes hold a CUDA context in the export at ``path`` (one per rank of a
-    ``torchrun`` tree), from a small metadata table, without reading any activity.
-
-    None when that cannot be known cheaply: a compressed export (it would have to be
-    unpacked first), an export without the table (older nsys), or a file SQLite cannot
-    read (the reader then says what is wrong with it).
-    """
-    if compression_of(path) is not None:
-        return None
-    try:
-        conn = _sqlite.open_readonly(path)
-    except BadInput:
-        return None
-    try:
-        columns = _sqlite.table_columns(conn).get(CONTEXTS_TABLE) or []
-        if "processId" not in columns:
-            return None
-        query = f"SELECT count(DISTINCT processId) FROM {CONTEXTS_TABLE}"
-        return int(conn.execute(query).fetchone()[0])
-    except sqlite3.Error:
-        return None
-    finally:
-        conn.close()
 
 
 def _read(conn: sqlite3.Connection, plain: Path, path: Path) -> Trace:

@@ -38,6 +38,7 @@ from profkit.traces.columns import (
     ARRAYS,
     NO_SHAPE,
     SHAPE,
+    TIMED,
     ActivityColumns,
     Progress,
     RowMap,
@@ -63,6 +64,7 @@ from profkit.traces.nsys_activity import (
 )
 from profkit.traces.nsys_ranges import build_ranges, nvtx_rows
 from profkit.traces.nsys_sqlite import (
+    CONTEXTS_TABLE,
     NoKernelsTraced,
     _check_columns,
     _check_nsys,
@@ -156,9 +158,13 @@ class _Builder:
         capacity: int,
         codec: Codec,
         shapes: bool,
+        start_base: int | None = None,
     ) -> None:
         self.conn, self.tables, self.codec = conn, tables, codec
-        kept = {**ARRAYS, SHAPE: np.int32} if shapes else ARRAYS
+        kept = {**ARRAYS, SHAPE: np.int32} if shapes else dict(ARRAYS)
+        if start_base is not None:  # several processes: keep starts and devices (TIMED)
+            kept.update(TIMED)
+        self.start_base = start_base or 0
         self.arrays = {name: np.empty(capacity, dtype=t) for name, t in kept.items()}
         self.rows = 0
         self.name_code: dict[str, int] = {}
@@ -173,6 +179,9 @@ class _Builder:
         rows = slice(self.rows, self.rows + n)
         self.arrays["duration"][rows] = chunk["duration"]
         self.arrays["name"][rows] = self._names(table, chunk)
+        if "start" in self.arrays:
+            self.arrays["start"][rows] = chunk["start"] + self.start_base
+            self.arrays["device"][rows] = chunk["device"]
         if SHAPE in self.arrays:
             self.arrays[SHAPE][rows] = self._shapes(chunk) if table == KERNEL_TABLE else 0
         start, thread = calls.lookup(chunk["key"])
@@ -290,11 +299,14 @@ def _read(
     api = [t for t in API_TABLES if t in tables and "globalTid" in tables[t]]
     bounds = {t: _sqlite.row_bound(conn, t) for t in (*activity, *api)}
     done, total = 0, sum(bounds.values())
-    builder = _Builder(conn, tables, sum(bounds[t] for t in activity), codec, scan_shapes)
+    base = _first_start(conn, api)
+    # Several processes (or not known to be one): ranks need GPU starts and devices.
+    start_base = base if one_process is None else None
+    capacity = sum(bounds[t] for t in activity)
+    builder = _Builder(conn, tables, capacity, codec, scan_shapes, start_base)
     kernel_rows = None if scan_shapes or KERNEL_TABLE not in tables else _RowRuns(conn)
     with _sqlite.ParallelReader(path) as reader:
         nvtx = reader.call(lambda worker: nvtx_rows(worker, tables))
-        base = _first_start(conn, api)
         calls = _Calls(codec.tid0, base, sum(bounds[t] for t in api))
         exprs = _api_exprs(codec, base)
         for table in api:
@@ -310,7 +322,7 @@ def _read(
         calls.seal()
         for table in activity:
             chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
-            activity_exprs = _activity_exprs(codec, tables, table, scan_shapes)
+            activity_exprs = _activity_exprs(codec, tables, table, scan_shapes, start_base)
             stream = reader.stream(conn, table, activity_exprs, chunks=chunks, checked=TIMES)
             for rows, chunk in zip(chunks, stream, strict=True):
                 builder.add(table, chunk, calls)
@@ -461,7 +473,7 @@ def _single_cuda_process(
     process of each; when they are all one process, the activities' keys need no process
     bits (the API calls are then filtered to that process).
     """
-    table = "TARGET_INFO_CUDA_CONTEXT_INFO"
+    table = CONTEXTS_TABLE
     if not codec.use_pid or "processId" not in tables.get(table, []):
         return None
     found = conn.execute(f"SELECT DISTINCT processId FROM {table}").fetchall()
@@ -471,11 +483,14 @@ def _single_cuda_process(
 
 
 def _activity_exprs(
-    codec: Codec, tables: dict[str, list[str]], table: str, shapes: bool
+    codec: Codec, tables: dict[str, list[str]], table: str, shapes: bool, start_base: int | None
 ) -> dict[str, str]:
     common = codec.common()
-    # No start times: the report needs durations (and launch times, from the API calls).
+    # No start times for one process: its report needs durations (and launch times, from
+    # the API calls). Several processes' ranks need them, as offsets (fewer digits).
     exprs = {"duration": common["duration"], "key": common["key"]}
+    if start_base is not None:
+        exprs.update(start=f"start - {start_base}", device="deviceId")
     cols = tables[table]
     if table == KERNEL_TABLE:
         name_col = next(c for c in ("demangledName", "name", "mangledName") if c in cols)

@@ -1,0 +1,209 @@
+"""NCCL time and overlap per rank, and each rank's steps, from compact columns.
+
+The rules of :mod:`.comm` and :mod:`.steps`, without a per-activity frame:
+
+- NCCL kernels are few: the first pass over the chunks (:func:`.stream_rank_sums.
+  add_up_ranks`) keeps them whole. Compute kernels are most of a trace, but only those
+  that intersect the union of their rank's NCCL intervals on their GPU change the overlap,
+  so :func:`second_pass` keeps only those (one binary search per kernel);
+  :func:`.comm.comm_stats_of` then measures the few it got.
+- A rank's steps: per (rank, step) the first start and last end of its activities, added
+  up chunk by chunk into a dense table (steps are few); the NCCL waits
+  (:func:`.steps.nccl_waits`) need only the NCCL kernels. :class:`ColumnSteps` is a
+  :class:`~.steps.RankSteps` holding those kernels, its step table already made, and the
+  kernels of one step read from the columns when a picture asks for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from profkit.analysis import stream_tables as tables
+from profkit.analysis.comm import CommStats, Intervals, comm_stats_of
+from profkit.analysis.intervals import union
+from profkit.analysis.steps import NS_PER_MS, RankSteps
+from profkit.traces.columns import ActivityColumns
+
+Unions = dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass
+class ColumnSteps(RankSteps):
+    """A rank's steps: ``step`` ... ``is_kernel`` hold its NCCL kernels only (what
+    :func:`.steps.nccl_waits` reads); the step table is made already."""
+
+    made: pd.DataFrame = field(default_factory=pd.DataFrame)
+    read_kernels: Callable[[int], pd.DataFrame] | None = None
+
+    def table(self) -> pd.DataFrame:
+        return self.made
+
+    def kernels_of(self, step: int) -> pd.DataFrame:
+        if self.read_kernels is None:
+            return super().kernels_of(step)
+        return self.read_kernels(step)
+
+
+def nccl_unions(nccl: dict[str, np.ndarray]) -> Unions:
+    """Per (rank, device): the union of the selected NCCL kernels' intervals."""
+    out: Unions = {}
+    chosen = nccl["selected"]
+    rank, device = nccl["rank"][chosen], nccl["device"][chosen]
+    start = nccl["start"][chosen]
+    end = start + nccl["duration"][chosen]
+    for r, d in sorted(set(zip(rank.tolist(), device.tolist(), strict=True))):
+        mine = (rank == r) & (device == d)
+        out[(r, d)] = union(start[mine], end[mine])
+    return out
+
+
+@dataclass
+class SecondPass:
+    """What the second pass found: compute kernels meeting the NCCL unions, per rank, as
+    (start, end, device) parts; per (rank, step) cell the span and activity count."""
+
+    compute: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]
+    span_start: np.ndarray
+    span_end: np.ndarray
+    count: np.ndarray
+
+
+def second_pass(
+    cols: ActivityColumns,
+    rank: np.ndarray,
+    selected: np.ndarray,
+    compute_name: np.ndarray,
+    unions: Unions,
+    starts: list[np.ndarray],
+) -> SecondPass:
+    """One pass over the chunks: the compute kernels that can overlap NCCL (``selected``:
+    the group code of each activity, -1 when not selected; ``compute_name`` per name code),
+    and the steps' spans (every activity)."""
+    offset = np.concatenate([[0], np.cumsum([len(s) for s in starts])]).astype(np.int64)
+    cells = int(offset[-1])
+    found = SecondPass({}, np.full(cells, np.iinfo(np.int64).max, np.int64),
+                       np.full(cells, np.iinfo(np.int64).min, np.int64), np.zeros(cells, np.int64))  # fmt: skip
+    a = cols.arrays
+    for lo in range(0, len(cols), tables.CHUNK):
+        hi = min(lo + tables.CHUNK, len(cols))
+        r = rank[lo:hi].astype(np.int64)
+        start = a["start"][lo:hi]
+        end = start + a["duration"][lo:hi]
+        launch = a["launch_start"][lo:hi]
+        cell = step_cells(r, np.where(launch >= 0, launch, start), starts, offset)
+        inside = cell >= 0
+        found.count += np.bincount(cell[inside], minlength=cells)
+        np.minimum.at(found.span_start, cell[inside], start[inside])
+        np.maximum.at(found.span_end, cell[inside], end[inside])
+        compute = (selected[lo:hi] >= 0) & compute_name[a["name"][lo:hi]]
+        device = a["device"][lo:hi]
+        for (rr, d), (u_start, u_end) in unions.items():
+            mine = np.flatnonzero(compute & (r == rr) & (device == d))
+            s, e = start[mine], end[mine]
+            j = np.searchsorted(u_start, e, side="left") - 1
+            meets = (j >= 0) & (u_end[np.maximum(j, 0)] > s)
+            device_of = np.full(int(meets.sum()), d, dtype=np.int64)
+            found.compute.setdefault(rr, []).append((s[meets], e[meets], device_of))
+    return found
+
+
+def step_cells(
+    rank: np.ndarray, point: np.ndarray, starts: list[np.ndarray], offset: np.ndarray
+) -> np.ndarray:
+    """Per activity: its (rank, step) cell (``offset[rank] + step``), -1 before the first
+    step (an activity's step: the last step start at or before ``point``)."""
+    cell = np.full(len(rank), -1, dtype=np.int64)
+    for r, s in enumerate(starts):
+        mine = np.flatnonzero(rank == r)
+        step = np.searchsorted(s, point[mine], side="right") - 1
+        cell[mine] = np.where(step >= 0, offset[r] + step, -1)
+    return cell
+
+
+def rank_comm(
+    nccl: dict[str, np.ndarray], r: int, found: SecondPass, names: np.ndarray
+) -> CommStats:
+    """:func:`.comm.comm_stats_of` of rank ``r``'s selected NCCL kernels and the compute
+    kernels that met them."""
+    mine = nccl["selected"] & (nccl["rank"] == r)
+    n_start = nccl["start"][mine]
+    parts = found.compute.get(r, [])
+    c_start = np.concatenate([np.zeros(0, np.int64)] + [p[0] for p in parts])
+    c_end = np.concatenate([np.zeros(0, np.int64)] + [p[1] for p in parts])
+    c_device = np.concatenate([np.zeros(0, np.int64)] + [p[2] for p in parts])
+    intervals = Intervals(
+        np.concatenate([n_start, c_start]),
+        np.concatenate([n_start + nccl["duration"][mine], c_end]),
+        np.concatenate([nccl["device"][mine], c_device]),
+    )
+    is_nccl = np.arange(len(intervals.start)) < len(n_start)
+    kernel = np.ones(len(is_nccl), dtype=bool)
+    return comm_stats_of(intervals, kernel, is_nccl, names[nccl["name"][mine]])
+
+
+def rank_steps(
+    r: int,
+    nccl: dict[str, np.ndarray],
+    found: SecondPass,
+    starts: list[np.ndarray],
+    read_kernels: Callable[[int], pd.DataFrame],
+) -> ColumnSteps:
+    """Rank ``r``'s :class:`ColumnSteps`: its step table (the rows of ``RankSteps.table``)
+    and its NCCL kernels with their steps."""
+    offset = int(sum(len(s) for s in starts[:r]))
+    cells = slice(offset, offset + len(starts[r]))
+    mine = nccl["rank"] == r
+    start, duration = nccl["start"][mine], nccl["duration"][mine]
+    launch = nccl["launch"][mine]
+    step = np.searchsorted(starts[r], np.where(launch >= 0, launch, start), side="right") - 1
+    present = np.flatnonzero(found.count[cells] > 0)
+    nccl_ns = np.bincount(step[step >= 0], weights=duration[step >= 0], minlength=len(starts[r]))
+    made = pd.DataFrame(
+        {
+            "step": present.astype(np.int64),
+            "start": found.span_start[cells][present],
+            "end": found.span_end[cells][present],
+            "nccl_ms": nccl_ns[present].astype(np.int64) / NS_PER_MS,
+        }
+    ).assign(rank=r)
+    every = np.ones(len(step), dtype=bool)
+    return ColumnSteps(r, step, start, start + duration, every, every, made, read_kernels)
+
+
+def kernels_reader(
+    cols: ActivityColumns,
+    rank: np.ndarray,
+    r: int,
+    starts: np.ndarray,
+    kernel_name: np.ndarray,
+    nccl_name: np.ndarray,
+) -> Callable[[int], pd.DataFrame]:
+    """``read(step)``: ``start``, ``end`` and ``nccl`` of rank ``r``'s kernels in a step."""
+
+    def read(step: int) -> pd.DataFrame:
+        parts = []
+        a = cols.arrays
+        for lo in range(0, len(cols), tables.CHUNK):
+            hi = min(lo + tables.CHUNK, len(cols))
+            start = a["start"][lo:hi]
+            launch = a["launch_start"][lo:hi]
+            point = np.where(launch >= 0, launch, start)
+            in_step = np.searchsorted(starts, point, side="right") - 1 == step
+            name = a["name"][lo:hi]
+            rows = np.flatnonzero(in_step & (rank[lo:hi] == r) & kernel_name[name])
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "start": start[rows],
+                        "end": start[rows] + a["duration"][lo:hi][rows],
+                        "nccl": nccl_name[name[rows]],
+                    }
+                )
+            )
+        return pd.concat(parts, ignore_index=True)
+
+    return read

@@ -1,0 +1,250 @@
+"""What the per-rank reports of a multi-process trace add up to, from compact columns.
+
+:func:`add_up_ranks` is :func:`.stream_sums.add_up` with a rank dimension, in the same one
+pass over the chunks: per (rank, phase, category) counts and ns, the notes' counts per
+rank, the slot sums (a slot lies on one thread, so on one rank: a rank's range totals are
+the whole trace's rows of its ranges), the NCCL kernels (few), and one int64 key per
+selected activity, ``(rank, name, phase) << 40 | duration``. Phases keep the whole
+trace's codes here; :mod:`.stream_ranks` renumbers them per rank.
+
+:func:`kernel_statistics` sorts those keys once and derives the four tables a ranked
+report needs, each by mapping the sorted keys and sorting them again with
+``kind="stable"`` (numpy's timsort merges the runs the first sort left: a fraction of a
+quicksort): per (rank, name, phase), per (rank, name), per (name, phase), per name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.analysis import stream_tables as tables
+from profkit.analysis.categories import CATEGORIES
+from profkit.analysis.stream_attribution import Plan
+from profkit.analysis.stream_sums import QUANTITIES, _add_points, add_sums, name_codes
+from profkit.analysis.tables import NS_PER_MS, NS_PER_US
+from profkit.errors import BadInput
+from profkit.traces.columns import ActivityColumns
+from profkit.traces.schema import KINDS
+
+BITS, MASK = tables.DURATION_BITS, tables.DURATION_MASK
+MAX_GROUPS = 1 << (63 - BITS)  # (rank, name, phase) codes that fit beside a duration
+KERNEL = KINDS.index("kernel")
+
+
+@dataclass
+class RankSelection:
+    """Which activities the tables count: per rank the phase code chosen (``--phase``; -1:
+    none of its activities), and per slot whether it lies in a chosen range (``--range``)."""
+
+    phase_of_rank: np.ndarray | None = None
+    inside: np.ndarray | None = None
+
+    def of(self, rank: np.ndarray, att: Mapping[str, np.ndarray], lo: int, hi: int) -> np.ndarray:
+        keep = np.ones(hi - lo, dtype=bool)
+        if self.phase_of_rank is not None:
+            keep &= att["phase"][lo:hi] == self.phase_of_rank[rank]
+        if self.inside is not None:
+            keep &= self.inside[att["self_slot"][lo:hi]] | self.inside[att["owner_slot"][lo:hi]]
+        return keep
+
+
+@dataclass
+class RankSums:
+    """Per rank, in the whole trace's phase codes, what the selected activities add up to."""
+
+    by_phase_category: np.ndarray  # (ranks, phases × categories, QUANTITIES)
+    by_slot: np.ndarray  # (slots, QUANTITIES), every rank's points
+    moved: np.ndarray  # (ranks, phases)
+    same: np.ndarray  # (ranks, phases, phases)
+    unlaunched: np.ndarray  # (ranks, phases)
+    workers: np.ndarray  # (phases, thread codes)
+    seen: np.ndarray  # (ranks, phases): every activity, selected or not
+    group: np.ndarray  # per activity: its (rank, name, phase) code, -1 when not selected
+    keys: np.ndarray  # sorted ``group << 40 | duration`` of the selected activities
+    nccl: dict[str, np.ndarray]  # every NCCL kernel: row, rank, start, duration, device, ...
+
+
+def add_up_ranks(
+    cols: ActivityColumns,
+    plan: Plan,
+    att: Mapping[str, np.ndarray],
+    rank: np.ndarray,
+    n_ranks: int,
+    nccl_name: np.ndarray,
+    selection: RankSelection,
+) -> RankSums:
+    """One pass over the chunks (see the module doc); ``rank`` per activity,
+    ``nccl_name`` per name code (an NCCL kernel's)."""
+    n_phases, n_names, n_cat = len(plan.phase_names), len(cols.names), len(CATEGORIES)
+    if n_ranks * n_names * n_phases >= MAX_GROUPS:
+        raise BadInput("too many (rank, kernel name, phase) groups for one report")
+    sums = RankSums(
+        by_phase_category=np.zeros((n_ranks * n_phases * n_cat, len(QUANTITIES)), np.int64),
+        by_slot=np.zeros((len(plan.bounds) + 1, len(QUANTITIES)), np.int64),
+        moved=np.zeros(n_ranks * n_phases, np.int64),
+        same=np.zeros(n_ranks * n_phases * n_phases, np.int64),
+        unlaunched=np.zeros(n_ranks * n_phases, np.int64),
+        workers=np.zeros((n_phases, len(cols.threads)), dtype=bool),
+        seen=np.zeros(n_ranks * n_phases, np.int64),
+        group=np.full(len(cols), -1, dtype=np.int32),
+        keys=np.empty(len(cols), dtype=np.int64),
+        nccl={},
+    )
+    name_kind, name_category = name_codes(cols)
+    at, nccl_parts = 0, []
+    for lo in range(0, len(cols), tables.CHUNK):
+        hi = min(lo + tables.CHUNK, len(cols))
+        r = rank[lo:hi].astype(np.int64)
+        phase = att["phase"][lo:hi].astype(np.int64)
+        rank_phase = r * n_phases + phase
+        sums.seen += np.bincount(rank_phase, minlength=len(sums.seen))
+        keep = selection.of(r, att, lo, hi)
+        name = cols.arrays["name"][lo:hi]
+        nccl_parts.append(_nccl_rows(cols, lo, hi, r, keep, nccl_name[name]))
+        c = {"rank_phase": rank_phase[keep], "same": att["same"][lo:hi][keep],
+             "self_slot": att["self_slot"][lo:hi][keep],
+             "owner_slot": att["owner_slot"][lo:hi][keep], "name": name[keep],
+             "code": cols.arrays["launch_thread"][lo:hi][keep],
+             "duration": cols.arrays["duration"][lo:hi][keep]}  # fmt: skip
+        _add_chunk(sums, c, name_kind[c["name"]], name_category[c["name"]], n_phases)
+        group = (r[keep] * n_names + c["name"]) * n_phases + phase[keep]
+        sums.group[lo:hi][keep] = group
+        duration = c["duration"].clip(min=0)
+        if len(duration) and duration.max() > MASK:
+            raise BadInput("an activity lasts over 18 minutes: not a trace profkit can read")
+        sums.keys[at : at + len(group)] = (group << BITS) | duration
+        at += len(group)
+    sums.keys = sums.keys[:at]
+    sums.keys.sort()
+    sums.nccl = {k: np.concatenate([p[k] for p in nccl_parts]) for k in nccl_parts[0]}
+    return sums
+
+
+def _add_chunk(
+    sums: RankSums, c: dict[str, np.ndarray], kind: np.ndarray, category: np.ndarray, n: int
+) -> None:
+    rank_phase, phase = c["rank_phase"], c["rank_phase"] % n
+    duration = c["duration"].clip(min=0).astype(np.float64)
+    add_sums(sums.by_phase_category, rank_phase * len(CATEGORIES) + category, kind, duration)
+    for slot in (c["self_slot"], c["owner_slot"]):
+        point = slot >= 0
+        _add_points(sums.by_slot, slot[point], c["code"][point], kind[point], duration[point])
+    moved = (c["owner_slot"] >= 0) & (phase != n - 1)
+    sums.moved += np.bincount(rank_phase[moved], minlength=len(sums.moved))
+    sums.same += np.bincount(rank_phase * n + c["same"], minlength=len(sums.same))
+    sums.unlaunched += np.bincount(rank_phase[c["code"] < 0], minlength=len(sums.unlaunched))
+    sums.workers[phase[moved], c["code"][moved]] = True  # moved ones have a launch call
+
+
+def _nccl_rows(
+    cols: ActivityColumns, lo: int, hi: int, rank: np.ndarray, keep: np.ndarray, nccl: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The chunk's NCCL kernels: row, rank, start, duration, device, launch, name, selected."""
+    rows = np.flatnonzero(nccl)
+    a = cols.arrays
+    return {
+        "row": rows + lo,
+        "rank": rank[rows],
+        "start": a["start"][lo:hi][rows],
+        "duration": a["duration"][lo:hi][rows],
+        "device": a["device"][lo:hi][rows].astype(np.int64),
+        "launch": a["launch_start"][lo:hi][rows],
+        "name": a["name"][lo:hi][rows],
+        "selected": keep[rows],
+    }
+
+
+@dataclass
+class Stats:
+    """Duration statistics of groups (codes, ascending), and each group's longest duration."""
+
+    group: np.ndarray
+    frame: pd.DataFrame  # stream_tables.STAT_COLUMNS but name, phase, grid, block
+    high: np.ndarray
+
+
+def _stats(keys: np.ndarray) -> Stats:
+    """What :func:`.stream_tables.kernel_stats` computes per group, from sorted keys."""
+    first = tables._runs(keys)
+    group = keys[first] >> BITS
+    count = np.diff(np.append(first, len(keys)))
+    low = keys[first] & MASK
+    high = keys[first + count - 1] & MASK
+    median = ((keys[first + (count - 1) // 2] & MASK) + (keys[first + count // 2] & MASK)) / 2
+    total, squares = tables._sums(keys, first, count)
+    std = np.where(count > 1, np.sqrt(np.maximum(squares, 0) / np.maximum(count - 1, 1)), 0.0)
+    frame = pd.DataFrame(
+        {
+            "instances": count.astype(np.int64),
+            "total_ms": total / NS_PER_MS,
+            "avg_us": total / count / NS_PER_US,
+            "med_us": median / NS_PER_US,
+            "min_us": low / NS_PER_US,
+            "max_us": high / NS_PER_US,
+            "std_us": std / NS_PER_US,
+        }
+    )
+    return Stats(group, frame, high)
+
+
+def _regrouped(keys: np.ndarray, to: Any) -> np.ndarray:
+    """The keys with each group code mapped by ``to``, sorted again (runs merged)."""
+    out = np.empty_like(keys)
+    for lo in range(0, len(keys), tables.CHUNK):
+        part = keys[lo : lo + tables.CHUNK]
+        out[lo : lo + len(part)] = (to(part >> BITS) << BITS) | (part & MASK)
+    out.sort(kind="stable")
+    return out
+
+
+@dataclass
+class KernelStatistics:
+    """The four statistics tables, with group codes: ``rank_phase`` (rank, name, phase),
+    ``rank_name`` (rank, name), ``name_phase`` (name, phase), ``name`` (name)."""
+
+    rank_phase: Stats
+    rank_name: Stats
+    name_phase: Stats
+    name: Stats
+
+
+def kernel_statistics(keys: np.ndarray, n_names: int, n_phases: int) -> KernelStatistics:
+    """Statistics per (rank, name, phase), per (rank, name), per (name, phase) and per
+    name, from the sorted (rank, name, phase) keys (see the module doc)."""
+    fine = _stats(keys)
+    by_rank_name = _stats(_regrouped(keys, lambda g: g // n_phases))
+    name_phase_keys = _regrouped(keys, lambda g: g % (n_names * n_phases))
+    del keys
+    by_name_phase = _stats(name_phase_keys)
+    by_name = _stats(_regrouped(name_phase_keys, lambda g: g // n_phases))
+    return KernelStatistics(fine, by_rank_name, by_name_phase, by_name)
+
+
+def first_longest(cols: ActivityColumns, group: np.ndarray, fine: Stats, size: int) -> np.ndarray:
+    """Per fine group (``fine.group`` order): the index of its first activity (in trace
+    order) with the group's longest duration; one pass over the chunks."""
+    longest_of = np.full(size, -1, dtype=np.int64)
+    longest_of[fine.group] = fine.high
+    first_hit = np.full(size, len(cols), dtype=np.int64)
+    for lo in range(0, len(cols), tables.CHUNK):
+        g = group[lo : lo + tables.CHUNK].astype(np.int64)
+        rows = np.flatnonzero(g >= 0)
+        duration = cols.arrays["duration"][lo : lo + tables.CHUNK][rows].clip(min=0)
+        hit = duration == longest_of[g[rows]]
+        np.minimum.at(first_hit, g[rows][hit], lo + rows[hit])
+    return first_hit[fine.group]
+
+
+def coarse_longest(fine: Stats, first: np.ndarray, coarse: Stats, to: Any) -> np.ndarray:
+    """Per coarse group: the first of its fine groups' longest activities that are as long
+    as the coarse group's longest (its first longest activity in trace order)."""
+    index = np.searchsorted(coarse.group, to(fine.group))
+    candidate = fine.high == coarse.high[index]
+    best = np.full(len(coarse.group), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(best, index[candidate], first[candidate])
+    return best

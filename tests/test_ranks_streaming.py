@@ -1,0 +1,190 @@
+"""A multi-process nsys export read as compact columns gives the full tables' ranked report.
+
+``profkit kernels`` analyses a multi-process export whose phases are annotated from its
+columns (``analysis.stream_ranks``); the full-table path (``load_trace`` +
+``analyze_ranks``) stays for everything else. Checked here on the real 2-rank DDP export
+and on it replicated three times: every table of the whole trace and of each rank, the
+notes, the source, the NCCL statistics (exact), the steps across ranks (exact), and the
+JSON (floats to 1e-12 relative, as the one-process streaming path is held to against
+``analyze()``); and the CLI's table, markdown and JSON outputs of both paths.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import lzma
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from report_checks import assert_same_report
+from typer.testing import CliRunner
+
+import profkit.analysis as analysis
+from profkit.analysis import analyze_any
+from profkit.analysis.ranks import RankedReport
+from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
+from profkit.cli import app
+from profkit.errors import BadInput
+from profkit.traces import load_trace
+from profkit.traces.nsys_stream import read_nsys_columns
+
+DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).resolve().parents[1]
+NSYS = DATA / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz"
+OPTIONS = [
+    {},
+    {"phase": "backward"},
+    {"phase": "FORWARD"},
+    {"range": "computing softmax"},
+    {"top": 0},
+    {"rank": 1},
+    {"rank": 0, "phase": "optimizer"},
+    {"rank": 1, "range": "final matmul", "top": 3},
+]
+ERRORS = [{"phase": "nope"}, {"range": "nope"}, {"rank": 5}, {"top": -1}]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("ranks-streaming")
+    plain = folder / NSYS.name.removesuffix(".xz")
+    plain.write_bytes(lzma.decompress(NSYS.read_bytes()))
+    spec = importlib.util.spec_from_file_location(
+        "kernels_scale", ROOT / "benchmarks" / "kernels_scale.py"
+    )
+    assert spec and spec.loader
+    scale = importlib.util.module_from_spec(spec)
+    sys.modules["kernels_scale"] = scale
+    spec.loader.exec_module(scale)
+    replicated = folder / "ranks2-x3.sqlite"
+    scale.build(NSYS, 3, replicated)
+    return {"x1": plain, "x3": replicated}
+
+
+def _close(a: Any, b: Any, where: str = "") -> None:
+    """JSON values equal, floats to 1e-12 relative (std is summed in another order)."""
+    if isinstance(b, dict):
+        assert isinstance(a, dict) and list(a) == list(b), where
+        for key in b:
+            _close(a[key], b[key], f"{where}.{key}")
+    elif isinstance(b, list):
+        assert isinstance(a, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(b, float) and not isinstance(a, bool):
+        assert isinstance(a, float) and math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15), where
+    else:
+        assert a == b and type(a) is type(b), where
+
+
+def _streamed(path: Path, options: dict[str, Any]) -> RankedReport:
+    cols = read_nsys_columns(path)
+    layout = ranks_of(cols)
+    assert layout is not None
+    return analyze_rank_columns(
+        cols,
+        layout,
+        options.get("top", 20),
+        options.get("phase"),
+        options.get("range"),
+        options.get("rank"),
+    )
+
+
+@pytest.mark.parametrize("which", ["x1", "x3"])
+@pytest.mark.parametrize(
+    "options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "all"
+)
+def test_columns_give_the_full_tables_report(
+    exports: dict[str, Path], which: str, options: dict[str, Any]
+) -> None:
+    path = exports[which]
+    want = analyze_any(load_trace(path), **options)
+    got = _streamed(path, options)
+    assert isinstance(want, RankedReport)
+    assert_same_report(got, want)
+    assert [e.info for e in got.ranks] == [e.info for e in want.ranks]
+    for mine, theirs in zip(got.ranks, want.ranks, strict=True):
+        assert_same_report(mine.report, theirs.report)
+        assert mine.comm.to_json() == theirs.comm.to_json()  # integer ns: exact
+        assert mine.totals == theirs.totals
+    pd.testing.assert_frame_equal(got.steps, want.steps, check_exact=True)
+    assert got.world_size == want.world_size
+    _close(got.to_json(), want.to_json())
+
+
+@pytest.mark.parametrize("options", ERRORS, ids=lambda o: ",".join(o))
+def test_bad_options_say_what_the_full_tables_say(
+    exports: dict[str, Path], options: dict[str, Any]
+) -> None:
+    with pytest.raises(BadInput) as want:
+        analyze_any(load_trace(exports["x1"]), **options)
+    with pytest.raises(BadInput) as got:
+        _streamed(exports["x1"], options)
+    assert str(got.value) == str(want.value)
+
+
+def test_the_ranks_columns_and_the_numbers(exports: dict[str, Path]) -> None:
+    """The rank numbering, and numbers counted here by plain SQL."""
+    import sqlite3
+
+    cols = read_nsys_columns(exports["x1"])
+    layout = ranks_of(cols)
+    assert layout is not None
+    assert [(i["rank"], i["device"]) for i in layout.info] == [(0, 0), (1, 1)]
+    conn = sqlite3.connect(exports["x1"])
+    per_device = dict(
+        conn.execute(
+            "SELECT deviceId, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY deviceId"
+        ).fetchall()
+    )
+    pids = dict(
+        conn.execute("SELECT DISTINCT deviceId, processId FROM TARGET_INFO_CUDA_CONTEXT_INFO")
+    )
+    conn.close()
+    report = _streamed(exports["x1"], {})
+    for entry in report.ranks:
+        assert entry.totals["kernels"] == per_device[entry.info["device"]]
+        assert entry.info["pid"] == pids[entry.info["device"]]
+
+
+def test_the_command_streams_and_prints_what_the_full_tables_print(
+    exports: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = CliRunner()
+    path = str(exports["x1"])
+    argvs = [
+        ["--format", "json"],
+        ["--format", "md"],
+        ["--format", "table", "--rank", "1", "--phase", "backward"],
+        ["--format", "csv", "--range", "computing softmax", "--top", "0"],
+    ]
+
+    def run(argv: list[str]) -> str:
+        result = runner.invoke(app, ["kernels", path, "--no-cache", *argv])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    def unread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the streaming path read the full tables")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("profkit.traces.load_trace", unread)
+        streamed = [run(argv) for argv in argvs]
+    monkeypatch.setattr(analysis, "_ranks_streamed", lambda *args: None)
+    full = [run(argv) for argv in argvs]
+    _close(json.loads(streamed[0]), json.loads(full[0]))
+    for mine, theirs in zip(streamed[1:], full[1:], strict=True):
+        assert _rounded(mine) == _rounded(theirs)
+
+
+def _rounded(text: str) -> str:
+    """Text tables with numbers to 9 significant digits (std's last ulps may differ)."""
+    import re
+
+    return re.sub(r"\d+\.\d+(?:e[-+]\d+)?", lambda m: f"{float(m.group()):.9g}", text)
