@@ -25,6 +25,7 @@ import numpy as np
 
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import UNATTRIBUTED, _outermost, _owners, phase_intervals
+from profkit.analysis.chunked import map_chunks
 from profkit.analysis.intervals import PROCESS_SHIFT, Lanes, stab
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns, Derived
@@ -190,8 +191,8 @@ def _attribute(cols: ActivityColumns, plan: Plan) -> dict[str, np.ndarray]:
     last = len(plan.phase_names) - 1
     lane, owner_lane, cross_of = _thread_tables(cols, plan)
     span, base = plan.lanes.span, plan.lanes.base
-    for lo in range(0, len(cols), tables.CHUNK):
-        hi = min(lo + tables.CHUNK, len(cols))
+
+    def chunk(lo: int, hi: int) -> None:  # writes rows lo..hi of ``out`` only
         launch = cols.arrays["launch_start"][lo:hi]
         rows = np.flatnonzero(launch >= 0)
         code = cols.arrays["launch_thread"][lo:hi][rows]  # -1 (unknown) indexes the last entry
@@ -208,6 +209,9 @@ def _attribute(cols: ActivityColumns, plan: Plan) -> dict[str, np.ndarray]:
         out["same"][lo:hi] = same
         out["self_slot"][lo + rows] = plan.slot(self_keys)
         out["owner_slot"][lo + cross_rows] = plan.slot(owner_keys)
+
+    for _ in map_chunks(chunk, len(cols), tables.CHUNK):
+        pass
     return out
 
 

@@ -22,6 +22,7 @@ import pandas as pd
 
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.categories import CATEGORIES
+from profkit.analysis.chunked import map_chunks
 from profkit.analysis.report import _category
 from profkit.analysis.stream_attribution import Plan
 from profkit.traces.columns import ActivityColumns, Derived
@@ -164,43 +165,79 @@ def add_up(
     name_kind, name_category = name_codes(cols)
     filtered = selection.phase is not None or selection.inside is not None
     selected_phase = np.full(len(cols), -1, dtype=np.int16) if filtered else att["phase"]
-    for lo in range(0, len(cols), tables.CHUNK):
-        hi = min(lo + tables.CHUNK, len(cols))
+
+    def chunk(lo: int, hi: int) -> _Part:  # writes rows lo..hi of ``selected_phase`` only
         keep = selection.of(att, lo, hi)
         phase = att["phase"][lo:hi]
-        sums.unattributed_seen |= bool((phase == last).any())
-        chunk = {"phase": phase, "same": att["same"][lo:hi], "self_slot": att["self_slot"][lo:hi],
-                 "owner_slot": att["owner_slot"][lo:hi], "name": cols.arrays["name"][lo:hi],
-                 "code": cols.arrays["launch_thread"][lo:hi],
-                 "duration": cols.arrays["duration"][lo:hi]}  # fmt: skip
+        c = {"phase": phase, "same": att["same"][lo:hi], "self_slot": att["self_slot"][lo:hi],
+             "owner_slot": att["owner_slot"][lo:hi], "name": cols.arrays["name"][lo:hi],
+             "code": cols.arrays["launch_thread"][lo:hi],
+             "duration": cols.arrays["duration"][lo:hi]}  # fmt: skip
         if keep is not None:
             selected_phase[lo:hi][keep] = phase[keep]
-            chunk = {name: values[keep] for name, values in chunk.items()}
-        _add_chunk(sums, chunk, name_kind[chunk["name"]], name_category[chunk["name"]], last)
+            c = {name: values[keep] for name, values in c.items()}
+        part = _part(c, name_kind[c["name"]], name_category[c["name"]], plan, len(cols.threads))
+        part.unattributed_seen = bool((phase == last).any())  # selected or not
+        return part
+
+    for part in map_chunks(chunk, len(cols), tables.CHUNK):
+        part.add_to(sums)
     sums.per_phase, sums.overall = tables.kernel_stats(cols, selected_phase, n_phases)
     return sums
 
 
-def _add_chunk(
-    sums: Sums, c: dict[str, np.ndarray], kind: np.ndarray, category: np.ndarray, last: int
-) -> None:
-    n_phases = len(sums.moved)
+@dataclass
+class _Part:
+    """One chunk's share of :class:`Sums` (its slot sums as windows of slots)."""
+
+    by_phase_category: np.ndarray
+    windows: list[tuple[int, np.ndarray]]  # (first slot, sums of the slots from it on)
+    one_phase_per_slot: bool  # whether its points agree with ``Plan.slot_phase``
+    moved: np.ndarray
+    same: np.ndarray
+    unlaunched: np.ndarray
+    workers: np.ndarray  # (phase, thread code) pairs, as phase * threads + code
+    unattributed_seen: bool = False
+
+    def add_to(self, sums: Sums) -> None:
+        sums.by_phase_category += self.by_phase_category
+        for low, window in self.windows:
+            sums.by_slot[low : low + len(window)] += window
+        if not self.one_phase_per_slot:
+            sums.slot_phase = None  # another process's points: no per-phase slot sums
+        sums.moved += self.moved
+        sums.same += self.same
+        sums.unlaunched += self.unlaunched
+        sums.workers.reshape(-1)[self.workers] = True
+        sums.unattributed_seen |= self.unattributed_seen
+
+
+def _part(
+    c: dict[str, np.ndarray], kind: np.ndarray, category: np.ndarray, plan: Plan, threads: int
+) -> _Part:
+    n_phases, last = len(plan.phase_names), len(plan.phase_names) - 1
     duration = c["duration"].clip(min=0).astype(np.float64)
     phase = c["phase"].astype(np.int64)
-    add_sums(sums.by_phase_category, phase * len(CATEGORIES) + category, kind, duration)
+    by_phase_category = np.zeros((n_phases * len(CATEGORIES), len(QUANTITIES)), np.int64)
+    add_sums(by_phase_category, phase * len(CATEGORIES) + category, kind, duration)
+    windows, agrees = [], True
     for slot in (c["self_slot"], c["owner_slot"]):
         point = slot >= 0
-        _add_points(sums.by_slot, slot[point], c["code"][point], kind[point], duration[point])
-        if sums.slot_phase is not None and (sums.slot_phase[slot[point]] != phase[point]).any():
-            sums.slot_phase = None  # another process's points: no per-phase slot sums
+        windows += _point_windows(slot[point], c["code"][point], kind[point], duration[point])
+        if plan.slot_phase is not None and (plan.slot_phase[slot[point]] != phase[point]).any():
+            agrees = False
     moved = (c["owner_slot"] >= 0) & (phase != last)
-    sums.moved += np.bincount(phase[moved], minlength=n_phases)
-    sums.same += np.bincount(phase * n_phases + c["same"], minlength=n_phases**2).reshape(
-        n_phases, n_phases
-    )
     unlaunched = c["code"] < 0
-    sums.unlaunched += np.bincount(phase[unlaunched], minlength=n_phases)
-    sums.workers[phase[moved], c["code"][moved]] = True  # moved ones have a launch call
+    same = np.bincount(phase * n_phases + c["same"], minlength=n_phases**2)
+    return _Part(
+        by_phase_category=by_phase_category,
+        windows=windows,
+        one_phase_per_slot=agrees,
+        moved=np.bincount(phase[moved], minlength=n_phases),
+        same=same.reshape(n_phases, n_phases),
+        unlaunched=np.bincount(phase[unlaunched], minlength=n_phases),
+        workers=np.unique(phase[moved] * threads + c["code"][moved]),  # moved: launched
+    )
 
 
 def name_codes(cols: ActivityColumns) -> tuple[np.ndarray, np.ndarray]:
@@ -230,12 +267,24 @@ def add_sums(into: np.ndarray, key: np.ndarray, kind: np.ndarray, duration: np.n
 def _add_points(
     by_slot: np.ndarray, slot: np.ndarray, code: np.ndarray, kind: np.ndarray, duration: np.ndarray
 ) -> None:
-    """:func:`add_sums` into the slots, one launching thread at a time: a chunk's points of
-    one thread lie on one lane, close in time, so in a narrow window of slots (a bincount
-    over every slot per chunk would cost chunks × slots)."""
+    """:func:`add_sums` into the slots (see :func:`_point_windows`)."""
+    for low, window in _point_windows(slot, code, kind, duration):
+        by_slot[low : low + len(window)] += window
+
+
+def _point_windows(
+    slot: np.ndarray, code: np.ndarray, kind: np.ndarray, duration: np.ndarray
+) -> list[tuple[int, np.ndarray]]:
+    """The points' sums in windows of slots, one launching thread at a time: a chunk's
+    points of one thread lie on one lane, close in time, so in a narrow window of slots (a
+    bincount over every slot per chunk would cost chunks × slots)."""
+    windows = []
     present = np.flatnonzero(np.bincount(code.astype(np.int64) + 1)) - 1
     for thread in present.tolist():
         mine = code == thread if len(present) > 1 else slice(None)
         s = slot[mine].astype(np.int64)
         low, high = int(s.min()), int(s.max()) + 1
-        add_sums(by_slot[low:high], s - low, kind[mine], duration[mine])
+        window = np.zeros((high - low, len(QUANTITIES)), np.int64)
+        add_sums(window, s - low, kind[mine], duration[mine])
+        windows.append((low, window))
+    return windows

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis.categories import CATEGORIES
+from profkit.analysis.chunked import map_chunks, threads
 from profkit.analysis.tables import (
     COUNT_COLUMNS,
     NS_PER_MS,
@@ -163,20 +164,32 @@ def _group_of(name: np.ndarray, phase: np.ndarray, n_phases: int) -> np.ndarray:
 
 
 def _group_keys(cols: ActivityColumns, phase: np.ndarray, n_phases: int) -> np.ndarray:
-    """Sorted ``(name * n_phases + phase) << 40 | duration`` of the selected activities."""
-    selected = sum(int((phase[lo : lo + CHUNK] >= 0).sum()) for lo in range(0, len(cols), CHUNK))
-    keys = np.empty(selected, dtype=np.int64)
-    at = 0
-    for lo in range(0, len(cols), CHUNK):
-        p = phase[lo : lo + CHUNK]
+    """Sorted ``(name * n_phases + phase) << 40 | duration`` of the selected activities.
+
+    Chunks fill their slices of the keys on several threads; the keys are then sorted in
+    a few parts at once, and the parts merged by a stable sort (numpy's timsort merges
+    sorted runs in one pass)."""
+    size = CHUNK
+    counts = list(map_chunks(lambda lo, hi: int((phase[lo:hi] >= 0).sum()), len(cols), size))
+    offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+    keys = np.empty(int(offsets[-1]), dtype=np.int64)
+
+    def fill(lo: int, hi: int) -> bool:  # writes its own slice of ``keys``; True: too long
+        p = phase[lo:hi]
         keep = p >= 0
-        group = _group_of(cols.arrays["name"][lo : lo + CHUNK][keep], p[keep], n_phases)
-        duration = cols.arrays["duration"][lo : lo + CHUNK][keep].clip(min=0)
-        if len(duration) and duration.max() > DURATION_MASK:
-            raise BadInput("an activity lasts over 18 minutes: not a trace profkit can read")
-        keys[at : at + len(group)] = (group << DURATION_BITS) | duration
-        at += len(group)
-    keys.sort()
+        group = _group_of(cols.arrays["name"][lo:hi][keep], p[keep], n_phases)
+        duration = cols.arrays["duration"][lo:hi][keep].clip(min=0)
+        at = int(offsets[lo // size])
+        keys[at : at + len(group)] = (group << DURATION_BITS) | (duration & DURATION_MASK)
+        return bool(len(duration) and duration.max() > DURATION_MASK)
+
+    if any(list(map_chunks(fill, len(cols), size))):
+        raise BadInput("an activity lasts over 18 minutes: not a trace profkit can read")
+    part = -(-len(keys) // threads())
+    for _ in map_chunks(lambda lo, hi: keys[lo:hi].sort(), len(keys), max(part, 1)):
+        pass
+    if part < len(keys):
+        keys.sort(kind="stable")  # merges the sorted parts
     return keys
 
 
@@ -221,34 +234,42 @@ def _duration_stats(keys: np.ndarray, n_phases: int, by_phase: bool) -> pd.DataF
 
 def _runs(keys: np.ndarray) -> np.ndarray:
     """Index of the first key of each group (a run of equal ``key >> DURATION_BITS``)."""
-    starts = [np.zeros(min(len(keys), 1), dtype=np.int64)]
-    for lo in range(0, max(len(keys) - 1, 0), CHUNK):  # chunked: no full-length temporaries
-        group = keys[lo : lo + CHUNK + 1] >> DURATION_BITS
-        starts.append(np.flatnonzero(group[1:] != group[:-1]) + lo + 1)
-    return np.concatenate(starts)
+
+    def starts(lo: int, hi: int) -> np.ndarray:  # no full-length temporaries
+        group = keys[lo : hi + 1] >> DURATION_BITS
+        return np.flatnonzero(group[1:] != group[:-1]) + lo + 1
+
+    first = np.zeros(min(len(keys), 1), dtype=np.int64)
+    return np.concatenate([first, *map_chunks(starts, max(len(keys) - 1, 0), CHUNK)])
 
 
 def _sums(keys: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per group: the sum of durations and the sum of squared deviations from the mean.
 
     Groups are runs of the sorted keys, so each chunk's part of a run is one segment of
-    ``np.add.reduceat`` (summed in key order, as a bincount over the run would)."""
+    ``np.add.reduceat`` (summed in key order, as a bincount over the run would); the
+    chunks' sums are added in chunk order, so threads change no bit of them."""
     groups = len(first)
     total = np.zeros(groups)
     shift = (keys[first] & DURATION_MASK).astype(np.float64) if groups else np.zeros(0)
     shifted, shifted_sq = np.zeros(groups), np.zeros(groups)
-    for lo in range(0, len(keys), CHUNK):
-        part = keys[lo : lo + CHUNK]
+
+    def chunk(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         # The chunk's segments: from its start, then from each run that starts inside it.
-        inside = first[(first > lo) & (first < lo + len(part))] - lo
+        inside = first[(first > lo) & (first < hi)] - lo
         segment = np.concatenate([[0], inside])
         group = np.arange(len(segment)) + (np.searchsorted(first, lo, side="right") - 1)
-        duration = (part & DURATION_MASK).astype(np.float64)
-        total[group] += np.add.reduceat(duration, segment)
-        deviation = duration - np.repeat(shift[group], np.diff(np.append(segment, len(part))))
-        shifted[group] += np.add.reduceat(deviation, segment)
+        duration = (keys[lo:hi] & DURATION_MASK).astype(np.float64)
+        part_total = np.add.reduceat(duration, segment)
+        deviation = duration - np.repeat(shift[group], np.diff(np.append(segment, hi - lo)))
+        part_shifted = np.add.reduceat(deviation, segment)
         deviation *= deviation
-        shifted_sq[group] += np.add.reduceat(deviation, segment)
+        return group, part_total, part_shifted, np.add.reduceat(deviation, segment)
+
+    for group, part_total, part_shifted, part_sq in map_chunks(chunk, len(keys), CHUNK):
+        total[group] += part_total
+        shifted[group] += part_shifted
+        shifted_sq[group] += part_sq
     # sum((d - mean)^2) = sum((d - s)^2) - (sum(d - s))^2 / n, with s a member: stable.
     return total, shifted_sq - shifted * shifted / np.maximum(count, 1)
 
@@ -262,17 +283,21 @@ def _longest(
     size = len(cols.names) * n_phases
     longest_of = np.full(size, -1, dtype=np.int64)  # by group code: few, so a dense table
     longest_of[groups] = stats["high"].to_numpy(np.int64)
-    first_hit = np.full(size, len(cols), dtype=np.int64)
-    found = np.full(size, -1, dtype=np.int64)
-    for lo in range(0, len(cols), CHUNK):
-        p = phase[lo : lo + CHUNK]
+
+    def chunk(lo: int, hi: int) -> np.ndarray:  # per group: its first hit in the chunk
+        p = phase[lo:hi]
         rows = np.flatnonzero(p >= 0)
-        group = _group_of(cols.arrays["name"][lo : lo + CHUNK][rows], p[rows], n_phases)
-        duration = cols.arrays["duration"][lo : lo + CHUNK][rows].clip(min=0)
-        hit = (duration == longest_of[group]) & (found[group] < 0)
+        group = _group_of(cols.arrays["name"][lo:hi][rows], p[rows], n_phases)
+        duration = cols.arrays["duration"][lo:hi][rows].clip(min=0)
+        hit = duration == longest_of[group]
+        first_hit = np.full(size, len(cols), dtype=np.int64)
         np.minimum.at(first_hit, group[hit], lo + rows[hit])  # ties: the first in trace order
-        found = np.where(first_hit < len(cols), first_hit, -1)
-    return found[groups]
+        return first_hit
+
+    first_hit = np.full(size, len(cols), dtype=np.int64)
+    for found in map_chunks(chunk, len(cols), CHUNK):
+        np.minimum(first_hit, found, out=first_hit)
+    return np.where(first_hit < len(cols), first_hit, -1)[groups]
 
 
 def _longest_overall(per_phase: pd.DataFrame, overall: pd.DataFrame) -> np.ndarray:
