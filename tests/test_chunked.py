@@ -64,3 +64,22 @@ def test_four_threads_give_the_one_thread_report_to_the_bit(
     for table in ("kernels", "overall"):
         one, four = (getattr(reports[n], table)["std_us"].to_numpy() for n in (1, 4))
         np.testing.assert_array_equal(one, four)
+
+
+@pytest.mark.parametrize("options", [{}, {"phase": "backward"}])
+def test_statistics_in_batches_of_names_are_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict
+) -> None:
+    """Batches of at most 500 activities (a name with more is a batch alone): every
+    statistic as when all names are sorted at once."""
+    path = unpack(SMALL_FP32, tmp_path)
+    whole = analyze_columns(read_nsys_columns(path), top=0, **options)
+    cols = read_nsys_columns(path)
+    monkeypatch.setattr(stream_tables, "BATCH", 500)
+    phase = np.zeros(len(cols), dtype=np.int16)
+    assert len(stream_tables._name_batches(cols, phase, 1)) >= 8
+    batched = analyze_columns(cols, top=0, **options)
+    assert dumps(batched.to_json()) == dumps(whole.to_json())
+    for table in ("kernels", "overall"):
+        one, other = (getattr(r, table)["std_us"].to_numpy() for r in (whole, batched))
+        np.testing.assert_array_equal(one, other)

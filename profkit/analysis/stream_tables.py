@@ -30,7 +30,8 @@ from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.schema import KINDS
 
-CHUNK = 1 << 19  # activities per analysis chunk: ~50 MB of temporaries
+CHUNK = 1 << 17  # activities per analysis chunk: ~15 MB of temporaries, a few in flight
+BATCH = 1 << 23  # activities whose statistics are sorted at once: 64 MB of keys
 DURATION_BITS = 40  # durations below 2^40 ns (18 minutes) pack beside a group code
 DURATION_MASK = (1 << DURATION_BITS) - 1
 
@@ -123,16 +124,22 @@ def kernel_stats(
     """Duration statistics per (name, phase) and per name of the activities whose ``phase``
     is not -1 (not selected), with the shape of each group's longest one.
 
-    One sort: the per-name keys are the per-(name, phase) keys with the phase dropped,
-    already sorted within each phase, so a stable sort (a merge of those runs) orders them.
+    Names are taken in batches of at most :data:`BATCH` activities (one batch below that
+    size), so the sorted keys stay bounded whatever the trace's size. In a batch, one sort:
+    the per-name keys are the per-(name, phase) keys with the phase dropped, already
+    sorted within each phase, so a stable sort (a merge of those runs) orders them.
     """
-    keys = _group_keys(cols, phase, n_phases)
-    per_phase = _duration_stats(keys, n_phases, by_phase=True)
+    per_phase_parts, overall_parts = [], []
+    for names in _name_batches(cols, phase, n_phases):
+        keys = _group_keys(cols, phase, n_phases, names)
+        per_phase_parts.append(_duration_stats(keys, n_phases, by_phase=True))
+        _drop_phase(keys, n_phases)
+        keys.sort(kind="stable")
+        overall_parts.append(_duration_stats(keys, n_phases, by_phase=False))
+        del keys
+    per_phase = pd.concat(per_phase_parts, ignore_index=True)
+    overall = pd.concat(overall_parts, ignore_index=True)
     per_phase["longest"] = _longest(cols, phase, per_phase, n_phases)
-    _drop_phase(keys, n_phases)
-    keys.sort(kind="stable")
-    overall = _duration_stats(keys, n_phases, by_phase=False)
-    del keys
     overall["longest"] = _longest_overall(per_phase, overall)
     longest = np.unique(np.concatenate([per_phase["longest"], overall["longest"]]))
     shape_of = dict(zip(longest.tolist(), cols.shapes_at(longest), strict=True))
@@ -142,6 +149,25 @@ def kernel_stats(
         table["block"] = [b for _, b in shapes]
         table.pop("high")
     return per_phase[STAT_COLUMNS], overall[STAT_COLUMNS]
+
+
+def _name_batches(cols: ActivityColumns, phase: np.ndarray, n_phases: int) -> list[range]:
+    """Consecutive name codes in batches of at most ``BATCH`` selected activities (a name
+    with more is a batch of its own); one batch holding every name when all fit."""
+
+    def count(lo: int, hi: int) -> np.ndarray:
+        return np.bincount(cols.arrays["name"][lo:hi][phase[lo:hi] >= 0], minlength=len(cols.names))
+
+    per_name = np.zeros(len(cols.names), dtype=np.int64)
+    for part in map_chunks(count, len(cols), CHUNK):
+        per_name += part
+    batches, start, held = [], 0, 0
+    for name, size in enumerate(per_name.tolist()):
+        if held and held + size > BATCH:
+            batches.append(range(start, name))
+            start, held = name, 0
+        held += size
+    return [*batches, range(start, len(cols.names))]
 
 
 def kernel_tables(
@@ -163,21 +189,32 @@ def _group_of(name: np.ndarray, phase: np.ndarray, n_phases: int) -> np.ndarray:
     return name.astype(np.int64) * n_phases + phase
 
 
-def _group_keys(cols: ActivityColumns, phase: np.ndarray, n_phases: int) -> np.ndarray:
-    """Sorted ``(name * n_phases + phase) << 40 | duration`` of the selected activities.
+def _group_keys(
+    cols: ActivityColumns, phase: np.ndarray, n_phases: int, names: range
+) -> np.ndarray:
+    """Sorted ``(name * n_phases + phase) << 40 | duration`` of the selected activities
+    whose name code is in ``names``.
 
     Chunks fill their slices of the keys on several threads; the keys are then sorted in
     a few parts at once, and the parts merged by a stable sort (numpy's timsort merges
     sorted runs in one pass)."""
     size = CHUNK
-    counts = list(map_chunks(lambda lo, hi: int((phase[lo:hi] >= 0).sum()), len(cols), size))
+    every = names.start == 0 and names.stop >= len(cols.names)
+
+    def selected(lo: int, hi: int) -> np.ndarray:
+        keep = phase[lo:hi] >= 0
+        if not every:
+            name = cols.arrays["name"][lo:hi]
+            keep &= (name >= names.start) & (name < names.stop)
+        return keep
+
+    counts = list(map_chunks(lambda lo, hi: int(selected(lo, hi).sum()), len(cols), size))
     offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
     keys = np.empty(int(offsets[-1]), dtype=np.int64)
 
     def fill(lo: int, hi: int) -> bool:  # writes its own slice of ``keys``; True: too long
-        p = phase[lo:hi]
-        keep = p >= 0
-        group = _group_of(cols.arrays["name"][lo:hi][keep], p[keep], n_phases)
+        keep = selected(lo, hi)
+        group = _group_of(cols.arrays["name"][lo:hi][keep], phase[lo:hi][keep], n_phases)
         duration = cols.arrays["duration"][lo:hi][keep].clip(min=0)
         at = int(offsets[lo // size])
         keys[at : at + len(group)] = (group << DURATION_BITS) | (duration & DURATION_MASK)
