@@ -191,7 +191,7 @@ class _Part:
     """One chunk's share of :class:`Sums` (its slot sums as windows of slots)."""
 
     by_phase_category: np.ndarray
-    windows: list[tuple[int, np.ndarray]]  # (first slot, sums of the slots from it on)
+    windows: list[Window]
     one_phase_per_slot: bool  # whether its points agree with ``Plan.slot_phase``
     moved: np.ndarray
     same: np.ndarray
@@ -201,8 +201,8 @@ class _Part:
 
     def add_to(self, sums: Sums) -> None:
         sums.by_phase_category += self.by_phase_category
-        for low, window in self.windows:
-            sums.by_slot[low : low + len(window)] += window
+        for where, window in self.windows:
+            add_window(sums.by_slot, where, window)
         if not self.one_phase_per_slot:
             sums.slot_phase = None  # another process's points: no per-phase slot sums
         sums.moved += self.moved
@@ -220,7 +220,8 @@ def _part(
     phase = c["phase"].astype(np.int64)
     by_phase_category = np.zeros((n_phases * len(CATEGORIES), len(QUANTITIES)), np.int64)
     add_sums(by_phase_category, phase * len(CATEGORIES) + category, kind, duration)
-    windows, agrees = [], True
+    windows: list[Window] = []
+    agrees = True
     for slot in (c["self_slot"], c["owner_slot"]):
         point = slot >= 0
         windows += _point_windows(slot[point], c["code"][point], kind[point], duration[point])
@@ -268,23 +269,42 @@ def _add_points(
     by_slot: np.ndarray, slot: np.ndarray, code: np.ndarray, kind: np.ndarray, duration: np.ndarray
 ) -> None:
     """:func:`add_sums` into the slots (see :func:`_point_windows`)."""
-    for low, window in _point_windows(slot, code, kind, duration):
-        by_slot[low : low + len(window)] += window
+    for where, window in _point_windows(slot, code, kind, duration):
+        add_window(by_slot, where, window)
+
+
+Window = tuple[int | np.ndarray, np.ndarray]
+"""Sums of slots: from a first slot on (dense), or of the slots listed (sparse)."""
+
+
+def add_window(by_slot: np.ndarray, where: int | np.ndarray, window: np.ndarray) -> None:
+    if isinstance(where, int):
+        by_slot[where : where + len(window)] += window
+    else:
+        by_slot[where] += window  # the slots listed are distinct
 
 
 def _point_windows(
     slot: np.ndarray, code: np.ndarray, kind: np.ndarray, duration: np.ndarray
-) -> list[tuple[int, np.ndarray]]:
-    """The points' sums in windows of slots, one launching thread at a time: a chunk's
-    points of one thread lie on one lane, close in time, so in a narrow window of slots (a
-    bincount over every slot per chunk would cost chunks × slots)."""
-    windows = []
+) -> list[Window]:
+    """The points' sums by slot, one launching thread at a time: a chunk's points of one
+    thread lie on one lane, close in time, so in a narrow window of slots (a bincount over
+    every slot per chunk would cost chunks × slots). Points spread over many more slots
+    than they are (a table of copies read after the kernels spans the whole trace) are
+    summed over the slots they hit only."""
+    windows: list[Window] = []
     present = np.flatnonzero(np.bincount(code.astype(np.int64) + 1)) - 1
     for thread in present.tolist():
         mine = code == thread if len(present) > 1 else slice(None)
         s = slot[mine].astype(np.int64)
         low, high = int(s.min()), int(s.max()) + 1
-        window = np.zeros((high - low, len(QUANTITIES)), np.int64)
-        add_sums(window, s - low, kind[mine], duration[mine])
-        windows.append((low, window))
+        if high - low <= 2 * len(s) + 4096:
+            window = np.zeros((high - low, len(QUANTITIES)), np.int64)
+            add_sums(window, s - low, kind[mine], duration[mine])
+            windows.append((low, window))
+        else:
+            hit, index = np.unique(s, return_inverse=True)
+            window = np.zeros((len(hit), len(QUANTITIES)), np.int64)
+            add_sums(window, index, kind[mine], duration[mine])
+            windows.append((hit, window))
     return windows
