@@ -173,9 +173,15 @@ def _add_slot_points(
 
 
 def _nccl_rows(
-    cols: ActivityColumns, lo: int, hi: int, rank: np.ndarray, keep: np.ndarray, nccl: np.ndarray
+    cols: ActivityColumns,
+    lo: int,
+    hi: int,
+    rank: np.ndarray,
+    keep: np.ndarray | None,
+    nccl: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """The chunk's NCCL kernels: row, rank, start, duration, device, launch, name, selected."""
+    """The chunk's NCCL kernels: row, rank, start, duration, device, launch, name, selected
+    (``keep`` None: every activity is)."""
     rows = np.flatnonzero(nccl)
     a = cols.arrays
     return {
