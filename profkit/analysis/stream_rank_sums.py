@@ -44,7 +44,12 @@ class RankSelection:
     phase_of_rank: np.ndarray | None = None
     inside: np.ndarray | None = None
 
-    def of(self, rank: np.ndarray, att: Mapping[str, np.ndarray], lo: int, hi: int) -> np.ndarray:
+    def of(
+        self, rank: np.ndarray, att: Mapping[str, np.ndarray], lo: int, hi: int
+    ) -> np.ndarray | None:
+        """Mask of the chunk's selected activities (None: all of them)."""
+        if self.phase_of_rank is None and self.inside is None:
+            return None
         keep = np.ones(hi - lo, dtype=bool)
         if self.phase_of_rank is not None:
             keep &= att["phase"][lo:hi] == self.phase_of_rank[rank]
@@ -106,34 +111,45 @@ def add_up_ranks(
         keep = selection.of(r, att, lo, hi)
         name = cols.arrays["name"][lo:hi]
         nccl_parts.append(_nccl_rows(cols, lo, hi, r, keep, nccl_name[name]))
-        c = {"rank_phase": rank_phase[keep], "same": att["same"][lo:hi][keep],
-             "self_slot": att["self_slot"][lo:hi][keep],
-             "owner_slot": att["owner_slot"][lo:hi][keep], "name": name[keep],
-             "code": cols.arrays["launch_thread"][lo:hi][keep],
-             "duration": cols.arrays["duration"][lo:hi][keep]}  # fmt: skip
+        c = {"rank_phase": rank_phase, "same": att["same"][lo:hi],
+             "self_slot": att["self_slot"][lo:hi], "owner_slot": att["owner_slot"][lo:hi],
+             "name": name, "code": cols.arrays["launch_thread"][lo:hi],
+             "duration": cols.arrays["duration"][lo:hi].clip(min=0)}  # fmt: skip
+        if keep is not None:  # no selection: every activity, no copies
+            c = {key: values[keep] for key, values in c.items()}
         _add_chunk(sums, c, name_kind[c["name"]], name_category[c["name"]], n_phases)
-        group = (r[keep] * n_names + c["name"]) * n_phases + phase[keep]
-        sums.group[lo:hi][keep] = group
-        duration = c["duration"].clip(min=0)
-        if len(duration) and duration.max() > MASK:
-            raise BadInput("an activity lasts over 18 minutes: not a trace profkit can read")
-        sums.keys[at : at + len(group)] = (group << BITS) | duration
-        at += len(group)
+        group = (r * n_names + name) * n_phases + phase
+        if keep is None:
+            sums.group[lo:hi] = group
+        else:
+            group = group[keep]
+            sums.group[lo:hi][keep] = group
+        at = _add_keys(sums.keys, at, group, c["duration"])
     sums.keys = sums.keys[:at]
     sums.keys.sort()
     sums.nccl = {k: np.concatenate([p[k] for p in nccl_parts]) for k in nccl_parts[0]}
     return sums
 
 
+def _add_keys(keys: np.ndarray, at: int, group: np.ndarray, duration: np.ndarray) -> int:
+    """Write ``group << 40 | duration`` at ``keys[at:]`` (``group`` is overwritten); the
+    next free index."""
+    if len(duration) and duration.max() > MASK:
+        raise BadInput("an activity lasts over 18 minutes: not a trace profkit can read")
+    group <<= BITS
+    group |= duration
+    keys[at : at + len(group)] = group
+    return at + len(group)
+
+
 def _add_chunk(
     sums: RankSums, c: dict[str, np.ndarray], kind: np.ndarray, category: np.ndarray, n: int
 ) -> None:
     rank_phase, phase = c["rank_phase"], c["rank_phase"] % n
-    duration = c["duration"].clip(min=0).astype(np.float64)
+    duration = c["duration"].astype(np.float64)  # clipped at 0 already
     add_sums(sums.by_phase_category, rank_phase * len(CATEGORIES) + category, kind, duration)
     for slot in (c["self_slot"], c["owner_slot"]):
-        point = slot >= 0
-        _add_points(sums.by_slot, slot[point], c["code"][point], kind[point], duration[point])
+        _add_slot_points(sums.by_slot, slot, c["code"], kind, duration)
     moved = (c["owner_slot"] >= 0) & (phase != n - 1)
     sums.moved += np.bincount(rank_phase[moved], minlength=len(sums.moved))
     sums.same += np.bincount(rank_phase * n + c["same"], minlength=len(sums.same))
@@ -141,10 +157,31 @@ def _add_chunk(
     sums.workers[phase[moved], c["code"][moved]] = True  # moved ones have a launch call
 
 
+def _add_slot_points(
+    by_slot: np.ndarray, slot: np.ndarray, code: np.ndarray, kind: np.ndarray, duration: np.ndarray
+) -> None:
+    """:func:`.stream_sums._add_points` of the points (slot >= 0), one launching thread at a
+    time: grouped by thread with one stable sort of the 16-bit codes (a radix sort), where
+    ``_add_points`` would compare every point with each of a chunk's threads (several
+    processes launch from several times as many threads as one)."""
+    point = np.flatnonzero(slot >= 0)
+    order = point[np.argsort(code[point], kind="stable")]
+    code_sorted = code[order]
+    cut = np.flatnonzero(code_sorted[1:] != code_sorted[:-1]) + 1
+    for part in np.split(order, cut) if len(order) else []:
+        _add_points(by_slot, slot[part], code[part], kind[part], duration[part])
+
+
 def _nccl_rows(
-    cols: ActivityColumns, lo: int, hi: int, rank: np.ndarray, keep: np.ndarray, nccl: np.ndarray
+    cols: ActivityColumns,
+    lo: int,
+    hi: int,
+    rank: np.ndarray,
+    keep: np.ndarray | None,
+    nccl: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """The chunk's NCCL kernels: row, rank, start, duration, device, launch, name, selected."""
+    """The chunk's NCCL kernels: row, rank, start, duration, device, launch, name, selected
+    (``keep`` None: every activity is)."""
     rows = np.flatnonzero(nccl)
     a = cols.arrays
     return {
@@ -155,7 +192,7 @@ def _nccl_rows(
         "device": a["device"][lo:hi][rows].astype(np.int64),
         "launch": a["launch_start"][lo:hi][rows],
         "name": a["name"][lo:hi][rows],
-        "selected": keep[rows],
+        "selected": np.ones(len(rows), dtype=bool) if keep is None else keep[rows],
     }
 
 
