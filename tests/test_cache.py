@@ -155,6 +155,29 @@ def test_a_hit_without_range_reads_no_per_activity_array(cache_dir: Path, export
     assert "duration" in columns.arrays.loaded  # type: ignore[attr-defined]
 
 
+def test_threads_asking_for_a_column_at_once_load_it_once(cache_dir: Path, export: Path) -> None:
+    """The analysis' chunks run on threads that may all ask for an unread column at once:
+    each must get the one array (loaded once), not a copy of its own."""
+    import threading
+
+    kernel_report(export)
+    columns = load_columns(export)
+    start = threading.Barrier(8)
+    got: list[np.ndarray] = []
+
+    def ask() -> None:
+        start.wait()
+        got.append(columns.arrays["duration"])
+
+    workers = [threading.Thread(target=ask) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(got) == 8 and all(array is got[0] for array in got)
+    assert columns.arrays.loaded == ["duration"]  # type: ignore[attr-defined]
+
+
 def test_diff_and_report_read_the_cache(
     cache_dir: Path, export: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

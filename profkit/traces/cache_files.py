@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -106,12 +107,19 @@ class LazyColumns(Mapping[str, np.ndarray]):
         self.path, self.names, self.length = path, names, length
         self._read, self._check, self._entry = read, check, entry
         self._loaded: dict[str, np.ndarray] = {}
+        # The analysis' chunks run on several threads and may all ask for a column first
+        # at once: one loads it, the others wait (each loading its own copy took 4x).
+        self._lock = threading.Lock()
 
     def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._loaded:
-            if name not in self.names:
-                raise KeyError(name)
-            self._loaded[name] = self._load(name)
+        found = self._loaded.get(name)
+        if found is not None:
+            return found
+        if name not in self.names:
+            raise KeyError(name)
+        with self._lock:
+            if name not in self._loaded:
+                self._loaded[name] = self._load(name)
         return self._loaded[name]
 
     def _load(self, name: str) -> np.ndarray:
