@@ -370,7 +370,7 @@ def one_scale(
         result["breakdown"] = stages
         print("in-process stages (wall/CPU s): "
               + ", ".join(f"{k} {v['wall_s']:.2f}/{v['cpu_s']:.2f}" for k, v in stages.items()))  # fmt: skip
-    nsys = find_nsys(args.nsys)
+    nsys = None if args.no_nsys_stats else find_nsys(args.nsys)
     if nsys:
         result["nsys_stats"] = nsys_stats(nsys, big, scratch, best["wall_s"])
         save()
@@ -399,6 +399,8 @@ def main() -> int:
     parser.add_argument("--fixture", type=Path, default=FIXTURE)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--nsys", default=None, help="nsys executable for the comparison")
+    parser.add_argument("--no-nsys-stats", action="store_true",
+                        help="skip the nsys stats comparison (over 7 minutes at x1000)")  # fmt: skip
     parser.add_argument("--breakdown", action="store_true", help="also time the stages in-process")
     parser.add_argument("--keep", action="store_true", help="keep the big exports")
     parser.add_argument(

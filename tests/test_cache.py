@@ -176,6 +176,11 @@ def test_threads_asking_for_a_column_at_once_load_it_once(cache_dir: Path, expor
         worker.join()
     assert len(got) == 8 and all(array is got[0] for array in got)
     assert columns.arrays.loaded == ["duration"]  # type: ignore[attr-defined]
+    columns.load(["name", "duration", "launch_thread", "no such column"])  # read together
+    assert sorted(columns.arrays.loaded) == ["duration", "launch_thread", "name"]  # type: ignore[attr-defined]
+    fresh = read_nsys_columns(export)
+    for name in ("name", "duration", "launch_thread"):
+        np.testing.assert_array_equal(columns.arrays[name], fresh.arrays[name])
 
 
 def test_diff_and_report_read_the_cache(

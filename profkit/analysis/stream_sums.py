@@ -163,6 +163,7 @@ def add_up(
         unattributed_seen=False,
     )
     name_kind, name_category = name_codes(cols)
+    cols.load(["name", "duration", "launch_thread"])  # each chunk reads them
     filtered = selection.phase is not None or selection.inside is not None
     selected_phase = np.full(len(cols), -1, dtype=np.int16) if filtered else att["phase"]
 

@@ -122,17 +122,30 @@ class LazyColumns(Mapping[str, np.ndarray]):
                 self._loaded[name] = self._load(name)
         return self._loaded[name]
 
+    def load(self, names: list[str]) -> None:
+        """Read the columns ``names`` not read yet, in one read: pyarrow decompresses them
+        on several threads at once (a --range hit at x1000 reads 0.8 GB of them)."""
+        with self._lock:
+            missing = [n for n in names if n in self.names and n not in self._loaded]
+            if len(missing) > 1:
+                self._loaded.update(self._read_columns(missing))
+
     def _load(self, name: str) -> np.ndarray:
+        return self._read_columns([name])[name]
+
+    def _read_columns(self, names: list[str]) -> dict[str, np.ndarray]:
         import pyarrow as pa
 
+        arrays: dict[str, np.ndarray] = {}
         try:
-            options = pa.ipc.IpcReadOptions(included_fields=[self.names.index(name)])
+            options = pa.ipc.IpcReadOptions(included_fields=[self.names.index(n) for n in names])
             with pa.memory_map(str(self.path)) as source:
                 table = pa.ipc.open_file(source, options=options).read_all()
-            array = self._read(table, name)
-            usable = self._check(name, array)
+            for name in names:
+                arrays[name] = self._read(table, name)
+            usable = all(self._check(name, array) for name, array in arrays.items())
         except Exception as exc:  # a damaged file reads wrong in many ways
-            usable, array = False, np.empty(0)
+            usable = False
             reason = f"{type(exc).__name__}: {exc}"
         else:
             reason = "its values do not fit the entry"
@@ -142,7 +155,7 @@ class LazyColumns(Mapping[str, np.ndarray]):
                 f"the profkit cache entry {self._entry} was damaged ({self.path.name}: "
                 f"{reason}); it is removed: run the command again (or use --no-cache)"
             )
-        return array
+        return arrays
 
     @property
     def loaded(self) -> list[str]:

@@ -134,6 +134,13 @@ class ActivityColumns:
             raise ValueError("these columns keep no shapes and cannot read them")
         return self.read_shapes(np.asarray(rows, dtype=np.int64))
 
+    def load(self, names: list[str]) -> None:
+        """Have the arrays ``names`` read now, together, where they are read on first use
+        (a cache entry's: :class:`~profkit.traces.cache_files.LazyColumns`)."""
+        load = getattr(self.arrays, "load", None)
+        if load is not None:
+            load(names)
+
     def remember(self, name: str, derived: Derived) -> None:
         """Keep ``derived`` with the columns (and in the cache, where they came through it)."""
         self.derived[name] = derived
