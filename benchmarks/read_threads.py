@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from profkit.analysis import stream_attribution, stream_sums, stream_tables
+    from profkit.analysis import stream_attribution, stream_stats, stream_sums
     from profkit.traces import _sqlite
     from profkit.traces.nsys_stream import read_nsys_columns
 
@@ -57,7 +57,7 @@ def main() -> int:
     stream_sums.add_up(cols, plan, att, stream_sums.Selection())
     result["sums and kernel statistics"] = since(start)
     start = clocks()
-    stream_tables.kernel_stats(cols, att["phase"], len(plan.phase_names))
+    stream_stats.kernel_stats(cols, att["phase"], len(plan.phase_names))
     result["kernel statistics alone"] = since(start)
     result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     print(json.dumps(result, indent=1))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from nsys_data import SMALL_FP32, unpack
 
-from profkit.analysis import chunked, stream_tables
+from profkit.analysis import chunked, stream_stats, stream_tables
 from profkit.analysis.streaming import analyze_columns
 from profkit.formats import dumps
 from profkit.traces.nsys_stream import read_nsys_columns
@@ -75,9 +75,9 @@ def test_statistics_in_batches_of_names_are_the_same(
     path = unpack(SMALL_FP32, tmp_path)
     whole = analyze_columns(read_nsys_columns(path), top=0, **options)
     cols = read_nsys_columns(path)
-    monkeypatch.setattr(stream_tables, "BATCH", 500)
+    monkeypatch.setattr(stream_stats, "BATCH", 500)
     phase = np.zeros(len(cols), dtype=np.int16)
-    assert len(stream_tables._name_batches(cols, phase, 1)) >= 8
+    assert len(stream_stats._name_batches(cols, phase, 1)) >= 8
     batched = analyze_columns(cols, top=0, **options)
     assert dumps(batched.to_json()) == dumps(whole.to_json())
     for table in ("kernels", "overall"):

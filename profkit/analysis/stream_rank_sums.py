@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profkit.analysis import stream_stats as stats_of
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.categories import CATEGORIES
 from profkit.analysis.stream_attribution import Plan
@@ -31,7 +32,7 @@ from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.schema import KINDS
 
-BITS, MASK = tables.DURATION_BITS, tables.DURATION_MASK
+BITS, MASK = stats_of.DURATION_BITS, stats_of.DURATION_MASK
 MAX_GROUPS = 1 << (63 - BITS)  # (rank, name, phase) codes that fit beside a duration
 KERNEL = KINDS.index("kernel")
 
@@ -201,19 +202,19 @@ class Stats:
     """Duration statistics of groups (codes, ascending), and each group's longest duration."""
 
     group: np.ndarray
-    frame: pd.DataFrame  # stream_tables.STAT_COLUMNS but name, phase, grid, block
+    frame: pd.DataFrame  # stream_stats.STAT_COLUMNS but name, phase, grid, block
     high: np.ndarray
 
 
 def _stats(keys: np.ndarray) -> Stats:
-    """What :func:`.stream_tables.kernel_stats` computes per group, from sorted keys."""
-    first = tables._runs(keys)
+    """What :func:`.stream_stats.kernel_stats` computes per group, from sorted keys."""
+    first = stats_of._runs(keys)
     group = keys[first] >> BITS
     count = np.diff(np.append(first, len(keys)))
     low = keys[first] & MASK
     high = keys[first + count - 1] & MASK
     median = ((keys[first + (count - 1) // 2] & MASK) + (keys[first + count // 2] & MASK)) / 2
-    total, squares = tables._sums(keys, first, count)
+    total, squares = stats_of._sums(keys, first, count)
     std = np.where(count > 1, np.sqrt(np.maximum(squares, 0) / np.maximum(count - 1, 1)), 0.0)
     frame = pd.DataFrame(
         {

@@ -29,6 +29,7 @@ from profkit.analysis.stream_rank_sums import (
     coarse_longest,
     first_longest,
 )
+from profkit.analysis.stream_stats import STAT_COLUMNS
 from profkit.analysis.stream_sums import QUANTITIES
 from profkit.analysis.streaming import _notes
 from profkit.traces.columns import ActivityColumns
@@ -157,7 +158,7 @@ def first_steps(scope: Scope, report: KernelReport) -> np.ndarray:
 
 @dataclass
 class StatFrames:
-    """The kernel statistics (``stream_tables.STAT_COLUMNS``, plus ``rank`` where per rank)."""
+    """The kernel statistics (``stream_stats.STAT_COLUMNS``, plus ``rank`` where per rank)."""
 
     rank_phase: pd.DataFrame
     rank_name: pd.DataFrame
@@ -169,10 +170,10 @@ class StatFrames:
         per_phase = self.rank_phase[self.rank_phase["rank"] == r].reset_index(drop=True)
         per_phase["phase"] = to_local[per_phase["phase"].to_numpy()]
         overall = self.rank_name[self.rank_name["rank"] == r].reset_index(drop=True)
-        return per_phase[tables.STAT_COLUMNS], overall[tables.STAT_COLUMNS]
+        return per_phase[STAT_COLUMNS], overall[STAT_COLUMNS]
 
     def whole(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        return self.name_phase[tables.STAT_COLUMNS], self.name[tables.STAT_COLUMNS]
+        return self.name_phase[STAT_COLUMNS], self.name[STAT_COLUMNS]
 
 
 def stat_frames(

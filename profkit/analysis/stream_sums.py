@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profkit.analysis import stream_stats as stats_of
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.categories import CATEGORIES
 from profkit.analysis.chunked import map_chunks
@@ -72,7 +73,7 @@ class Sums:
     same: np.ndarray  # (phase, the launching thread's own phase): activities
     unlaunched: np.ndarray  # per phase: activities without a launch call
     workers: np.ndarray  # (phase, thread code): threads that launched moved activities
-    per_phase: pd.DataFrame  # kernel statistics per (name, phase): stream_tables.kernel_stats
+    per_phase: pd.DataFrame  # kernel statistics per (name, phase): stream_stats.kernel_stats
     overall: pd.DataFrame  # per name
     unattributed_seen: bool  # whether any activity (selected or not) is unattributed
 
@@ -132,7 +133,7 @@ class Sums:
         for name in STATS:
             columns = {k.split(".", 1)[1]: v for k, v in a.items() if k.startswith(f"{name}.")}
             columns.update({k.split(".", 1)[1]: v for k, v in text.items() if k.startswith(name)})
-            stats[name] = pd.DataFrame({c: columns[c] for c in tables.STAT_COLUMNS})
+            stats[name] = pd.DataFrame({c: columns[c] for c in stats_of.STAT_COLUMNS})
         return cls(
             **{name: a[name] for name in ARRAYS},
             slot_phase=a.get("slot_phase"),
@@ -183,7 +184,7 @@ def add_up(
 
     for part in map_chunks(chunk, len(cols), tables.CHUNK):
         part.add_to(sums)
-    sums.per_phase, sums.overall = tables.kernel_stats(cols, selected_phase, n_phases)
+    sums.per_phase, sums.overall = stats_of.kernel_stats(cols, selected_phase, n_phases)
     return sums
 
 
