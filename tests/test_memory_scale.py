@@ -18,7 +18,6 @@ Timings live in benchmarks/memory_scale.py, never here.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import lzma
 import pickle
@@ -29,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from bench_scripts import benchmark
 from memory_golden import FIXTURES, facts
 from memory_synth import RunsCode
 
@@ -46,13 +46,7 @@ TINY = DATA / "memory-tiny-ctx64-forward-fp32.pickle.xz"
 
 
 def _memory_scale() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "memory_scale", ROOT / "benchmarks" / "memory_scale.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("memory_scale")
 
 
 def plain(path: Path) -> dict[str, Any]:

@@ -11,16 +11,15 @@ JSON (floats to 1e-12 relative, as the one-process streaming path is held to aga
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import lzma
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+from bench_scripts import benchmark
 from report_checks import assert_same_report
 from typer.testing import CliRunner
 
@@ -34,7 +33,6 @@ from profkit.traces import load_trace
 from profkit.traces.nsys_stream import read_nsys_columns
 
 DATA = Path(__file__).parent / "data"
-ROOT = Path(__file__).resolve().parents[1]
 NSYS = DATA / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz"
 OPTIONS = [
     {},
@@ -54,13 +52,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("ranks-streaming")
     plain = folder / NSYS.name.removesuffix(".xz")
     plain.write_bytes(lzma.decompress(NSYS.read_bytes()))
-    spec = importlib.util.spec_from_file_location(
-        "kernels_scale", ROOT / "benchmarks" / "kernels_scale.py"
-    )
-    assert spec and spec.loader
-    scale = importlib.util.module_from_spec(spec)
-    sys.modules["kernels_scale"] = scale
-    spec.loader.exec_module(scale)
+    scale = benchmark("kernels_scale")
     replicated = folder / "ranks2-x3.sqlite"
     scale.build(NSYS, 3, replicated)
     return {"x1": plain, "x3": replicated}

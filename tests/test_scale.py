@@ -9,14 +9,13 @@ Timings live in benchmarks/, never here.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from bench_scripts import benchmark
 from nsys_data import (
     GRAPH_NODES,
     GRAPH_WHOLE,
@@ -37,7 +36,6 @@ from profkit.traces.columns import ActivityColumns, from_trace
 from profkit.traces.nsys_stream import read_nsys_columns
 
 DATA = Path(__file__).parent / "data"
-ROOT = Path(__file__).resolve().parents[1]
 NSYS = [SMALL_FP32, SMALL_BF16, TINY_COMPILE, GRAPH_NODES, GRAPH_WHOLE,
         "nsys-2025.3-h100-small-compiled", "nsys-2025.3-h100-user_train"]  # fmt: skip
 CHROME = ["torch-small-ctx128-train.json.gz", "torch-small-ctx128-forward.json.gz"]
@@ -210,20 +208,9 @@ def test_small_chunks_give_the_same_report(exports: Path, monkeypatch: pytest.Mo
     assert_same_report(analyze_columns(read_nsys_columns(path), range="forward"), expected)
 
 
-def _kernels_scale():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(
-        "kernels_scale", ROOT / "benchmarks" / "kernels_scale.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kernels_scale"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_replicated_ten_times_is_exactly_ten_times(exports: Path) -> None:
-    scale = _kernels_scale()
+    scale = benchmark("kernels_scale")
     one = unpack(SMALL_FP32, exports)
     big = exports / "x10.sqlite"
     scale.build(DATA / f"{SMALL_FP32}.sqlite.xz", 10, big)

@@ -34,7 +34,7 @@ from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import UNATTRIBUTED, Attribution, default_phase_domain
 from profkit.analysis.comm import is_nccl
 from profkit.analysis.intervals import PROCESS_SHIFT
-from profkit.analysis.ranks import RankedReport, RankEntry
+from profkit.analysis.ranks import PROCESS_MASK, RankedReport, RankEntry
 from profkit.analysis.report import (
     KernelReport,
     _phase_index,
@@ -68,8 +68,6 @@ from profkit.analysis.stream_sums import name_codes
 from profkit.analysis.streaming import _PhaseView
 from profkit.errors import BadInput
 from profkit.traces.columns import START, ActivityColumns
-
-PROCESS_MASK = (1 << 24) - 1  # globalTid: the process id sits in bits 24-47
 
 
 @dataclass

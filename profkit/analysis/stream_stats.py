@@ -65,6 +65,8 @@ def kernel_stats(
 def _name_batches(cols: ActivityColumns, phase: np.ndarray, n_phases: int) -> list[range]:
     """Consecutive name codes in batches of at most ``BATCH`` selected activities (a name
     with more is a batch of its own); one batch holding every name when all fit."""
+    if len(cols) <= BATCH:  # every activity fits one batch: no need to count them
+        return [range(0, len(cols.names))]
 
     def count(lo: int, hi: int) -> np.ndarray:
         return np.bincount(cols.arrays["name"][lo:hi][phase[lo:hi] >= 0], minlength=len(cols.names))
