@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,15 +238,17 @@ class ParallelReader:
         ahead: int = 0,
         chunks: list[tuple[int, int]] | None = None,
         checked: tuple[str, ...] = (),
+        missing: int | Mapping[str, int] = -1,
     ) -> Iterator[dict[str, np.ndarray]]:
         """The chunks of ``read_int_columns(table, exprs, where)`` in rowid order, as they come.
 
         At most ``ahead`` (default: one per thread, plus one) chunks are read ahead, so memory
         holds a few chunks whatever the table's size. ``chunks``: the rowid bounds to read,
         if the caller has them already (:func:`chunk_bounds`); ``checked``: columns whose cells
-        must all be integers (or NULL), which no expression's arithmetic would show.
+        must all be integers (or NULL), which no expression's arithmetic would show;
+        ``missing``: what NULL reads as, for all columns or per column (default -1).
         """
-        query = _chunk_query(table, exprs, where, -1, _column_info(conn, table), checked)
+        query = _chunk_query(table, exprs, where, missing, _column_info(conn, table), checked)
 
         def chunk(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
             worker = self.connection()
@@ -266,6 +268,13 @@ class ParallelReader:
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
         """Run ``fn(connection)`` on a worker thread."""
         return self.pool.submit(lambda: fn(self.connection()))
+
+
+def read_chunk(
+    conn: sqlite3.Connection, table: str, exprs: dict[str, str], bounds: tuple[int, int]
+) -> dict[str, np.ndarray]:
+    """One chunk ``[lo, hi)`` of ``read_int_columns(table, exprs)`` (NULL read as -1)."""
+    return _read_chunk(conn, _chunk_query(table, exprs, "", -1, _column_info(conn, table)), bounds)
 
 
 class Pending:
@@ -309,6 +318,11 @@ def chunk_bounds(
     return list(zip(starts, [*starts[1:], hi + 1], strict=True))
 
 
+def not_null_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """The columns of ``table`` declared NOT NULL (SQLite enforces it)."""
+    return _column_info(conn, table)[1]
+
+
 def _column_info(conn: sqlite3.Connection, table: str) -> tuple[set[str], set[str]]:
     """The table's columns, and those declared NOT NULL (SQLite enforces it)."""
     info = list(conn.execute(f'PRAGMA table_info("{table}")'))
@@ -332,18 +346,19 @@ def _chunk_query(
     table: str,
     exprs: dict[str, str],
     where: str,
-    missing: int,
+    missing: int | Mapping[str, int],
     columns: tuple[set[str], set[str]],
     checked: tuple[str, ...] = (),
 ) -> _ChunkQuery:
     # NULL -> ``missing`` keeps the columns aligned: group_concat skips NULLs. Expressions
     # over NOT NULL columns only skip the ifnull (a function call per value).
     all_columns, not_null = columns
+    null_as = missing if isinstance(missing, Mapping) else dict.fromkeys(exprs, missing)
     selects = "".join(
         f", group_concat({expr})"
         if set(re.findall(r"[A-Za-z_]\w*", expr)) <= not_null
-        else f", group_concat(ifnull({expr}, {missing}))"
-        for expr in exprs.values()
+        else f", group_concat(ifnull({expr}, {null_as.get(name, -1)}))"
+        for name, expr in exprs.items()
     )
     used = sorted({w for e in exprs.values() for w in re.findall(r"[A-Za-z_]\w*", e)} & all_columns)
     # Text and blobs sort above every number, so a chunk's max() is text or a blob exactly

@@ -54,6 +54,7 @@ from profkit.traces.nsys_activity import (
     MEMCPY_LABELS,
     MEMCPY_TABLE,
     MEMSET_TABLE,
+    SHIFT32,
     TID_PID_BITS,
     Codec,
     _clamp_negative,
@@ -80,6 +81,36 @@ TIMES = ("start", "end")
 # the allocator keeps and reuses; at 500,000 rows they were fresh pages each time, and the
 # page faults cost a sixth of the read's CPU (docs/PERFORMANCE.md).
 CHUNK_ROWS = 1 << 17
+NULL_THREAD = -(1 << 62)
+"""What a NULL ``globalTid`` reads as where the calls' keys are made from it (not -1, which
+a thread just below the first call's would read as)."""
+PID_MASK = (1 << 24) - 1
+
+
+def process_keys(global_tid: np.ndarray, correlation: np.ndarray, pid0: int) -> np.ndarray:
+    """``Codec.key``'s (process, correlation id) keys, from a ``globalTid`` (process id in
+    bits 24-47) and a correlation id: what SQL computes for the activities, done in numpy."""
+    return ((((global_tid >> 24) & PID_MASK) - pid0) & PID_MASK) * SHIFT32 + correlation
+
+
+@dataclasses.dataclass(frozen=True)
+class _ProcessDevices:
+    """The one device of each CUDA process, by process code (a key's high bits).
+
+    From the contexts table, which lists every CUDA context with its process and device
+    (the one-process read trusts it the same way): where each process has one device, an
+    activity's device follows from its key, and the scan spares a column of every row.
+    """
+
+    codes: np.ndarray  # sorted process codes
+    devices: np.ndarray
+
+    def of(self, keys: np.ndarray) -> np.ndarray:
+        """The device of each key's process; -1 for no key or a process not listed."""
+        code = keys >> 32
+        at = np.minimum(np.searchsorted(self.codes, code), len(self.codes) - 1)
+        found = (self.codes[at] == code) & (keys >= 0)
+        return np.where(found, self.devices[at], -1)
 
 
 class _Calls:
@@ -91,9 +122,18 @@ class _Calls:
     """
 
     def __init__(
-        self, tid0: int, base: int, capacity: int, thread_code: dict[int, int] | None = None
+        self,
+        tid0: int,
+        base: int,
+        capacity: int,
+        thread_code: dict[int, int] | None = None,
+        pid0: int | None = None,
     ) -> None:
         self.tid0, self.base = tid0, base  # starts arrive as offsets from ``base``
+        # Several processes: keys arrive as correlation ids, and the process bits are put
+        # in here from each call's thread (its globalTid holds its process id), which
+        # spares SQLite the arithmetic and the longer text on every API row.
+        self.pid0 = pid0
         # np.empty only reserves: pages are resident once written, so a bound on the rows
         # (every API call) costs only the launch calls actually kept.
         self.key = np.empty(capacity, np.int64)
@@ -103,10 +143,14 @@ class _Calls:
         self.thread_code = {} if thread_code is None else thread_code
 
     def add(self, chunk: dict[str, np.ndarray]) -> None:
-        valid = chunk["key"] >= 0
+        key = chunk["key"]
+        valid = key >= 0
+        if self.pid0 is not None:  # as SQL would: no key where the thread is NULL
+            valid &= chunk["thread"] != NULL_THREAD
+            key = process_keys(chunk["thread"] + self.tid0, key, self.pid0)
         n = int(valid.sum())
         rows = slice(self.rows, self.rows + n)
-        self.key[rows] = chunk["key"][valid]
+        self.key[rows] = key[valid]
         self.start[rows] = chunk["start"][valid] + self.base
         local, uniques = pd.factorize(chunk["thread"][valid])
         codes = [
@@ -159,12 +203,14 @@ class _Builder:
         codec: Codec,
         shapes: bool,
         start_base: int | None = None,
+        devices: _ProcessDevices | None = None,
     ) -> None:
         self.conn, self.tables, self.codec = conn, tables, codec
         kept = {**ARRAYS, SHAPE: np.int32} if shapes else dict(ARRAYS)
         if start_base is not None:  # several processes: keep starts and devices (TIMED)
             kept.update(TIMED)
         self.start_base = start_base or 0
+        self.devices = devices  # None: the device is read with each activity
         self.arrays = {name: np.empty(capacity, dtype=t) for name, t in kept.items()}
         self.rows = 0
         self.name_code: dict[str, int] = {}
@@ -174,14 +220,21 @@ class _Builder:
         self.unmatched: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, keys)
         self.memcpy_labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER") or MEMCPY_LABELS
 
-    def add(self, table: str, chunk: dict[str, np.ndarray], calls: _Calls) -> None:
-        n = len(chunk["duration"])
+    def add(
+        self, table: str, chunk: dict[str, np.ndarray], calls: _Calls, bounds: tuple[int, int]
+    ) -> None:
+        """Add a chunk of ``table``, the rows of rowids ``bounds`` (``[lo, hi)``)."""
+        n = len(chunk["key"])
         rows = slice(self.rows, self.rows + n)
-        self.arrays["duration"][rows] = chunk["duration"]
+        if "end" in chunk:  # the times themselves, read as stored (see _activity_exprs)
+            self.arrays["duration"][rows] = chunk["end"] - chunk["start"]
+        else:
+            self.arrays["duration"][rows] = chunk["duration"]
         self.arrays["name"][rows] = self._names(table, chunk)
         if "start" in self.arrays:
-            self.arrays["start"][rows] = chunk["start"] + self.start_base
-            self.arrays["device"][rows] = chunk["device"]
+            offset = 0 if "end" in chunk else self.start_base  # read as stored, or as offsets
+            self.arrays["start"][rows] = chunk["start"] + offset
+            self.arrays["device"][rows] = self._device(table, chunk, bounds)
         if SHAPE in self.arrays:
             self.arrays[SHAPE][rows] = self._shapes(chunk) if table == KERNEL_TABLE else 0
         start, thread = calls.lookup(chunk["key"])
@@ -192,11 +245,23 @@ class _Builder:
             self.unmatched.append((np.flatnonzero(missing) + self.rows, chunk["key"][missing]))
         self.rows += n
 
+    def _device(
+        self, table: str, chunk: dict[str, np.ndarray], bounds: tuple[int, int]
+    ) -> np.ndarray:
+        if self.devices is None:
+            return chunk["device"]
+        device = self.devices.of(chunk["key"])
+        unknown = device < 0
+        if unknown.any():  # no key, or a process the contexts table lacks: read the column
+            read = _sqlite.read_chunk(self.conn, table, {"device": "deviceId"}, bounds)
+            if len(read["device"]) != len(device):
+                raise _sqlite.BadColumn(f"{table} changed while it was read")
+            device[unknown] = read["device"][unknown]
+        return device
+
     def _names(self, table: str, chunk: dict[str, np.ndarray]) -> np.ndarray:
         field = {KERNEL_TABLE: "names", MEMCPY_TABLE: "copy_kind", GRAPH_TABLE: "graph"}
-        values = (
-            chunk[field[table]] if table in field else np.zeros(len(chunk["duration"]), np.int64)
-        )
+        values = chunk[field[table]] if table in field else np.zeros(len(chunk["key"]), np.int64)
         local, uniques = pd.factorize(values)
         new = [int(v) for v in uniques if (table, int(v)) not in self.by_value]
         if new:
@@ -283,6 +348,38 @@ def _columns(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What the read of one export keeps and how it keys its rows."""
+
+    codec: Codec
+    one_process: int | None  # its process id, when every activity is that process's
+    base: int  # the first API call's start: starts travel as offsets from it
+    start_base: int | None  # several processes: starts (from here) and devices are kept
+    devices: _ProcessDevices | None  # several processes, one device each (no device column)
+    calls_pid0: int | None  # several processes: the calls' keys are made from their threads
+
+    @classmethod
+    def of(cls, conn: sqlite3.Connection, tables: dict[str, list[str]], api: list[str]) -> _Plan:
+        codec = Codec.of(conn, tables)
+        one_process = _single_cuda_process(conn, tables, codec)
+        if one_process is not None:  # keys are correlation ids: no pid arithmetic per row
+            codec = dataclasses.replace(codec, use_pid=False)
+        base = _first_start(conn, api)
+        several = one_process is None  # (or not known to be one): ranks need starts, devices
+        return cls(
+            codec,
+            one_process,
+            base,
+            base if several else None,
+            _process_devices(conn, tables, codec) if several else None,
+            codec.pid0 if several and codec.use_pid else None,
+        )
+
+    def calls(self, capacity: int, thread_code: dict[int, int] | None = None) -> _Calls:
+        return _Calls(self.codec.tid0, self.base, capacity, thread_code, self.calls_pid0)
+
+
 def _read(
     path: Path,
     conn: sqlite3.Connection,
@@ -290,52 +387,49 @@ def _read(
     progress: Progress | None,
     scan_shapes: bool,
 ) -> tuple[_Builder, RowMap | None, np.ndarray, tuple[Any, Any]]:
-    codec = Codec.of(conn, tables)
-    one_process = _single_cuda_process(conn, tables, codec)
-    if one_process is not None:  # keys are correlation ids: no pid arithmetic per row
-        codec = dataclasses.replace(codec, use_pid=False)
     launch_ids = launch_name_ids(conn)
     activity = activity_tables(tables)
     api = [t for t in API_TABLES if t in tables and "globalTid" in tables[t]]
+    plan = _Plan.of(conn, tables, api)
     bounds = {t: _sqlite.row_bound(conn, t) for t in (*activity, *api)}
     done, total = 0, sum(bounds.values())
-    base = _first_start(conn, api)
-    # Several processes (or not known to be one): ranks need GPU starts and devices.
-    start_base = base if one_process is None else None
     capacity = sum(bounds[t] for t in activity)
-    builder = _Builder(conn, tables, capacity, codec, scan_shapes, start_base)
+    builder = _Builder(
+        conn, tables, capacity, plan.codec, scan_shapes, plan.start_base, plan.devices
+    )
     kernel_rows = None if scan_shapes or KERNEL_TABLE not in tables else _RowRuns(conn)
+    exprs, null_as = _api_exprs(plan)
     with _sqlite.ParallelReader(path) as reader:
         nvtx = reader.call(lambda worker: nvtx_rows(worker, tables))
-        calls = _Calls(codec.tid0, base, sum(bounds[t] for t in api))
-        exprs = _api_exprs(codec, base)
+        calls = plan.calls(sum(bounds[t] for t in api))
         for table in api:
             # No process filter here: a launch needs a CUDA context, so with one context
             # process every launch-like call is that process's.
             chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
             where = _where(launch_ids, True, None)
-            for (lo, hi), chunk in zip(
-                chunks, reader.stream(conn, table, exprs, where, chunks=chunks), strict=True
-            ):
+            stream = reader.stream(conn, table, exprs, where, chunks=chunks, missing=null_as)
+            for (lo, hi), chunk in zip(chunks, stream, strict=True):
                 calls.add(chunk)  # the scan went over the chunk's rows, fewer launches
                 done = _tick(progress, done, min(hi, chunks[0][0] + bounds[table]) - lo, total)
         calls.seal()
         for table in activity:
             chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
-            activity_exprs = _activity_exprs(codec, tables, table, scan_shapes, start_base)
-            stream = reader.stream(conn, table, activity_exprs, chunks=chunks, checked=TIMES)
+            read, checked = _activity_exprs(conn, plan, tables, table, scan_shapes)
+            stream = reader.stream(conn, table, read, chunks=chunks, checked=checked)
             for rows, chunk in zip(chunks, stream, strict=True):
-                builder.add(table, chunk, calls)
+                builder.add(table, chunk, calls, rows)
                 if kernel_rows is not None and table == KERNEL_TABLE:
-                    kernel_rows.add(rows, len(chunk["duration"]))
-                done = _tick(progress, done, len(chunk["duration"]), total)
+                    kernel_rows.add(rows, len(chunk["key"]))
+                done = _tick(progress, done, len(chunk["key"]), total)
         if builder.unmatched and launch_ids:
             # The thread codes dict is shared: one code per thread across both reads.
-            others = _Calls(codec.tid0, base, sum(bounds[t] for t in api), calls.thread_code)
+            others = plan.calls(sum(bounds[t] for t in api), calls.thread_code)
             for table in api:
-                where = _where(launch_ids, False, one_process)
+                where = _where(launch_ids, False, plan.one_process)
                 chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
-                for chunk in reader.stream(conn, table, exprs, where, chunks=chunks):
+                for chunk in reader.stream(
+                    conn, table, exprs, where, chunks=chunks, missing=null_as
+                ):
                     others.add(chunk)
             others.seal()
             builder.fill_unmatched(others)
@@ -420,13 +514,16 @@ def _tick(progress: Progress | None, done: int, rows: int, total: int) -> int:
     return done
 
 
-def _api_exprs(codec: Codec, base: int) -> dict[str, str]:
-    # Starts travel as offsets: ~5 fewer digits to format and parse per call.
-    return {
-        "key": codec.key(TID_PID_BITS),
-        "start": f"start - {base}",
-        "thread": f"globalTid - {codec.tid0}",
-    }
+def _api_exprs(plan: _Plan) -> tuple[dict[str, str], dict[str, int]]:
+    """The API calls' columns, and what NULL reads as in each."""
+    codec = plan.codec
+    # Starts travel as offsets: ~5 fewer digits to format and parse per call. With several
+    # processes the keys are made from the threads (_Calls.add), so a NULL thread must read
+    # as no thread.
+    key = "correlationId" if plan.calls_pid0 is not None else codec.key(TID_PID_BITS)
+    exprs = {"key": key, "start": f"start - {plan.base}", "thread": f"globalTid - {codec.tid0}"}
+    null_thread = NULL_THREAD if plan.calls_pid0 is not None else -1
+    return exprs, {"key": -1, "start": -1, "thread": null_thread}
 
 
 def _first_start(conn: sqlite3.Connection, tables: list[str]) -> int:
@@ -482,15 +579,50 @@ def _single_cuda_process(
     return codec.pid0
 
 
+def _process_devices(
+    conn: sqlite3.Connection, tables: dict[str, list[str]], codec: Codec
+) -> _ProcessDevices | None:
+    """Each process's device, when the contexts table gives every process one (else None)."""
+    if not codec.use_pid or not {"processId", "deviceId"} <= set(tables.get(CONTEXTS_TABLE, [])):
+        return None
+    found: dict[int, set[int]] = {}
+    for pid, device in conn.execute(f"SELECT DISTINCT processId, deviceId FROM {CONTEXTS_TABLE}"):
+        if not isinstance(pid, int) or not isinstance(device, int) or not 0 <= device < 1 << 15:
+            return None
+        found.setdefault(pid, set()).add(device)
+    codes = {(pid - codec.pid0) & PID_MASK: devices for pid, devices in found.items()}
+    if not codes or len(codes) < len(found) or any(len(d) != 1 for d in codes.values()):
+        return None
+    order = sorted(codes)
+    return _ProcessDevices(
+        np.array(order, dtype=np.int64), np.array([min(codes[c]) for c in order], np.int16)
+    )
+
+
 def _activity_exprs(
-    codec: Codec, tables: dict[str, list[str]], table: str, shapes: bool, start_base: int | None
-) -> dict[str, str]:
-    common = codec.common()
-    # No start times for one process: its report needs durations (and launch times, from
-    # the API calls). Several processes' ranks need them, as offsets (fewer digits).
-    exprs = {"duration": common["duration"], "key": common["key"]}
-    if start_base is not None:
-        exprs.update(start=f"start - {start_base}", device="deviceId")
+    conn: sqlite3.Connection,
+    plan: _Plan,
+    tables: dict[str, list[str]],
+    table: str,
+    shapes: bool,
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The columns read from activity ``table``, and those whose cells are checked."""
+    common = plan.codec.common()
+    exprs = {"key": common["key"]}
+    checked: tuple[str, ...] = TIMES
+    if plan.start_base is None:
+        # No start times for one process: its report needs durations (and launch times,
+        # from the API calls).
+        exprs["duration"] = common["duration"]
+    elif set(TIMES) <= _sqlite.not_null_columns(conn, table):
+        # Several processes' ranks need starts. Read as stored, start and end need no
+        # check: a cell of text (or a real) stops the parse, which finds it (_sqlite).
+        exprs.update(start="start", end='"end"')
+        checked = ()
+    else:
+        exprs.update(duration=common["duration"], start=f"start - {plan.start_base}")
+    if plan.start_base is not None and plan.devices is None:
+        exprs["device"] = "deviceId"
     cols = tables[table]
     if table == KERNEL_TABLE:
         name_col = next(c for c in ("demangledName", "name", "mangledName") if c in cols)
@@ -501,4 +633,4 @@ def _activity_exprs(
         exprs["copy_kind"] = "copyKind" if "copyKind" in cols else "0"
     elif table == GRAPH_TABLE:
         exprs["graph"] = "graphId" if "graphId" in cols else "0"
-    return exprs
+    return exprs, checked
