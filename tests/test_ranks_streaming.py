@@ -24,11 +24,12 @@ from report_checks import assert_same_report
 from typer.testing import CliRunner
 
 import profkit.analysis as analysis
-from profkit.analysis import analyze_any
+from profkit.analysis import analyze_any, chunked, stream_tables
 from profkit.analysis.ranks import RankedReport
 from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
 from profkit.cli import app
 from profkit.errors import BadInput
+from profkit.formats import dumps
 from profkit.traces import load_trace
 from profkit.traces.nsys_stream import read_nsys_columns
 
@@ -180,3 +181,25 @@ def _rounded(text: str) -> str:
     import re
 
     return re.sub(r"\d+\.\d+(?:e[-+]\d+)?", lambda m: f"{float(m.group()):.9g}", text)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"phase": "backward"}, {"range": "computing softmax"}], ids=["all", "phase", "range"]
+)
+def test_four_threads_give_the_one_thread_report_to_the_bit(
+    exports: dict[str, Path], monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    """Small chunks (1,000 activities), so every pass has many chunks in flight: the JSON
+    and each step's kernels (what the rank pictures read) are the same strings."""
+    monkeypatch.setattr(stream_tables, "CHUNK", 1000)
+    monkeypatch.setattr(chunked.os, "cpu_count", lambda: 4)
+    reports, kernels = {}, {}
+    for threads in (1, 4):
+        monkeypatch.setattr(chunked, "MAX_THREADS", threads)
+        assert chunked.threads() == threads
+        report = _streamed(exports["x3"], options)
+        reports[threads] = dumps(report.to_json())
+        kernels[threads] = [e.steps.kernels_of(1).to_json() for e in report.ranks]
+    assert reports[4] == reports[1]
+    assert kernels[4] == kernels[1]
+    assert len(json.loads(kernels[1][0])["start"]) > 1000  # a step spans several chunks
