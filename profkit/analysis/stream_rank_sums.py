@@ -287,9 +287,13 @@ def _stats(keys: np.ndarray) -> Stats:
 def _regrouped(keys: np.ndarray, to: Any) -> np.ndarray:
     """The keys with each group code mapped by ``to``, sorted again (runs merged)."""
     out = np.empty_like(keys)
-    for lo in range(0, len(keys), tables.CHUNK):
-        part = keys[lo : lo + tables.CHUNK]
-        out[lo : lo + len(part)] = (to(part >> BITS) << BITS) | (part & MASK)
+
+    def chunk(lo: int, hi: int) -> None:  # writes out[lo:hi] only
+        part = keys[lo:hi]
+        out[lo:hi] = (to(part >> BITS) << BITS) | (part & MASK)
+
+    for _ in map_chunks(chunk, len(keys), tables.CHUNK):
+        pass
     out.sort(kind="stable")
     return out
 
@@ -323,12 +327,18 @@ def first_longest(cols: ActivityColumns, group: np.ndarray, fine: Stats, size: i
     longest_of = np.full(size, -1, dtype=np.int64)
     longest_of[fine.group] = fine.high
     first_hit = np.full(size, len(cols), dtype=np.int64)
-    for lo in range(0, len(cols), tables.CHUNK):
-        g = group[lo : lo + tables.CHUNK].astype(np.int64)
+
+    def chunk(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """The groups with a longest activity in the chunk, and the first such row."""
+        g = group[lo:hi].astype(np.int64)
         rows = np.flatnonzero(g >= 0)
-        duration = cols.arrays["duration"][lo : lo + tables.CHUNK][rows].clip(min=0)
+        duration = cols.arrays["duration"][lo:hi][rows].clip(min=0)
         hit = duration == longest_of[g[rows]]
-        np.minimum.at(first_hit, g[rows][hit], lo + rows[hit])
+        groups, first = np.unique(g[rows][hit], return_index=True)
+        return groups, lo + rows[hit][first]
+
+    for groups, rows in map_chunks(chunk, len(cols), tables.CHUNK):
+        first_hit[groups] = np.minimum(first_hit[groups], rows)  # ``groups`` are distinct
     return first_hit[fine.group]
 
 
