@@ -184,7 +184,9 @@ def _rounded(text: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"phase": "backward"}, {"range": "computing softmax"}], ids=["all", "phase", "range"]
+    "options",
+    [{}, {"phase": "backward"}, {"range": "computing softmax"}],
+    ids=["all", "phase", "range"],
 )
 def test_four_threads_give_the_one_thread_report_to_the_bit(
     exports: dict[str, Path], monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]

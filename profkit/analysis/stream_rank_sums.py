@@ -25,15 +25,15 @@ import pandas as pd
 from profkit.analysis import stream_stats as stats_of
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.categories import CATEGORIES
-from profkit.analysis.stream_attribution import Plan
 from profkit.analysis.chunked import map_chunks
+from profkit.analysis.stream_attribution import Plan
 from profkit.analysis.stream_sums import (
     QUANTITIES,
     Window,
-    point_windows,
     add_sums,
     add_window,
     name_codes,
+    point_windows,
 )
 from profkit.analysis.tables import NS_PER_MS, NS_PER_US
 from profkit.errors import BadInput
