@@ -12,6 +12,10 @@ The rules of :mod:`.comm` and :mod:`.steps`, without a per-activity frame:
   (:func:`.steps.nccl_waits`) need only the NCCL kernels. :class:`ColumnSteps` is a
   :class:`~.steps.RankSteps` holding those kernels, its step table already made, and the
   kernels of one step read from the columns when a picture asks for them.
+
+Both passes run on up to four threads (:func:`.chunked.map_chunks`): each chunk returns
+its counts, spans and meeting kernels, which the main thread adds up, or appends, in chunk
+order (what one thread gives).
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ trace's codes here; :mod:`.stream_ranks` renumbers them per rank.
 report needs, each by mapping the sorted keys and sorting them again with
 ``kind="stable"`` (numpy's timsort merges the runs the first sort left: a fraction of a
 quicksort): per (rank, name, phase), per (rank, name), per (name, phase), per name.
+
+Every pass over the chunks runs on up to four threads (:func:`.chunked.map_chunks`): a
+chunk returns its share (integer counts, slot windows, first hits) or writes its own rows
+of a shared array, and the main thread adds the shares up in chunk order, so the sums,
+keys and statistics are those of one thread, to the bit.
 """
 
 from __future__ import annotations

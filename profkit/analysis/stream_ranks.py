@@ -21,6 +21,9 @@ CUDA graph activities, where no tie of launch counts decides a rank. Anything el
 to infer, Chrome per-rank traces, those odd cases) takes the full tables; where the pass
 finds something the columns cannot settle it raises :class:`NotStreamable`, and the caller
 reads the full tables instead.
+
+Every pass over the activities (numbering the ranks, attributing, adding up, the second
+pass) runs its chunks on up to four threads (:mod:`.chunked`), its result the same as on one.
 """
 
 from __future__ import annotations
