@@ -1,19 +1,23 @@
-"""Where the CPU time of reading a multi-rank export goes: ``profkit kernels``' stages, timed.
+"""Where the time of reading a multi-rank export goes: ``profkit kernels``' stages, timed.
 
 Runs what ``profkit kernels EXPORT --format json --no-cache`` runs for a multi-process
-Nsight Systems export whose phases are annotated, in this process, and prints the CPU
-seconds (all threads: ``time.process_time``) of each stage. ``--path stream`` (the
-default, what the command runs): the imports, the columns' read, the ranks, the one
+Nsight Systems export whose phases are annotated, in this process, and prints the wall
+seconds and the CPU seconds (all threads: ``time.process_time``) of each stage: the
+analysis runs its chunks on up to four threads, so wall and CPU differ. ``--path stream``
+(the default, what the command runs): the imports, the columns' read, the ranks, the one
 attribution, the one pass adding up every rank's sums, the kernel statistics (one sort,
 three merges), their longest activities and shapes, the reports' other tables, the
 second pass (compute kernels meeting NCCL, step spans), the NCCL overlap, the job and
-the JSON. ``--path full`` (the full tables, what inferred phases take): the imports,
+the JSON. An export of one CUDA process (no ranks) gets the one-process streaming path's
+stages instead (the plan, the attribution, the one pass with its kernel statistics, the
+tables). ``--path full`` (the full tables, what inferred phases take): the imports,
 ``load_trace``, the one attribution,
 each rank's entry (its tables from that attribution, its NCCL time and overlap, its
 steps; the first one also adds up the range totals of the one attribution), the whole
 trace's tables, the job across ranks, and the JSON. Peak RSS and minor page faults
 come from ``getrusage``. Each stage is timed by wrapping the function that does it, so the
-stages sum to a little less than the whole.
+stages sum to a little less than the whole. A path that is not an export profkit reads
+ends with one line and exit status 2.
 
     python benchmarks/kernels_scale.py --ranks 100 --runs 3 --keep --workdir /tmp/k
     python benchmarks/ranks_stages.py /tmp/k/ranks2-x100.sqlite
@@ -32,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+STARTED = time.perf_counter()  # the whole run's wall, imports included
 CPU: dict[str, float] = {}
+WALL: dict[str, float] = {}
 STREAM_ORDER = [
     "import",
     "read_nsys_columns",
@@ -46,6 +52,18 @@ STREAM_ORDER = [
     "second pass: NCCL, steps",
     "  NCCL overlap per rank",
     "job across ranks (steps)",
+    "json",
+]
+ONE_PROCESS_ORDER = [
+    "import",
+    "read_nsys_columns",
+    "ranks (numbering)",
+    "analysis",
+    "plan",
+    "attribution",
+    "one pass: sums",
+    "  kernel statistics",
+    "tables",
     "json",
 ]
 ORDER = [
@@ -64,15 +82,16 @@ ORDER = [
 
 
 def timed(stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn``, adding its CPU seconds to ``CPU[stage]`` at each call."""
+    """``fn``, adding its CPU and wall seconds to ``CPU[stage]`` and ``WALL[stage]``."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        started = time.process_time()
+        cpu, wall = time.process_time(), time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            CPU[stage] = CPU.get(stage, 0.0) + time.process_time() - started
+            CPU[stage] = CPU.get(stage, 0.0) + time.process_time() - cpu
+            WALL[stage] = WALL.get(stage, 0.0) + time.perf_counter() - wall
 
     return wrapper
 
@@ -93,14 +112,32 @@ def main() -> int:
     parser.add_argument("--path", choices=("stream", "full"), default="stream")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    if args.path == "stream":
-        return stream(args.export)
-    started = time.process_time()
+    run = stream if args.path == "stream" else full
+    imported = timed("import", _import_profkit)
+    errors = imported()
+    try:
+        return run(args.export)
+    except errors as e:  # a user's error: one line, as the CLI gives it
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _import_profkit() -> tuple[type[Exception], ...]:
+    """The modules the stages wrap, imported (timed as ``import``); the user errors."""
+    from profkit.analysis import ranks, stream_ranks, streaming  # noqa: F401
+    from profkit.errors import ProfkitError
+    from profkit.traces import load_trace  # noqa: F401
+    from profkit.traces.nsys_stream import read_nsys_columns  # noqa: F401
+
+    return (ProfkitError,)
+
+
+def full(export: Path) -> int:
+    """The stages of the full tables (``analysis.ranks``)."""
     from profkit.analysis import ranks
     from profkit.formats import dumps
     from profkit.traces import load_trace
 
-    CPU["import"] = time.process_time() - started
     ranks.attribute = timed("attribution (once)", ranks.attribute)
     ranks._rank_entry = timed("each rank's entry", ranks._rank_entry)
     tables_of = ranks.tables_of
@@ -111,21 +148,21 @@ def main() -> int:
     whole = ranks._Whole
     whole.counts_of_all = timed("    range totals (once)", whole.counts_of_all)  # type: ignore[method-assign]
     ranks.step_table = timed("job across ranks (steps)", ranks.step_table)
-    trace = timed("load_trace", load_trace)(args.export)
+    trace = timed("load_trace", load_trace)(export)
+    if not ranks.is_multi_rank(trace):
+        return _one_process(export)
     report = timed("analysis", ranks.analyze_ranks)(trace)
     timed("json", lambda: dumps(report.to_json()))()
-    return summary(args.export, report, ORDER)
+    return summary(export, report, ORDER)
 
 
 def stream(export: Path) -> int:
     """The stages of the streaming path (``analysis.stream_ranks``)."""
-    started = time.process_time()
     from profkit.analysis import stream_rank_tables, stream_ranks
     from profkit.formats import dumps
     from profkit.traces.nsys_stream import read_nsys_columns
 
-    CPU["import"] = time.process_time() - started
-    s, t = stream_ranks, stream_rank_tables
+    s = stream_ranks
     s.attributed = timed("attribution (once)", s.attributed)
     s.add_up_ranks = timed("one pass: sums per rank", s.add_up_ranks)
     s.kernel_statistics = timed("kernel statistics", s.kernel_statistics)
@@ -134,24 +171,65 @@ def stream(export: Path) -> int:
     s.second_pass = timed("second pass: NCCL, steps", s.second_pass)
     s.rank_comm = timed("  NCCL overlap per rank", s.rank_comm)
     s.step_table = timed("job across ranks (steps)", s.step_table)
-    assert t  # the tables' module is imported for its functions above
     cols = timed("read_nsys_columns", read_nsys_columns)(export)
     layout = timed("ranks (numbering)", s.ranks_of)(cols)
-    report = timed("analysis", s.analyze_rank_columns)(cols, layout)
+    if layout is None:
+        return stream_one_process(export, cols)
+    try:
+        report = timed("analysis", s.analyze_rank_columns)(cols, layout)
+    except stream_rank_tables.NotStreamable:
+        print(
+            f"{export}: the streaming path leaves it to the full tables: try --path full",
+            file=sys.stderr,
+        )
+        return 2
     timed("json", lambda: dumps(report.to_json()))()
     return summary(export, report, STREAM_ORDER)
+
+
+def stream_one_process(export: Path, cols: Any) -> int:
+    """The one-process streaming path's stages (``analysis.streaming``), for an export of
+    one CUDA process (no ranks); one line and exit status 2 for one it does not take."""
+    from profkit.analysis import _streamable, stream_stats, streaming
+    from profkit.formats import dumps
+
+    if not _streamable(cols, None, "auto"):
+        print(
+            f"{export}: no ranks the streaming path takes (one CUDA process without phase "
+            "ranges, CUDA graphs, or a tie of launch counts): try --path full",
+            file=sys.stderr,
+        )
+        return 2
+    streaming.plan_of = timed("plan", streaming.plan_of)
+    streaming.attributed = timed("attribution", streaming.attributed)
+    streaming.add_up = timed("one pass: sums", streaming.add_up)
+    stream_stats.kernel_stats = timed("  kernel statistics", stream_stats.kernel_stats)
+    streaming._report = timed("tables", streaming._report)
+    report = timed("analysis", streaming.analyze_columns)(cols)
+    timed("json", lambda: dumps(report.to_json()))()
+    return summary(export, report, ONE_PROCESS_ORDER)
+
+
+def _one_process(export: Path) -> int:
+    """``--path full`` on an export of one process: one line, exit status 2."""
+    print(f"{export}: one CUDA process, so no ranks: try --path stream", file=sys.stderr)
+    return 2
 
 
 def summary(export: Path, report: Any, order: list[str]) -> int:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     whole = report.totals["kernels"]
-    print(f"{export.name}: {whole:,} kernels, {len(report.ranks)} ranks")
+    ranks = getattr(report, "ranks", None)
+    what = f"{len(ranks)} ranks" if ranks else "one CUDA process: the one-process path's stages"
+    print(f"{export.name}: {whole:,} kernels, {what}")
+    print(f"  {'stage':36s} {'wall':>8s} {'CPU':>8s}")
     for stage in order:
-        print(f"  {stage:36s} {CPU.get(stage, 0.0):6.2f} s CPU")
+        print(f"  {stage:36s} {WALL.get(stage, 0.0):6.2f} s {CPU.get(stage, 0.0):6.2f} s")
     print(
-        f"  {'total (this process)':36s} {usage.ru_utime + usage.ru_stime:6.2f} s CPU "
-        f"({usage.ru_stime:.2f} s system), peak RSS {usage.ru_maxrss / 1024**2:.2f} GiB, "
-        f"{usage.ru_minflt:,} minor page faults; load average {os.getloadavg()[0]:.1f}"
+        f"  {'total (this process)':36s} {time.perf_counter() - STARTED:6.2f} s "
+        f"{usage.ru_utime + usage.ru_stime:6.2f} s ({usage.ru_stime:.2f} s system CPU), "
+        f"peak RSS {usage.ru_maxrss / 1024**2:.2f} GiB, {usage.ru_minflt:,} minor page "
+        f"faults; load average {os.getloadavg()[0]:.1f}"
     )
     return 0
 

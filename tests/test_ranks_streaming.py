@@ -6,7 +6,8 @@ columns (``analysis.stream_ranks``); the full-table path (``load_trace`` +
 and on it replicated three times: every table of the whole trace and of each rank, the
 notes, the source, the NCCL statistics (exact), the steps across ranks (exact), and the
 JSON (floats to 1e-12 relative, as the one-process streaming path is held to against
-``analyze()``); and the CLI's table, markdown and JSON outputs of both paths.
+``analyze()``); and the CLI's table, markdown and JSON outputs of both paths. The passes
+run on up to four threads: in small chunks, four give the one-thread JSON to the bit.
 """
 
 from __future__ import annotations
@@ -14,21 +15,26 @@ from __future__ import annotations
 import json
 import lzma
 import math
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 from bench_scripts import benchmark
+from nsys_data import SMALL_FP32, unpack
 from report_checks import assert_same_report
 from typer.testing import CliRunner
 
 import profkit.analysis as analysis
-from profkit.analysis import analyze_any
+from profkit.analysis import analyze_any, chunked, stream_tables
 from profkit.analysis.ranks import RankedReport
 from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
 from profkit.cli import app
 from profkit.errors import BadInput
+from profkit.formats import dumps
 from profkit.traces import load_trace
 from profkit.traces.nsys_stream import read_nsys_columns
 
@@ -177,6 +183,54 @@ def test_the_command_streams_and_prints_what_the_full_tables_print(
 
 def _rounded(text: str) -> str:
     """Text tables with numbers to 9 significant digits (std's last ulps may differ)."""
-    import re
-
     return re.sub(r"\d+\.\d+(?:e[-+]\d+)?", lambda m: f"{float(m.group()):.9g}", text)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"phase": "backward"}, {"range": "computing softmax"}],
+    ids=["all", "phase", "range"],
+)
+def test_four_threads_give_the_one_thread_report_to_the_bit(
+    exports: dict[str, Path], monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    """Small chunks (1,000 activities), so every pass has many chunks in flight: the JSON
+    and each step's kernels (what the rank pictures read) are the same strings."""
+    monkeypatch.setattr(stream_tables, "CHUNK", 1000)
+    monkeypatch.setattr(chunked.os, "cpu_count", lambda: 4)
+    reports, kernels = {}, {}
+    for threads in (1, 4):
+        monkeypatch.setattr(chunked, "MAX_THREADS", threads)
+        assert chunked.threads() == threads
+        report = _streamed(exports["x3"], options)
+        reports[threads] = dumps(report.to_json())
+        kernels[threads] = [e.steps.kernels_of(1).to_json() for e in report.ranks]
+    assert reports[4] == reports[1]
+    assert kernels[4] == kernels[1]
+    assert len(json.loads(kernels[1][0])["start"]) > 1000  # a step spans several chunks
+
+
+def test_the_stages_script_times_ranks_one_process_and_says_what_it_cannot(
+    exports: dict[str, Path], tmp_path: Path
+) -> None:
+    """benchmarks/ranks_stages.py: wall and CPU per stage for 2 ranks and for one process
+    (it crashed on one: no layout); one line and exit status 2 for a missing file."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ranks_stages.py"
+
+    def run(path: Path) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, str(script), str(path)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+    two = run(exports["x1"])
+    assert two.returncode == 0, two.stderr
+    assert "12,360 kernels, 2 ranks" in two.stdout
+    assert re.search(r"one pass: sums per rank +\d+\.\d\d s +\d+\.\d\d s", two.stdout)
+    one = run(unpack(SMALL_FP32, tmp_path))
+    assert one.returncode == 0, one.stderr
+    assert "3,858 kernels, one CUDA process" in one.stdout
+    assert re.search(r"one pass: sums +\d+\.\d\d s +\d+\.\d\d s", one.stdout)
+    missing = run(tmp_path / "none.sqlite")
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [
+        f"error: no such file: {tmp_path / 'none.sqlite'}"
+    ]

@@ -1,6 +1,7 @@
 """A pass over per-activity arrays, chunk by chunk, on a few threads.
 
-The streaming analysis (attribution, sums) is a loop over chunks of activities, each
+The streaming analysis (attribution, sums; for several ranks too: :mod:`.stream_ranks`,
+:mod:`.stream_rank_sums`, :mod:`.stream_rank_comm`) is a loop over chunks of activities, each
 chunk's work independent of the others'. Its work is numpy's binary searches, gathers and
 arithmetic, which release the GIL, so :func:`map_chunks` runs chunks on up to
 :data:`MAX_THREADS` threads and hands their results back in chunk order, with at most one

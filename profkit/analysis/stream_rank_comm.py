@@ -12,6 +12,10 @@ The rules of :mod:`.comm` and :mod:`.steps`, without a per-activity frame:
   (:func:`.steps.nccl_waits`) need only the NCCL kernels. :class:`ColumnSteps` is a
   :class:`~.steps.RankSteps` holding those kernels, its step table already made, and the
   kernels of one step read from the columns when a picture asks for them.
+
+Both passes run on up to four threads (:func:`.chunked.map_chunks`): each chunk returns
+its counts, spans and meeting kernels, which the main thread adds up, or appends, in chunk
+order (what one thread gives).
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis import stream_tables as tables
+from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import CommStats, Intervals, comm_stats_of
 from profkit.analysis.intervals import union
 from profkit.analysis.steps import NS_PER_MS, RankSteps
 from profkit.traces.columns import ActivityColumns
 
 Unions = dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+KernelIntervals = tuple[np.ndarray, np.ndarray, np.ndarray]  # start, end, device
 
 
 @dataclass
@@ -66,7 +72,7 @@ class SecondPass:
     """What the second pass found: compute kernels meeting the NCCL unions, per rank, as
     (start, end, device) parts; per (rank, step) cell the span and activity count."""
 
-    compute: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]
+    compute: dict[int, list[KernelIntervals]]
     span_start: np.ndarray
     span_end: np.ndarray
     count: np.ndarray
@@ -84,31 +90,58 @@ def second_pass(
     the group code of each activity, -1 when not selected; ``compute_name`` per name code),
     and the steps' spans (every activity)."""
     offset = np.concatenate([[0], np.cumsum([len(s) for s in starts])]).astype(np.int64)
-    cells = int(offset[-1])
-    found = SecondPass({}, np.full(cells, np.iinfo(np.int64).max, np.int64),
-                       np.full(cells, np.iinfo(np.int64).min, np.int64), np.zeros(cells, np.int64))  # fmt: skip
-    a = cols.arrays
-    for lo in range(0, len(cols), tables.CHUNK):
-        hi = min(lo + tables.CHUNK, len(cols))
+    found = _no_spans(int(offset[-1]))
+    cols.load(["start", "duration", "launch_start", "name", "device"])
+
+    def chunk(lo: int, hi: int) -> tuple[SecondPass, list[tuple[int, KernelIntervals]]]:
         r = rank[lo:hi].astype(np.int64)
-        start = a["start"][lo:hi]
-        end = start + a["duration"][lo:hi]
-        launch = a["launch_start"][lo:hi]
-        cell = step_cells(r, np.where(launch >= 0, launch, start), starts, offset)
-        inside = cell >= 0
-        found.count += np.bincount(cell[inside], minlength=cells)
-        np.minimum.at(found.span_start, cell[inside], start[inside])
-        np.maximum.at(found.span_end, cell[inside], end[inside])
-        compute = (selected[lo:hi] >= 0) & compute_name[a["name"][lo:hi]]
-        device = a["device"][lo:hi]
-        for (rr, d), (u_start, u_end) in unions.items():
-            mine = np.flatnonzero(compute & (r == rr) & (device == d))
-            s, e = start[mine], end[mine]
-            j = np.searchsorted(u_start, e, side="left") - 1
-            meets = (j >= 0) & (u_end[np.maximum(j, 0)] > s)
-            device_of = np.full(int(meets.sum()), d, dtype=np.int64)
-            found.compute.setdefault(rr, []).append((s[meets], e[meets], device_of))
+        a = {k: cols.arrays[k][lo:hi] for k in ("start", "duration", "launch_start", "device")}
+        a["end"] = a["start"] + a["duration"]
+        spans = _step_spans(r, a, starts, offset)
+        compute = (selected[lo:hi] >= 0) & compute_name[cols.arrays["name"][lo:hi]]
+        return spans, _meeting(r, a, compute, unions)
+
+    for spans, meeting in map_chunks(chunk, len(cols), tables.CHUNK):
+        found.count += spans.count
+        np.minimum(found.span_start, spans.span_start, out=found.span_start)
+        np.maximum(found.span_end, spans.span_end, out=found.span_end)
+        for rr, part in meeting:  # in chunk order, then union order, as one thread adds
+            found.compute.setdefault(rr, []).append(part)
     return found
+
+
+def _no_spans(cells: int) -> SecondPass:
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    return SecondPass({}, np.full(cells, big), np.full(cells, small), np.zeros(cells, np.int64))
+
+
+def _step_spans(
+    r: np.ndarray, a: dict[str, np.ndarray], starts: list[np.ndarray], offset: np.ndarray
+) -> SecondPass:
+    """A chunk's activity count and span per (rank, step) cell."""
+    start, end = a["start"], a["end"]
+    cell = step_cells(r, np.where(a["launch_start"] >= 0, a["launch_start"], start), starts, offset)
+    inside = cell >= 0
+    spans = _no_spans(int(offset[-1]))
+    spans.count += np.bincount(cell[inside], minlength=len(spans.count))
+    np.minimum.at(spans.span_start, cell[inside], start[inside])
+    np.maximum.at(spans.span_end, cell[inside], end[inside])
+    return spans
+
+
+def _meeting(
+    r: np.ndarray, a: dict[str, np.ndarray], compute: np.ndarray, unions: Unions
+) -> list[tuple[int, KernelIntervals]]:
+    """A chunk's compute kernels that meet their rank's NCCL union on their GPU, per union."""
+    start, end = a["start"], a["end"]
+    out = []
+    for (rr, d), (u_start, u_end) in unions.items():
+        mine = np.flatnonzero(compute & (r == rr) & (a["device"] == d))
+        s, e = start[mine], end[mine]
+        j = np.searchsorted(u_start, e, side="left") - 1
+        meets = (j >= 0) & (u_end[np.maximum(j, 0)] > s)
+        out.append((rr, (s[meets], e[meets], np.full(int(meets.sum()), d, dtype=np.int64))))
+    return out
 
 
 def step_cells(
@@ -185,25 +218,19 @@ def kernels_reader(
     """``read(step)``: ``start``, ``end`` and ``nccl`` of rank ``r``'s kernels in a step."""
 
     def read(step: int) -> pd.DataFrame:
-        parts = []
         a = cols.arrays
-        for lo in range(0, len(cols), tables.CHUNK):
-            hi = min(lo + tables.CHUNK, len(cols))
+
+        def chunk(lo: int, hi: int) -> list[np.ndarray]:
             start = a["start"][lo:hi]
             launch = a["launch_start"][lo:hi]
             point = np.where(launch >= 0, launch, start)
             in_step = np.searchsorted(starts, point, side="right") - 1 == step
             name = a["name"][lo:hi]
             rows = np.flatnonzero(in_step & (rank[lo:hi] == r) & kernel_name[name])
-            parts.append(
-                pd.DataFrame(
-                    {
-                        "start": start[rows],
-                        "end": start[rows] + a["duration"][lo:hi][rows],
-                        "nccl": nccl_name[name[rows]],
-                    }
-                )
-            )
-        return pd.concat(parts, ignore_index=True)
+            return [start[rows], start[rows] + a["duration"][lo:hi][rows], nccl_name[name[rows]]]
+
+        parts = list(map_chunks(chunk, len(cols), tables.CHUNK))
+        names = ("start", "end", "nccl")
+        return pd.DataFrame({n: np.concatenate([p[i] for p in parts]) for i, n in enumerate(names)})
 
     return read

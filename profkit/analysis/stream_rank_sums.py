@@ -11,12 +11,17 @@ trace's codes here; :mod:`.stream_ranks` renumbers them per rank.
 report needs, each by mapping the sorted keys and sorting them again with
 ``kind="stable"`` (numpy's timsort merges the runs the first sort left: a fraction of a
 quicksort): per (rank, name, phase), per (rank, name), per (name, phase), per name.
+
+Every pass over the chunks runs on up to four threads (:func:`.chunked.map_chunks`): a
+chunk returns its share (integer counts, slot windows, first hits) or writes its own rows
+of a shared array, and the main thread adds the shares up in chunk order, so the sums,
+keys and statistics are those of one thread, to the bit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,8 +30,16 @@ import pandas as pd
 from profkit.analysis import stream_stats as stats_of
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.categories import CATEGORIES
+from profkit.analysis.chunked import map_chunks
 from profkit.analysis.stream_attribution import Plan
-from profkit.analysis.stream_sums import QUANTITIES, _add_points, add_sums, name_codes
+from profkit.analysis.stream_sums import (
+    QUANTITIES,
+    Window,
+    add_sums,
+    add_window,
+    name_codes,
+    point_windows,
+)
 from profkit.analysis.tables import NS_PER_MS, NS_PER_US
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
@@ -102,30 +115,38 @@ def add_up_ranks(
         nccl={},
     )
     name_kind, name_category = name_codes(cols)
-    at, nccl_parts = 0, []
-    for lo in range(0, len(cols), tables.CHUNK):
-        hi = min(lo + tables.CHUNK, len(cols))
+    cols.load(["name", "duration", "launch_thread", "start", "device", "launch_start"])
+
+    def chunk(lo: int, hi: int) -> _RankPart:  # writes rows lo..hi of group and keys only
         r = rank[lo:hi].astype(np.int64)
         phase = att["phase"][lo:hi].astype(np.int64)
-        rank_phase = r * n_phases + phase
-        sums.seen += np.bincount(rank_phase, minlength=len(sums.seen))
         keep = selection.of(r, att, lo, hi)
         name = cols.arrays["name"][lo:hi]
-        nccl_parts.append(_nccl_rows(cols, lo, hi, r, keep, nccl_name[name]))
-        c = {"rank_phase": rank_phase, "same": att["same"][lo:hi],
+        c = {"rank_phase": r * n_phases + phase, "same": att["same"][lo:hi],
              "self_slot": att["self_slot"][lo:hi], "owner_slot": att["owner_slot"][lo:hi],
              "name": name, "code": cols.arrays["launch_thread"][lo:hi],
              "duration": cols.arrays["duration"][lo:hi].clip(min=0)}  # fmt: skip
+        seen = np.bincount(c["rank_phase"], minlength=len(sums.seen))
         if keep is not None:  # no selection: every activity, no copies
             c = {key: values[keep] for key, values in c.items()}
-        _add_chunk(sums, c, name_kind[c["name"]], name_category[c["name"]], n_phases)
+        part = _rank_part(sums, c, name_kind[c["name"]], name_category[c["name"]], n_phases)
+        part.seen, part.nccl = seen, _nccl_rows(cols, lo, hi, r, keep, nccl_name[name])
         group = (r * n_names + name) * n_phases + phase
         if keep is None:
             sums.group[lo:hi] = group
         else:
             group = group[keep]
             sums.group[lo:hi][keep] = group
-        at = _add_keys(sums.keys, at, group, c["duration"])
+        part.lo, part.keys = lo, _add_keys(sums.keys, lo, group, c["duration"]) - lo
+        return part
+
+    at, nccl_parts = 0, []
+    for part in map_chunks(chunk, len(cols), tables.CHUNK):
+        part.add_to(sums)
+        if at != part.lo:  # selected keys move down, into chunks already done
+            sums.keys[at : at + part.keys] = sums.keys[part.lo : part.lo + part.keys]
+        at += part.keys
+        nccl_parts.append(part.nccl)
     sums.keys = sums.keys[:at]
     sums.keys.sort()
     sums.nccl = {k: np.concatenate([p[k] for p in nccl_parts]) for k in nccl_parts[0]}
@@ -143,34 +164,72 @@ def _add_keys(keys: np.ndarray, at: int, group: np.ndarray, duration: np.ndarray
     return at + len(group)
 
 
-def _add_chunk(
+@dataclass
+class _RankPart:
+    """One chunk's share of :class:`RankSums` (its slot sums as windows of slots), and
+    where its keys lie: ``keys`` of them from index ``lo`` on."""
+
+    by_phase_category: np.ndarray
+    windows: list[Window]
+    moved: np.ndarray
+    same: np.ndarray
+    unlaunched: np.ndarray
+    workers: np.ndarray  # (phase, thread code) pairs, as phase * threads + code
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    nccl: dict[str, np.ndarray] = field(default_factory=dict)
+    lo: int = 0
+    keys: int = 0
+
+    def add_to(self, sums: RankSums) -> None:
+        """Add the counts up (integers: in any order, the same sums)."""
+        sums.by_phase_category += self.by_phase_category
+        for where, window in self.windows:
+            add_window(sums.by_slot, where, window)
+        sums.moved += self.moved
+        sums.same += self.same
+        sums.unlaunched += self.unlaunched
+        sums.workers.reshape(-1)[self.workers] = True
+        sums.seen += self.seen
+
+
+def _rank_part(
     sums: RankSums, c: dict[str, np.ndarray], kind: np.ndarray, category: np.ndarray, n: int
-) -> None:
+) -> _RankPart:
+    """A chunk's sums (``sums``: only the shapes are read)."""
     rank_phase, phase = c["rank_phase"], c["rank_phase"] % n
     duration = c["duration"].astype(np.float64)  # clipped at 0 already
-    add_sums(sums.by_phase_category, rank_phase * len(CATEGORIES) + category, kind, duration)
+    by_phase_category = np.zeros_like(sums.by_phase_category)
+    add_sums(by_phase_category, rank_phase * len(CATEGORIES) + category, kind, duration)
+    windows: list[Window] = []
     for slot in (c["self_slot"], c["owner_slot"]):
-        _add_slot_points(sums.by_slot, slot, c["code"], kind, duration)
+        windows += _slot_windows(slot, c["code"], kind, duration)
     moved = (c["owner_slot"] >= 0) & (phase != n - 1)
-    sums.moved += np.bincount(rank_phase[moved], minlength=len(sums.moved))
-    sums.same += np.bincount(rank_phase * n + c["same"], minlength=len(sums.same))
-    sums.unlaunched += np.bincount(rank_phase[c["code"] < 0], minlength=len(sums.unlaunched))
-    sums.workers[phase[moved], c["code"][moved]] = True  # moved ones have a launch call
+    threads = sums.workers.shape[1]
+    return _RankPart(
+        by_phase_category=by_phase_category,
+        windows=windows,
+        moved=np.bincount(rank_phase[moved], minlength=len(sums.moved)),
+        same=np.bincount(rank_phase * n + c["same"], minlength=len(sums.same)),
+        unlaunched=np.bincount(rank_phase[c["code"] < 0], minlength=len(sums.unlaunched)),
+        workers=np.unique(phase[moved] * threads + c["code"][moved]),  # moved: launched
+    )
 
 
-def _add_slot_points(
-    by_slot: np.ndarray, slot: np.ndarray, code: np.ndarray, kind: np.ndarray, duration: np.ndarray
-) -> None:
-    """:func:`.stream_sums._add_points` of the points (slot >= 0), one launching thread at a
-    time: grouped by thread with one stable sort of the 16-bit codes (a radix sort), where
-    ``_add_points`` would compare every point with each of a chunk's threads (several
-    processes launch from several times as many threads as one)."""
+def _slot_windows(
+    slot: np.ndarray, code: np.ndarray, kind: np.ndarray, duration: np.ndarray
+) -> list[Window]:
+    """:func:`.stream_sums.point_windows` of the points (slot >= 0), one launching thread
+    at a time: grouped by thread with one stable sort of the 16-bit codes (a radix sort),
+    where ``point_windows`` would compare every point with each of a chunk's threads
+    (several processes launch from several times as many threads as one)."""
     point = np.flatnonzero(slot >= 0)
     order = point[np.argsort(code[point], kind="stable")]
     code_sorted = code[order]
     cut = np.flatnonzero(code_sorted[1:] != code_sorted[:-1]) + 1
+    windows: list[Window] = []
     for part in np.split(order, cut) if len(order) else []:
-        _add_points(by_slot, slot[part], code[part], kind[part], duration[part])
+        windows += point_windows(slot[part], code[part], kind[part], duration[part])
+    return windows
 
 
 def _nccl_rows(
@@ -233,9 +292,13 @@ def _stats(keys: np.ndarray) -> Stats:
 def _regrouped(keys: np.ndarray, to: Any) -> np.ndarray:
     """The keys with each group code mapped by ``to``, sorted again (runs merged)."""
     out = np.empty_like(keys)
-    for lo in range(0, len(keys), tables.CHUNK):
-        part = keys[lo : lo + tables.CHUNK]
-        out[lo : lo + len(part)] = (to(part >> BITS) << BITS) | (part & MASK)
+
+    def chunk(lo: int, hi: int) -> None:  # writes out[lo:hi] only
+        part = keys[lo:hi]
+        out[lo:hi] = (to(part >> BITS) << BITS) | (part & MASK)
+
+    for _ in map_chunks(chunk, len(keys), tables.CHUNK):
+        pass
     out.sort(kind="stable")
     return out
 
@@ -269,12 +332,18 @@ def first_longest(cols: ActivityColumns, group: np.ndarray, fine: Stats, size: i
     longest_of = np.full(size, -1, dtype=np.int64)
     longest_of[fine.group] = fine.high
     first_hit = np.full(size, len(cols), dtype=np.int64)
-    for lo in range(0, len(cols), tables.CHUNK):
-        g = group[lo : lo + tables.CHUNK].astype(np.int64)
+
+    def chunk(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """The groups with a longest activity in the chunk, and the first such row."""
+        g = group[lo:hi].astype(np.int64)
         rows = np.flatnonzero(g >= 0)
-        duration = cols.arrays["duration"][lo : lo + tables.CHUNK][rows].clip(min=0)
+        duration = cols.arrays["duration"][lo:hi][rows].clip(min=0)
         hit = duration == longest_of[g[rows]]
-        np.minimum.at(first_hit, g[rows][hit], lo + rows[hit])
+        groups, first = np.unique(g[rows][hit], return_index=True)
+        return groups, lo + rows[hit][first]
+
+    for groups, rows in map_chunks(chunk, len(cols), tables.CHUNK):
+        first_hit[groups] = np.minimum(first_hit[groups], rows)  # ``groups`` are distinct
     return first_hit[fine.group]
 
 

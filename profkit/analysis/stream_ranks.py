@@ -21,6 +21,9 @@ CUDA graph activities, where no tie of launch counts decides a rank. Anything el
 to infer, Chrome per-rank traces, those odd cases) takes the full tables; where the pass
 finds something the columns cannot settle it raises :class:`NotStreamable`, and the caller
 reads the full tables instead.
+
+Every pass over the activities (numbering the ranks, attributing, adding up, the second
+pass) runs its chunks on up to four threads (:mod:`.chunked`), its result the same as on one.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import UNATTRIBUTED, Attribution, default_phase_domain
+from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import is_nccl
 from profkit.analysis.intervals import PROCESS_SHIFT
 from profkit.analysis.ranks import PROCESS_MASK, RankedReport, RankEntry
@@ -120,10 +124,14 @@ def ranks_of(cols: ActivityColumns) -> Layout | None:
     info = [{"rank": r, "world_size": len(order), "device": d, "pid": int(pids[i]), "host": host}
             for r, (d, i) in enumerate(order)]  # fmt: skip
     rank = np.empty(len(cols), dtype=np.int16)
-    for lo in range(0, len(cols), tables.CHUNK):
-        index = index_of_code[cols.arrays["launch_thread"][lo : lo + tables.CHUNK]]
-        device_rank = rank_of_device[cols.arrays["device"][lo : lo + tables.CHUNK]]
-        rank[lo : lo + len(index)] = np.where(index >= 0, rank_of_index[index], device_rank)
+
+    def chunk(lo: int, hi: int) -> None:  # writes rank[lo:hi] only
+        index = index_of_code[cols.arrays["launch_thread"][lo:hi]]
+        device_rank = rank_of_device[cols.arrays["device"][lo:hi]]
+        rank[lo:hi] = np.where(index >= 0, rank_of_index[index], device_rank)
+
+    for _ in map_chunks(chunk, len(cols), tables.CHUNK):
+        pass
     range_pid = (cols.ranges["thread"].to_numpy(np.int64) >> PROCESS_SHIFT) & PROCESS_MASK
     at = np.minimum(np.searchsorted(pids, range_pid), len(pids) - 1)
     range_rank = np.where(pids[at] == range_pid, rank_of_index[at], -1)
@@ -133,11 +141,15 @@ def ranks_of(cols: ActivityColumns) -> Layout | None:
 def _device_counts(cols: ActivityColumns, index_of_code: np.ndarray, n_pids: int) -> np.ndarray:
     """Per device: activities without a launch call, then those launched by each process."""
     width = n_pids + 1
+    cols.load(["launch_thread", "device"])
+
+    def chunk(lo: int, hi: int) -> np.ndarray:
+        index = index_of_code[cols.arrays["launch_thread"][lo:hi]]
+        device = cols.arrays["device"][lo:hi].astype(np.int64)
+        return np.bincount(device * width + index + 1)
+
     counts = np.zeros(0, dtype=np.int64)
-    for lo in range(0, len(cols), tables.CHUNK):
-        index = index_of_code[cols.arrays["launch_thread"][lo : lo + tables.CHUNK]]
-        device = cols.arrays["device"][lo : lo + tables.CHUNK].astype(np.int64)
-        found = np.bincount(device * width + index + 1)
+    for found in map_chunks(chunk, len(cols), tables.CHUNK):
         if len(found) > len(counts):
             counts = np.append(counts, np.zeros(len(found) - len(counts), np.int64))
         counts[: len(found)] += found
@@ -295,8 +307,11 @@ def _seen(
 ) -> np.ndarray:
     """(rank, phase): how many activities, every one counted."""
     seen = np.zeros(n_ranks * n_phases, dtype=np.int64)
-    for lo in range(0, len(cols), tables.CHUNK):
-        r = rank[lo : lo + tables.CHUNK].astype(np.int64)
-        key = r * n_phases + att["phase"][lo : lo + tables.CHUNK]
-        seen += np.bincount(key, minlength=len(seen))
+
+    def chunk(lo: int, hi: int) -> np.ndarray:
+        key = rank[lo:hi].astype(np.int64) * n_phases + att["phase"][lo:hi]
+        return np.bincount(key, minlength=len(seen))
+
+    for part in map_chunks(chunk, len(cols), tables.CHUNK):
+        seen += part
     return seen.reshape(n_ranks, n_phases)

@@ -226,7 +226,7 @@ def _part(
     agrees = True
     for slot in (c["self_slot"], c["owner_slot"]):
         point = slot >= 0
-        windows += _point_windows(slot[point], c["code"][point], kind[point], duration[point])
+        windows += point_windows(slot[point], c["code"][point], kind[point], duration[point])
         if plan.slot_phase is not None and (plan.slot_phase[slot[point]] != phase[point]).any():
             agrees = False
     moved = (c["owner_slot"] >= 0) & (phase != last)
@@ -267,14 +267,6 @@ def add_sums(into: np.ndarray, key: np.ndarray, kind: np.ndarray, duration: np.n
     into[:, GPU_NS] += ns[:, 0] + ns[:, 1]
 
 
-def _add_points(
-    by_slot: np.ndarray, slot: np.ndarray, code: np.ndarray, kind: np.ndarray, duration: np.ndarray
-) -> None:
-    """:func:`add_sums` into the slots (see :func:`_point_windows`)."""
-    for where, window in _point_windows(slot, code, kind, duration):
-        add_window(by_slot, where, window)
-
-
 Window = tuple[int | np.ndarray, np.ndarray]
 """Sums of slots: from a first slot on (dense), or of the slots listed (sparse)."""
 
@@ -286,7 +278,7 @@ def add_window(by_slot: np.ndarray, where: int | np.ndarray, window: np.ndarray)
         by_slot[where] += window  # the slots listed are distinct
 
 
-def _point_windows(
+def point_windows(
     slot: np.ndarray, code: np.ndarray, kind: np.ndarray, duration: np.ndarray
 ) -> list[Window]:
     """The points' sums by slot, one launching thread at a time: a chunk's points of one
