@@ -68,6 +68,18 @@ def test_union_and_intersection_match_a_time_grid() -> None:
         assert both_covered_ns(a[:, 0], a[:, 1], b[:, 0], b[:, 1]) == int((grid_a & grid_b).sum())
 
 
+def test_intervals_that_end_before_they_start_cover_nothing() -> None:
+    """As on a time grid: a reversed interval (a clock glitch) neither covers nor uncovers."""
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        a = rng.integers(0, 60, size=(rng.integers(0, 10), 2))  # some end before they start
+        b = rng.integers(0, 60, size=(rng.integers(0, 10), 2))
+        grid_a = _brute_cover([tuple(x) for x in a], 64)
+        grid_b = _brute_cover([tuple(x) for x in b], 64)
+        assert covered_ns(a[:, 0], a[:, 1]) == int(grid_a.sum())
+        assert both_covered_ns(a[:, 0], a[:, 1], b[:, 0], b[:, 1]) == int((grid_a & grid_b).sum())
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [

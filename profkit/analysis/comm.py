@@ -63,7 +63,26 @@ def collective(name: str) -> str:
 
 def covered_ns(start: np.ndarray, end: np.ndarray) -> int:
     """Length of the union of the intervals ``[start, end)``."""
-    return both_covered_ns(start, end, start, end)
+    seg_start, seg_end = union(start, end)
+    return int((seg_end - seg_start).sum())
+
+
+def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of the intervals ``[start, end)`` as disjoint segments, sorted, none empty.
+
+    One sort by start, then a running maximum of the ends: an interval opens a new segment
+    where it starts after every earlier one has ended. Empty intervals (``end <= start``)
+    cover nothing.
+    """
+    keep = end > start
+    order = np.argsort(start[keep], kind="stable")
+    start, end = start[keep][order].astype(np.int64), end[keep][order].astype(np.int64)
+    if not len(start):
+        return start, end
+    reach = np.maximum.accumulate(end)
+    opens = np.flatnonzero(np.r_[True, start[1:] > reach[:-1]])
+    closes = np.r_[opens[1:] - 1, len(start) - 1]
+    return start[opens], reach[closes]
 
 
 def both_covered_ns(
@@ -71,20 +90,25 @@ def both_covered_ns(
 ) -> int:
     """Length of (union of the A intervals) ∩ (union of the B intervals).
 
-    Boundary events (+1 at a start, -1 at an end) of each set are sorted together; between
-    two consecutive event times both counts are constant, and the time where both are
-    positive is summed. Ties need no order: the segment between equal times is empty.
+    Each union is a sorted list of disjoint segments (:func:`union`); the time B covers
+    before any point is a binary search in B's segments plus a running sum of their
+    lengths, so each A segment's share is the difference of two such lookups.
     """
     if not len(a_start) or not len(b_start):
         return 0
-    times = np.concatenate([a_start, a_end, b_start, b_end]).astype(np.int64)
-    na, nb = len(a_start), len(b_start)
-    delta_a = np.concatenate([np.ones(na), -np.ones(na), np.zeros(2 * nb)]).astype(np.int64)
-    delta_b = np.concatenate([np.zeros(2 * na), np.ones(nb), -np.ones(nb)]).astype(np.int64)
-    order = np.argsort(times, kind="stable")
-    times = times[order]
-    inside = (np.cumsum(delta_a[order]) > 0) & (np.cumsum(delta_b[order]) > 0)
-    return int(np.diff(times)[inside[:-1]].sum())
+    a_from, a_to = union(a_start, a_end)
+    b_from, b_to = union(b_start, b_end)
+    if not len(a_from) or not len(b_from):
+        return 0
+    before = np.r_[0, np.cumsum(b_to - b_from)]  # B's covered time before segment i
+
+    def covered_before(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(b_from, t, side="right")  # B segments starting at or before t
+        last = np.maximum(i - 1, 0)
+        inside = np.where(i > 0, np.minimum(t, b_to[last]) - b_from[last], 0)
+        return before[last] * (i > 0) + inside
+
+    return int((covered_before(a_to) - covered_before(a_from)).sum())
 
 
 @dataclass
