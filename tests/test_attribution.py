@@ -449,3 +449,46 @@ def test_processes_have_their_own_owner_thread(tmp_path: Path) -> None:
         zip(trace.kernels["name"], np.array(att.phase_names)[att.kernel_phase], strict=True)
     )
     assert phases == {"r0": "backward", "r1": "forward"}
+
+
+def test_the_range_table_sums_each_name_and_domain_as_a_groupby_would() -> None:
+    """``ranges_from_counts`` groups range rows on integer codes; a pandas groupby on the
+    text (what it replaced) must give the same rows, order and sums, missing names dropped."""
+    from profkit.analysis.tables import ranges_from_counts
+
+    rng = np.random.default_rng(3)
+    n = 5_000
+    names = np.array(["forward", "backward", "optimizer", "softmax", None], dtype=object)
+    labels = names[rng.integers(0, 5, n)]
+    start = rng.integers(0, 10**9, n)
+    ranges = pd.DataFrame(
+        {
+            "start": start,
+            "end": start + rng.integers(0, 10**6, n),
+            "domain": pd.array(np.array(["", "NCCL", None], dtype=object)[rng.integers(0, 3, n)]),
+        }
+    )
+    counts = {
+        "kernels": rng.integers(0, 50, n),
+        "kernel_ns": rng.integers(0, 10**7, n),
+        "gpu_ns": rng.integers(0, 10**7, n),
+    }
+    got = ranges_from_counts(counts, ranges, labels, None, None)
+    frame = pd.DataFrame(
+        {"range": labels, "domain": ranges["domain"].fillna("").to_numpy(dtype=object), **counts,
+         "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy()}
+    )  # fmt: skip
+    want = (
+        frame.groupby(["range", "domain"], sort=False)
+        .agg(instances=("cpu_ns", "size"), **{c: (c, "sum") for c in [*counts, "cpu_ns"]})
+        .reset_index()
+        .sort_values(["gpu_ns", "instances"], ascending=[False, False], kind="stable")
+        .reset_index(drop=True)
+    )
+    assert len(got) == len(want) == 8  # 4 names x 2 domains ("" and None are one)
+    assert got["range"].tolist() == want["range"].tolist()
+    assert got["domain"].tolist() == want["domain"].tolist()
+    assert got["instances"].tolist() == want["instances"].tolist()
+    assert (got["gpu_time_ms"] * 1e6).round().astype(np.int64).tolist() == want["gpu_ns"].tolist()
+    assert (got["cpu_time_ms"] * 1e6).round().astype(np.int64).tolist() == want["cpu_ns"].tolist()
+    assert got["kernels"].tolist() == want["kernels"].tolist()

@@ -281,6 +281,20 @@ def category_table(
     return table.drop(columns=["order"]).reset_index(drop=True)
 
 
+def _range_groups(labels: np.ndarray, domain: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each range row's (label, domain) group, numbered in order of first appearance (-1
+    where the label is missing, which a groupby drops), and the first row of each group:
+    a groupby on integer codes, not on the text of every row."""
+    label_code = pd.factorize(labels)[0]
+    domain_code = pd.factorize(domain)[0]
+    width = int(domain_code.max(initial=0)) + 1
+    present = label_code >= 0
+    group = np.full(len(labels), -1, dtype=np.int64)
+    group[present] = pd.factorize(label_code[present] * width + domain_code[present])[0]
+    first_of_present = np.unique(group[present], return_index=True)[1]
+    return group, np.flatnonzero(present)[first_of_present]
+
+
 def ranges_from_counts(
     columns: dict[str, np.ndarray],
     ranges: pd.DataFrame,
@@ -290,19 +304,24 @@ def ranges_from_counts(
 ) -> pd.DataFrame:
     """The range table from per-range-row counts and ns (``kernel_ns``, ``gpu_ns``): summed
     by name, wall time, and the attention ranges' analytic FLOPs."""
-    totals = pd.DataFrame(
+    domain = ranges["domain"].fillna("").to_numpy(dtype=object)
+    group, first = _range_groups(np.asarray(labels, dtype=object), domain)
+    summed = {**columns, "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy(np.int64)}
+    kept = group >= 0
+    order = np.argsort(group[kept], kind="stable")
+    runs = np.r_[0, np.flatnonzero(np.diff(group[kept][order])) + 1] if len(order) else order
+    table = pd.DataFrame(
         {
-            "range": labels,
-            "domain": ranges["domain"].fillna("").to_numpy(dtype=object),
-            **columns,
-            "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy(),
+            "range": labels[first],
+            "domain": domain[first],
+            "instances": np.bincount(group[kept], minlength=len(first)).astype(np.int64),
+            **{
+                name: np.add.reduceat(np.asarray(values, np.int64)[kept][order], runs)
+                if len(order)
+                else np.zeros(0, np.int64)
+                for name, values in summed.items()
+            },
         }
-    )
-    summed = {c: (c, "sum") for c in [*columns, "cpu_ns"]}
-    table = (
-        totals.groupby(["range", "domain"], sort=False)
-        .agg(instances=("cpu_ns", "size"), **summed)
-        .reset_index()
     )
     table["kernel_time_ms"] = table.pop("kernel_ns") / NS_PER_MS
     table["gpu_time_ms"] = table.pop("gpu_ns") / NS_PER_MS
