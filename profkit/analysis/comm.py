@@ -74,15 +74,24 @@ def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     where it starts after every earlier one has ended. Empty intervals (``end <= start``)
     cover nothing.
     """
+    start, end = np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
     keep = end > start
-    order = np.argsort(start[keep], kind="stable")
-    start, end = start[keep][order].astype(np.int64), end[keep][order].astype(np.int64)
+    if not keep.all():
+        start, end = start[keep], end[keep]
+    if len(start) > 1 and (start[1:] < start[:-1]).any():  # kernels mostly come sorted
+        order = np.argsort(start, kind="stable")
+        start, end = start[order], end[order]
     if not len(start):
         return start, end
     reach = np.maximum.accumulate(end)
-    opens = np.flatnonzero(np.r_[True, start[1:] > reach[:-1]])
-    closes = np.r_[opens[1:] - 1, len(start) - 1]
-    return start[opens], reach[closes]
+    opens = np.empty(len(start), dtype=bool)
+    opens[0] = True
+    np.greater(start[1:], reach[:-1], out=opens[1:])
+    first = np.flatnonzero(opens)
+    last = np.empty_like(first)
+    last[:-1] = first[1:] - 1
+    last[-1] = len(start) - 1
+    return start[first], reach[last]
 
 
 def both_covered_ns(
@@ -100,7 +109,7 @@ def both_covered_ns(
     b_from, b_to = union(b_start, b_end)
     if not len(a_from) or not len(b_from):
         return 0
-    before = np.r_[0, np.cumsum(b_to - b_from)]  # B's covered time before segment i
+    before = np.concatenate([[0], np.cumsum(b_to - b_from)])  # B's time before segment i
 
     def covered_before(t: np.ndarray) -> np.ndarray:
         i = np.searchsorted(b_from, t, side="right")  # B segments starting at or before t
@@ -171,21 +180,25 @@ def comm_stats_of(
 ) -> CommStats:
     """:func:`comm_stats` of activities given as arrays: ``nccl`` marks the NCCL kernels
     (a subset of ``is_kernel``), ``nccl_names`` are their names, in row order."""
-    compute = is_kernel & ~nccl
-    start, end, device = activities.start, activities.end, activities.device
+    return comm_stats_apart(activities.take(nccl), activities.take(is_kernel & ~nccl), nccl_names)
+
+
+def comm_stats_apart(nccl: Intervals, compute: Intervals, nccl_names: np.ndarray) -> CommStats:
+    """:func:`comm_stats` of NCCL kernels and compute kernels given apart (names: the
+    NCCL kernels', in order)."""
     union_ns = overlap_ns = 0
-    for dev in np.unique(device[nccl]):
-        n = nccl & (device == dev)
-        c = compute & (device == dev)
-        union_ns += covered_ns(start[n], end[n])
-        overlap_ns += both_covered_ns(start[n], end[n], start[c], end[c])
-    duration = (end - start).clip(min=0)
+    for dev in np.unique(nccl.device):
+        n = nccl.take(nccl.device == dev)
+        c = compute.take(compute.device == dev)
+        union_ns += covered_ns(n.start, n.end)
+        overlap_ns += both_covered_ns(n.start, n.end, c.start, c.end)
+    duration = (nccl.end - nccl.start).clip(min=0)
     return CommStats(
-        kernels=int(nccl.sum()),
-        time_ms=int(duration[nccl].sum()) / NS_PER_MS,
+        kernels=len(nccl.start),
+        time_ms=int(duration.sum()) / NS_PER_MS,
         overlapped_ms=overlap_ns / NS_PER_MS,
         exposed_ms=(union_ns - overlap_ns) / NS_PER_MS,
-        by_collective=_by_collective(nccl_names, duration[nccl]),
+        by_collective=_by_collective(nccl_names, duration),
     )
 
 

@@ -313,9 +313,22 @@ def _range_labels(ranges: pd.DataFrame) -> np.ndarray:
     """``name`` for the default NVTX domain, ``domain:name`` for others (as nsys shows them)."""
     names = ranges["name"].to_numpy(dtype=object)
     domains = ranges["domain"].fillna("").to_numpy(dtype=object)
-    return np.array(
-        [f"{d}:{n}" if d else n for n, d in zip(names, domains, strict=True)], dtype=object
-    )
+
+    def label(n: object, d: object) -> object:
+        return f"{d}:{n}" if d else n
+
+    # One label per distinct (name, domain), not one f-string per range row.
+    name_code, name_of = pd.factorize(names)
+    domain_code, domain_of = pd.factorize(domains)
+    known = (name_code >= 0) & (domain_code >= 0)
+    pair_code, pairs = pd.factorize(name_code[known] * max(len(domain_of), 1) + domain_code[known])
+    width = max(len(domain_of), 1)
+    distinct = [label(name_of[p // width], domain_of[p % width]) for p in pairs.tolist()]
+    labels = np.empty(len(names), dtype=object)
+    labels[known] = np.array(distinct, dtype=object)[pair_code] if len(distinct) else []
+    for row in np.flatnonzero(~known).tolist():  # a missing name: as it reads
+        labels[row] = label(names[row], domains[row])
+    return labels
 
 
 def _first_rows(codes: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ The rules of :mod:`.comm` and :mod:`.steps`, without a per-activity frame:
   add_up_ranks`) keeps them whole. Compute kernels are most of a trace, but only those
   that intersect the union of their rank's NCCL intervals on their GPU change the overlap,
   so :func:`second_pass` keeps only those (one binary search per kernel);
-  :func:`.comm.comm_stats_of` then measures the few it got.
+  :func:`.comm.comm_stats_apart` then measures the few it got.
 - A rank's steps: per (rank, step) the first start and last end of its activities, added
   up chunk by chunk into a dense table (steps are few); the NCCL waits
   (:func:`.steps.nccl_waits`) need only the NCCL kernels. :class:`ColumnSteps` is a
@@ -28,7 +28,7 @@ import pandas as pd
 
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.chunked import map_chunks
-from profkit.analysis.comm import CommStats, Intervals, comm_stats_of
+from profkit.analysis.comm import CommStats, Intervals, comm_stats_apart
 from profkit.analysis.intervals import union
 from profkit.analysis.steps import NS_PER_MS, RankSteps
 from profkit.traces.columns import ActivityColumns
@@ -160,22 +160,17 @@ def step_cells(
 def rank_comm(
     nccl: dict[str, np.ndarray], r: int, found: SecondPass, names: np.ndarray
 ) -> CommStats:
-    """:func:`.comm.comm_stats_of` of rank ``r``'s selected NCCL kernels and the compute
+    """:func:`.comm.comm_stats_apart` of rank ``r``'s selected NCCL kernels and the compute
     kernels that met them."""
     mine = nccl["selected"] & (nccl["rank"] == r)
     n_start = nccl["start"][mine]
+    n_end = n_start + nccl["duration"][mine]
     parts = found.compute.get(r, [])
-    c_start = np.concatenate([np.zeros(0, np.int64)] + [p[0] for p in parts])
-    c_end = np.concatenate([np.zeros(0, np.int64)] + [p[1] for p in parts])
-    c_device = np.concatenate([np.zeros(0, np.int64)] + [p[2] for p in parts])
-    intervals = Intervals(
-        np.concatenate([n_start, c_start]),
-        np.concatenate([n_start + nccl["duration"][mine], c_end]),
-        np.concatenate([nccl["device"][mine], c_device]),
+    compute = Intervals(
+        *(np.concatenate([np.zeros(0, np.int64)] + [p[i] for p in parts]) for i in range(3))
     )
-    is_nccl = np.arange(len(intervals.start)) < len(n_start)
-    kernel = np.ones(len(is_nccl), dtype=bool)
-    return comm_stats_of(intervals, kernel, is_nccl, names[nccl["name"][mine]])
+    kernels = Intervals(n_start, n_end, nccl["device"][mine])
+    return comm_stats_apart(kernels, compute, names[nccl["name"][mine]])
 
 
 def rank_steps(
