@@ -174,3 +174,17 @@ def test_text_in_a_start_time_is_one_clear_error(plain: Path, tmp_path: Path) ->
     path = _changed(plain, tmp_path, f"UPDATE {KERNEL} SET start = 'soon' WHERE rowid = 4321")
     with pytest.raises(BadInput, match=r"CUPTI_ACTIVITY_KIND_KERNEL.start holds text \('soon'\)"):
         read_nsys_columns(path)
+
+
+def test_calls_stored_out_of_order_are_sorted_per_process(plain: Path, tmp_path: Path) -> None:
+    """Real exports store each process's calls in correlation-id order; a table that does
+    not (here: reversed) is sorted, and every activity still finds its own call."""
+    path = _changed(
+        plain,
+        tmp_path,
+        f"CREATE TABLE reversed AS SELECT * FROM {RUNTIME} ORDER BY rowid DESC",
+        f"DELETE FROM {RUNTIME}",
+        f"INSERT INTO {RUNTIME} SELECT * FROM reversed",
+        "DROP TABLE reversed",
+    )
+    _assert_columns(path)

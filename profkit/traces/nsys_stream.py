@@ -118,7 +118,9 @@ class _Calls:
 
     Rows arrive in rowid order, which real exports keep in correlation-id order (checked
     on all fixtures): then the arrays are already sorted and need no argsort. Otherwise
-    (several processes, a driver table after the runtime one) they are sorted once.
+    (a driver table after the runtime one) they are sorted once. Several processes' calls
+    arrive interleaved, each process's in order: they are kept apart, one sorted run per
+    process, and an activity is looked up in its own process's run (:meth:`lookup`).
     """
 
     def __init__(
@@ -136,10 +138,13 @@ class _Calls:
         self.pid0 = pid0
         # np.empty only reserves: pages are resident once written, so a bound on the rows
         # (every API call) costs only the launch calls actually kept.
-        self.key = np.empty(capacity, np.int64)
-        self.start = np.empty(capacity, np.int64)
-        self.thread = np.empty(capacity, np.int16)
+        size = capacity if pid0 is None else 0
+        self.key = np.empty(size, np.int64)
+        self.start = np.empty(size, np.int64)
+        self.thread = np.empty(size, np.int16)
         self.rows = 0
+        self.parts: dict[int, list[tuple[np.ndarray, ...]]] = {}  # process code -> chunks
+        self.runs: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []  # at seal
         self.thread_code = {} if thread_code is None else thread_code
 
     def add(self, chunk: dict[str, np.ndarray]) -> None:
@@ -147,49 +152,88 @@ class _Calls:
         valid = key >= 0
         if self.pid0 is not None:  # as SQL would: no key where the thread is NULL
             valid &= chunk["thread"] != NULL_THREAD
-            key = process_keys(chunk["thread"] + self.tid0, key, self.pid0)
-        n = int(valid.sum())
-        rows = slice(self.rows, self.rows + n)
-        self.key[rows] = key[valid]
-        self.start[rows] = chunk["start"][valid] + self.base
         local, uniques = pd.factorize(chunk["thread"][valid])
-        codes = [
-            self.thread_code.setdefault(int(t) + self.tid0, len(self.thread_code)) for t in uniques
-        ]
+        tids = np.asarray(uniques, dtype=np.int64) + self.tid0
+        codes = [self.thread_code.setdefault(int(t), len(self.thread_code)) for t in tids]
         check_threads(len(self.thread_code))
-        self.thread[rows] = np.asarray(codes, dtype=np.int16)[local] if n else 0
-        self.rows += n
+        thread = np.asarray(codes, dtype=np.int16)[local]
+        start = chunk["start"][valid] + self.base
+        if self.pid0 is None:
+            n = len(thread)
+            rows = slice(self.rows, self.rows + n)
+            self.key[rows], self.start[rows], self.thread[rows] = key[valid], start, thread
+            self.rows += n
+            return
+        process_of = process_keys(tids, np.zeros(len(tids), np.int64), self.pid0)
+        keys = process_of[local] + key[valid]
+        for process in np.unique(process_of).tolist():
+            mine = process_of[local] == process if len(process_of) > 1 else slice(None)
+            part = (keys[mine], start[mine], thread[mine])
+            self.parts.setdefault(process >> 32, []).append(part)
 
     def seal(self) -> None:
         """Sort by key (if needed) and keep the first call of each key (runtime over driver)."""
-        key, start, thread = (
-            self.key[: self.rows],
-            self.start[: self.rows],
-            self.thread[: self.rows],
-        )
-        if len(key) and (key[1:] < key[:-1]).any():
-            order = np.argsort(key, kind="stable")
-            key, start, thread = key[order], start[order], thread[order]
-        if len(key) and (key[1:] == key[:-1]).any():
-            first = np.ones(len(key), dtype=bool)
-            first[1:] = key[1:] != key[:-1]
-            key, start, thread = key[first], start[first], thread[first]
-        self.key, self.start, self.thread = key, start, thread
+        if self.pid0 is None:
+            whole = (self.key[: self.rows], self.start[: self.rows], self.thread[: self.rows])
+            self.runs = [(-1, *_sorted_run(*whole))]
+            return
+        for process in sorted(self.parts):
+            chunks = self.parts.pop(process)
+            joined = (np.concatenate([c[i] for c in chunks]) for i in range(3))
+            self.runs.append((process, *_sorted_run(*joined)))
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Launch start (-1 if unknown) and thread code (-1) for each key."""
         start = np.full(len(keys), -1, dtype=np.int64)
         thread = np.full(len(keys), -1, dtype=np.int16)
-        if not len(self.key):
+        if self.pid0 is None:
+            for _, *run in self.runs:
+                _look_up(run, keys, None, start, thread)
             return start, thread
-        index = np.minimum(np.searchsorted(self.key, keys), len(self.key) - 1)
-        hit = (self.key[index] == keys) & (keys >= 0)
-        start[hit] = self.start[index[hit]]
-        thread[hit] = self.thread[index[hit]]
+        # Each process's keys searched in its own calls: a chunk's keys come in order
+        # within a process, which keeps numpy's binary searches short (two processes'
+        # keys interleaved would start each search over).
+        high = keys >> 32
+        for process, *run in self.runs:
+            _look_up(run, keys, np.flatnonzero(high == process), start, thread)
         return start, thread
 
     def threads(self) -> np.ndarray:
         return np.array(list(self.thread_code), dtype=np.int64)
+
+
+def _sorted_run(
+    key: np.ndarray, start: np.ndarray, thread: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Calls sorted by key (if they are not), the first call of each key kept."""
+    if len(key) and (key[1:] < key[:-1]).any():
+        order = np.argsort(key, kind="stable")
+        key, start, thread = key[order], start[order], thread[order]
+    if len(key) and (key[1:] == key[:-1]).any():
+        first = np.ones(len(key), dtype=bool)
+        first[1:] = key[1:] != key[:-1]
+        key, start, thread = key[first], start[first], thread[first]
+    return key, start, thread
+
+
+def _look_up(
+    run: list[np.ndarray],
+    keys: np.ndarray,
+    rows: np.ndarray | None,
+    start: np.ndarray,
+    thread: np.ndarray,
+) -> None:
+    """Fill ``start`` and ``thread`` at ``rows`` (None: all) where ``keys[rows]`` is in the
+    sorted ``run`` (key, start, thread)."""
+    run_key, run_start, run_thread = run
+    if not len(run_key) or (rows is not None and not len(rows)):
+        return
+    wanted = keys if rows is None else keys[rows]
+    index = np.minimum(np.searchsorted(run_key, wanted), len(run_key) - 1)
+    hit = (run_key[index] == wanted) & (wanted >= 0)
+    at = hit if rows is None else rows[hit]
+    start[at] = run_start[index[hit]]
+    thread[at] = run_thread[index[hit]]
 
 
 class _Builder:
