@@ -22,13 +22,13 @@ from profkit.analysis.categories import CATEGORIES
 from profkit.analysis.report import KernelReport, _source_of, run_config
 from profkit.analysis.steps import step_starts
 from profkit.analysis.stream_attribution import Plan
-from profkit.analysis.stream_rank_sums import (
+from profkit.analysis.stream_rank_stats import (
     KernelStatistics,
-    RankSums,
     Stats,
     coarse_longest,
     first_longest,
 )
+from profkit.analysis.stream_rank_sums import RankSums
 from profkit.analysis.stream_stats import STAT_COLUMNS
 from profkit.analysis.stream_sums import QUANTITIES
 from profkit.analysis.streaming import _notes

@@ -11,8 +11,9 @@ each activity's GPU start and device besides what one process needs
 2. the activities are attributed once, as for one process (:mod:`.stream_attribution`):
    attribution works per process, so a rank's phases are its rows of that attribution,
    renumbered as the rank alone numbers them (:class:`RankView`);
-3. one pass adds up every rank's sums and keys (:mod:`.stream_rank_sums`), from which come
-   each rank's tables and the whole trace's; a second pass finds the compute kernels that
+3. one pass adds up every rank's sums and keys (:mod:`.stream_rank_sums`; the keys give
+   the kernel statistics, :mod:`.stream_rank_stats`), from which come each rank's tables
+   and the whole trace's; a second pass finds the compute kernels that
    meet NCCL and each rank's step spans (:mod:`.stream_rank_comm`).
 
 The rule (:func:`ranks_of`): an nsys export whose activities belong to several processes,
@@ -53,12 +54,8 @@ from profkit.analysis.stream_rank_comm import (
     rank_steps,
     second_pass,
 )
-from profkit.analysis.stream_rank_sums import (
-    KERNEL,
-    RankSelection,
-    add_up_ranks,
-    kernel_statistics,
-)
+from profkit.analysis.stream_rank_stats import kernel_statistics
+from profkit.analysis.stream_rank_sums import KERNEL, RankSelection, add_up_ranks
 from profkit.analysis.stream_rank_tables import (
     NotStreamable,
     by_range,
