@@ -13,17 +13,14 @@ import numpy as np
 
 from profkit.analysis.attribution import Attribution, PhaseMode, attribute
 from profkit.analysis.categories import CATEGORIES, categorize
-from profkit.analysis.intervals import PROCESS_SHIFT
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.presentation import display_tables, kernel_report_markdown
 from profkit.analysis.report import KernelReport, analyze
-from profkit.traces.schema import Trace
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, Trace
 from profkit.workload.names import PHASES
 
 if TYPE_CHECKING:
     from profkit.traces.columns import ActivityColumns, Progress
-
-PROCESS_MASK = (1 << 24) - 1  # globalTid: the process id sits in bits 24-47
 
 __all__ = [
     "CATEGORIES",

@@ -38,8 +38,9 @@ from profkit.analysis.inference import (
     infer_phases,
     lookup,
 )
-from profkit.analysis.intervals import PROCESS_SHIFT, Lanes, stab, union
+from profkit.analysis.intervals import Lanes, stab, union
 from profkit.analysis.names import matching
+from profkit.traces.schema import PROCESS_SHIFT
 from profkit.workload.names import PHASES
 
 KNOWN_PHASES = PHASES
@@ -51,7 +52,6 @@ PHASE_MODES: tuple[PhaseMode, ...] = ("auto", "annotated", "inferred")
 __all__ = [
     "KNOWN_PHASES",
     "PHASE_MODES",
-    "PROCESS_SHIFT",
     "UNATTRIBUTED",
     "Attribution",
     "PhaseMode",

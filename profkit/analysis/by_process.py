@@ -25,7 +25,7 @@ from profkit.analysis.attribution import (
     ordered_phase_names,
     phase_source,
 )
-from profkit.analysis.intervals import PROCESS_SHIFT
+from profkit.traces.schema import PROCESS_SHIFT
 from profkit.workload.names import PHASES
 
 

@@ -35,8 +35,9 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis.categories import categorize
-from profkit.analysis.intervals import PROCESS_SHIFT, Lanes, inside_any
+from profkit.analysis.intervals import Lanes, inside_any
 from profkit.analysis.names import factorize, matching
+from profkit.traces.schema import PROCESS_SHIFT
 from profkit.workload.names import PHASES
 
 AUTOGRAD_THREAD = re.compile(r"pt_autograd_\d+")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-PROCESS_SHIFT = 24  # globalTid >> 24 = process (and VM) bits; torch.profiler tids stay unique
-
 
 class Lanes:
     """Packs (lane, time) into one sortable int64: lane code * span + time offset."""

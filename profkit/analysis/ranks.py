@@ -41,10 +41,8 @@ from profkit.analysis.report import (
 from profkit.analysis.steps import RankSteps, job_summary, step_table
 from profkit.analysis.tables import GRAPH, range_counts
 from profkit.errors import BadInput
-from profkit.traces.schema import Trace
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, Trace
 
-PROCESS_SHIFT = 24
-PROCESS_MASK = (1 << 24) - 1  # globalTid: process id in bits 24-47 (nsys sets bits above)
 NS_PER_MS = 1_000_000
 RANK_FIELDS = ("rank", "device", "pid", "host")
 

@@ -26,9 +26,10 @@ import numpy as np
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import UNATTRIBUTED, _outermost, _owners, phase_intervals
 from profkit.analysis.chunked import map_chunks
-from profkit.analysis.intervals import PROCESS_SHIFT, Lanes, stab
+from profkit.analysis.intervals import Lanes, stab
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns, Derived
+from profkit.traces.schema import PROCESS_SHIFT
 
 KEPT_AS = "attribution"
 VERSION = 1  # bumped whenever what the arrays mean changes

@@ -38,8 +38,7 @@ from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import UNATTRIBUTED, Attribution, default_phase_domain
 from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import is_nccl
-from profkit.analysis.intervals import PROCESS_SHIFT
-from profkit.analysis.ranks import PROCESS_MASK, RankedReport, RankEntry
+from profkit.analysis.ranks import RankedReport, RankEntry
 from profkit.analysis.report import (
     KernelReport,
     _phase_index,
@@ -69,6 +68,7 @@ from profkit.analysis.stream_sums import name_codes
 from profkit.analysis.streaming import _PhaseView
 from profkit.errors import BadInput
 from profkit.traces.columns import START, ActivityColumns
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 
 @dataclass

@@ -26,7 +26,7 @@ from profkit.run.results import DEFAULT_DB, check_db, record
 from profkit.run.torchrun import check_nproc, rank_snapshot_path
 from profkit.sidecar import sidecar_path, write_sidecar
 from profkit.workload import cuda
-from profkit.workload.config import RUN_FIELDS, WorkloadConfig
+from profkit.workload.config import RUN_FIELD_TYPES, RUN_FIELDS, WorkloadConfig
 
 PHASE_COLUMNS = {
     "model_bytes": "after model creation",
@@ -37,6 +37,14 @@ PHASE_COLUMNS = {
     "peak_reserved_bytes": "peak reserved",
 }
 CONFIG_FIELDS = RUN_FIELDS
+# The columns of a ``memory`` results row (:func:`result_row` writes them) and their types,
+# which the report checks the rows it reads back against.
+MEMORY_COLUMNS: dict[str, type] = {
+    **RUN_FIELD_TYPES,
+    **{name: str for name in ("device", "status", "error", "snapshot", "gpu")},
+    **{name: int for name in PHASE_COLUMNS},
+    **{f"{name}_bytes": int for name in ("peak_requested", "residual_stream", "snapshot")},
+}
 
 
 def check_capture(configs: list[WorkloadConfig], max_entries: int, stacks: str) -> None:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import BadInput
-from profkit.memory.capture import PHASE_COLUMNS
+from profkit.memory.capture import MEMORY_COLUMNS
 from profkit.run import bench as bench_lib
 from profkit.run import results
 from profkit.studies import attention_rows
-from profkit.workload.config import RUN_FIELD_TYPES, RUN_FIELDS, WorkloadConfig
+from profkit.workload.config import RUN_FIELDS, WorkloadConfig
 
 Row = dict[str, Any]
 
@@ -33,13 +33,6 @@ ATTENTION_KEY = (
     "device", "device_name",
 )  # fmt: skip
 MEMORY_KEY = (*RUN_FIELDS, "device", "gpu")
-# The memory table's columns (profkit.memory.capture.result_row writes them) and their types.
-MEMORY_COLUMNS: dict[str, type] = {
-    **RUN_FIELD_TYPES,
-    **{name: str for name in ("device", "status", "error", "snapshot", "gpu")},
-    **{name: int for name in PHASE_COLUMNS},
-    **{f"{name}_bytes": int for name in ("peak_requested", "residual_stream", "snapshot")},
-}
 MEMORY_REQUIRED = ("size", "ctx", "batch", "mode", "dtype", "status")
 BENCH_KEY = ("device", "gpu_name", *RUN_FIELDS)
 

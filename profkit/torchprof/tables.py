@@ -52,7 +52,7 @@ COLUMNS: dict[str, str] = {
     "calls": "# of Calls",
 }
 CUDA_COLUMNS = ("self_cuda_ms", "self_cuda_pct", "cuda_total_ms", "cuda_avg_us")
-MEMORY_COLUMNS = ("cpu_mem_mib", "self_cpu_mem_mib", "cuda_mem_mib", "self_cuda_mem_mib")
+PROFILER_MEMORY_COLUMNS = ("cpu_mem_mib", "self_cpu_mem_mib", "cuda_mem_mib", "self_cuda_mem_mib")
 
 # --sort values (ours first, then torch's key_averages names) -> the column sorted on.
 SORT_KEYS: dict[str, str] = {
@@ -91,7 +91,7 @@ def check_sort(sort: str | None, profile_memory: bool) -> None:
         return
     if sort not in SORT_KEYS:
         raise BadInput(f"unknown --sort {sort!r}; choose one of: {', '.join(SORT_CHOICES)}")
-    if SORT_KEYS[sort] in MEMORY_COLUMNS and not profile_memory:
+    if SORT_KEYS[sort] in PROFILER_MEMORY_COLUMNS and not profile_memory:
         raise BadInput(f"--sort {sort} needs --profile-memory")
 
 
@@ -162,7 +162,7 @@ def averages_table(
     if not has_device:
         df = df.drop(columns=list(CUDA_COLUMNS))
     if not profile_memory:
-        df = df.drop(columns=list(MEMORY_COLUMNS))
+        df = df.drop(columns=list(PROFILER_MEMORY_COLUMNS))
     elif not has_device:
         df = df.drop(columns=["cuda_mem_mib", "self_cuda_mem_mib"])
     used = sort or ("self_cuda" if has_device else "self_cpu")

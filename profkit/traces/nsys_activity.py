@@ -18,15 +18,15 @@ import numpy as np
 import pandas as pd
 
 from profkit.traces import _sqlite
-from profkit.traces.schema import KERNEL_COLUMNS, STRING, conform
+from profkit.traces.schema import KERNEL_COLUMNS, PROCESS_MASK, PROCESS_SHIFT, STRING, conform
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
 MEMSET_TABLE = "CUPTI_ACTIVITY_KIND_MEMSET"
 GRAPH_TABLE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 API_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER")
-PID_BITS = "((globalPid >> 24) & 16777215)"
-TID_PID_BITS = "((globalTid >> 24) & 16777215)"
+PID_BITS = f"((globalPid >> {PROCESS_SHIFT}) & {PROCESS_MASK})"
+TID_PID_BITS = f"((globalTid >> {PROCESS_SHIFT}) & {PROCESS_MASK})"
 SHIFT32 = 4_294_967_296
 PASS_THROUGH = ("start", "duration", "key", "devstream")
 DEVICES = 1024  # CUDA device ordinals are far below this
@@ -86,7 +86,7 @@ class Codec:
     def key(self, pid_bits: str) -> str:
         if not self.use_pid:
             return "correlationId"
-        return f"((({pid_bits}) - {self.pid0}) & 16777215) * {SHIFT32} + correlationId"
+        return f"((({pid_bits}) - {self.pid0}) & {PROCESS_MASK}) * {SHIFT32} + correlationId"
 
     def common(self) -> dict[str, str]:
         return {

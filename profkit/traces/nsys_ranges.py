@@ -15,7 +15,7 @@ import pandas as pd
 
 from profkit.traces._sqlite import check_integers
 from profkit.traces.depth import nesting_depth
-from profkit.traces.schema import RANGE_COLUMNS, conform
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, RANGE_COLUMNS, conform
 
 NVTX_TABLE = "NVTX_EVENTS"
 NVTX_COLUMNS = ("start", "end", "eventType", "globalTid")  # the ones an export always has
@@ -85,7 +85,7 @@ def build_ranges(
     frame["end"] = np.maximum(frame["end"].to_numpy(), frame["start"].to_numpy())
     frame["name"] = frame["name"].fillna("(unnamed)")
     domain_ids = frame["domain_id"].fillna(0).astype(np.int64).to_numpy()
-    pids = (frame["thread"].to_numpy() >> 24) & 0xFFFFFF
+    pids = (frame["thread"].to_numpy() >> PROCESS_SHIFT) & PROCESS_MASK
     frame["domain"] = [
         "" if d == 0 else domain_names.get((p, d), f"domain {d}")
         for p, d in zip(pids.tolist(), domain_ids.tolist(), strict=True)
@@ -98,7 +98,7 @@ def build_ranges(
 
 
 def _pid(global_tid: int) -> int:
-    return (global_tid >> 24) & 0xFFFFFF
+    return (global_tid >> PROCESS_SHIFT) & PROCESS_MASK
 
 
 def _event_types(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> dict[str, int]:

@@ -74,6 +74,7 @@ from profkit.traces.nsys_sqlite import (
     _no_kernels_message,
     opened_export,
 )
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 # Unread, a start of the wrong type would go unseen (SQLite reads text as 0 in arithmetic):
 # the scan checks start and end per chunk (_sqlite's ``checked``), and a bad cell is named.
@@ -85,13 +86,13 @@ CHUNK_ROWS = 1 << 17
 NULL_THREAD = -(1 << 62)
 """What a NULL ``globalTid`` reads as where the calls' keys are made from it (not -1, which
 a thread just below the first call's would read as)."""
-PID_MASK = (1 << 24) - 1
 
 
 def process_keys(global_tid: np.ndarray, correlation: np.ndarray, pid0: int) -> np.ndarray:
     """``Codec.key``'s (process, correlation id) keys, from a ``globalTid`` (process id in
     bits 24-47) and a correlation id: what SQL computes for the activities, done in numpy."""
-    return ((((global_tid >> 24) & PID_MASK) - pid0) & PID_MASK) * SHIFT32 + correlation
+    pid = (global_tid >> PROCESS_SHIFT) & PROCESS_MASK
+    return ((pid - pid0) & PROCESS_MASK) * SHIFT32 + correlation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -712,7 +713,7 @@ def _process_devices(
         if not isinstance(pid, int) or not isinstance(device, int) or not 0 <= device < 1 << 15:
             return None
         found.setdefault(pid, set()).add(device)
-    codes = {(pid - codec.pid0) & PID_MASK: devices for pid, devices in found.items()}
+    codes = {(pid - codec.pid0) & PROCESS_MASK: devices for pid, devices in found.items()}
     if not codes or len(codes) < len(found) or any(len(d) != 1 for d in codes.values()):
         return None
     order = sorted(codes)

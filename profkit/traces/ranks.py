@@ -18,10 +18,14 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.traces.schema import KERNEL_COLUMNS, RANGE_COLUMNS, Trace, conform
-
-PROCESS_SHIFT = 24  # as in an nsys globalTid: process bits above 24 thread bits
-THREAD_MASK = (1 << PROCESS_SHIFT) - 1
+from profkit.traces.schema import (
+    KERNEL_COLUMNS,
+    PROCESS_SHIFT,
+    RANGE_COLUMNS,
+    THREAD_MASK,
+    Trace,
+    conform,
+)
 
 
 def rank_info(trace: Trace) -> dict[str, Any] | None:

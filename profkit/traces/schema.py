@@ -73,6 +73,14 @@ RANGE_COLUMNS: dict[str, Any] = {
     "domain": STRING,
 }
 
+# Thread ids (``thread``, ``launch_thread``) are laid out as an nsys ``globalTid``: the
+# thread id in bits 0-23, the process id in bits 24-47, nsys's VM bits above. Chrome traces
+# are given the same layout (:mod:`.ranks`). ``thread >> PROCESS_SHIFT`` alone keeps the VM
+# bits too: a process key that stays unique; ``& PROCESS_MASK`` after it is the pid.
+PROCESS_SHIFT = 24
+THREAD_MASK = (1 << PROCESS_SHIFT) - 1
+PROCESS_MASK = (1 << 24) - 1
+
 
 def empty_kernels() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in KERNEL_COLUMNS.items()})
