@@ -197,7 +197,13 @@ def test_cpu_sweep_report(minimal_run: tuple[Path, Path, Any]) -> None:
     )
     # Two timed steps are too few to know the spread: the ratio is printed as "unstable",
     # not as a speed-up finding, and the section says why.
-    assert speedup > 0 and f"| {speedup:,.2f} |" not in comparisons
+    row = next(
+        line
+        for line in comparisons.splitlines()
+        if line.startswith("| bf16 autocast vs fp32 | tiny · warmup 1 | train step |")
+    )
+    # (only in its own row: another table's cell may hold the same two digits)
+    assert speedup > 0 and f"| {speedup:,.2f} |" not in row
     assert f"| {fp32['step_ms']:,.2f} | {bf16['step_ms']:,.2f} | unstable |" in comparisons
     assert "speed-ups rest on unstable timings" in comparisons
     assert "_Skipped: no memory rows, snapshots or peak memory" in section(text, "Memory")
