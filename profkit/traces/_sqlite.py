@@ -248,32 +248,15 @@ class ParallelReader:
         must all be integers (or NULL), which no expression's arithmetic would show;
         ``missing``: what NULL reads as, for all columns or per column (default -1).
         """
-        return self.stream_then(conn, table, exprs, _same, where, ahead, chunks, checked, missing)
-
-    def stream_then(
-        self,
-        conn: sqlite3.Connection,
-        table: str,
-        exprs: dict[str, str],
-        then: Callable[[dict[str, np.ndarray], tuple[int, int]], T],
-        where: str = "",
-        ahead: int = 0,
-        chunks: list[tuple[int, int]] | None = None,
-        checked: tuple[str, ...] = (),
-        missing: int | Mapping[str, int] = -1,
-    ) -> Iterator[T]:
-        """:meth:`stream`, each chunk handed to ``then(columns, bounds)`` on the worker
-        thread that read it, its results in rowid order: work on a chunk that needs no
-        shared state runs beside the reads instead of after them, on the caller's thread."""
         query = _chunk_query(table, exprs, where, missing, _column_info(conn, table), checked)
 
-        def chunk(bounds: tuple[int, int]) -> T:
+        def chunk(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
             worker = self.connection()
             # One pass over each page: a small page cache does, and keeps memory flat.
             worker.execute(f"PRAGMA cache_size = -{STREAM_CACHE_KIB}")
-            return then(_read_chunk(worker, query, bounds), bounds)
+            return _read_chunk(worker, query, bounds)
 
-        window: deque[Future[T]] = deque()
+        window: deque[Future[dict[str, np.ndarray]]] = deque()
         limit = ahead or self.threads + 1
         for bounds in chunk_bounds(conn, table) if chunks is None else chunks:
             window.append(self.pool.submit(chunk, bounds))
@@ -292,10 +275,6 @@ def read_chunk(
 ) -> dict[str, np.ndarray]:
     """One chunk ``[lo, hi)`` of ``read_int_columns(table, exprs)`` (NULL read as -1)."""
     return _read_chunk(conn, _chunk_query(table, exprs, "", -1, _column_info(conn, table)), bounds)
-
-
-def _same(columns: dict[str, np.ndarray], bounds: tuple[int, int]) -> dict[str, np.ndarray]:
-    return columns
 
 
 class Pending:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +114,6 @@ class _ProcessDevices:
         return np.where(found, self.devices[at], -1)
 
 
-@dataclasses.dataclass
-class _CallChunk:
-    """A chunk of API calls as :meth:`_Calls.prepare` leaves it for :meth:`_Calls.add`:
-    the distinct threads (``globalTid``), and per process (-1: not split) the keys, starts
-    and factorized threads of its calls."""
-
-    tids: np.ndarray
-    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]
-
-
 class _Calls:
     """Start and thread code of API calls, sorted by key, for the activities to look up.
 
@@ -159,42 +148,29 @@ class _Calls:
         self.runs: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []  # at seal
         self.thread_code = {} if thread_code is None else thread_code
 
-    def prepare(
-        self, chunk: dict[str, np.ndarray], bounds: tuple[int, int] | None = None
-    ) -> _CallChunk:
-        """A chunk's calls with a key, keyed, their threads factorized, split by process:
-        the per-row work, which touches no shared state, so a reader thread does it."""
+    def add(self, chunk: dict[str, np.ndarray]) -> None:
         key = chunk["key"]
         valid = key >= 0
         if self.pid0 is not None:  # as SQL would: no key where the thread is NULL
             valid &= chunk["thread"] != NULL_THREAD
         local, uniques = pd.factorize(chunk["thread"][valid])
         tids = np.asarray(uniques, dtype=np.int64) + self.tid0
-        key, start = key[valid], chunk["start"][valid] + self.base
+        codes = [self.thread_code.setdefault(int(t), len(self.thread_code)) for t in tids]
+        check_threads(len(self.thread_code))
+        thread = np.asarray(codes, dtype=np.int16)[local]
+        start = chunk["start"][valid] + self.base
         if self.pid0 is None:
-            return _CallChunk(tids, [(-1, key, start, local)])
+            n = len(thread)
+            rows = slice(self.rows, self.rows + n)
+            self.key[rows], self.start[rows], self.thread[rows] = key[valid], start, thread
+            self.rows += n
+            return
         process_of = process_keys(tids, np.zeros(len(tids), np.int64), self.pid0)
-        key = process_of[local] + key
-        parts = []
+        keys = process_of[local] + key[valid]
         for process in np.unique(process_of).tolist():
             mine = process_of[local] == process if len(process_of) > 1 else slice(None)
-            parts.append((process >> 32, key[mine], start[mine], local[mine]))
-        return _CallChunk(tids, parts)
-
-    def add(self, chunk: _CallChunk) -> None:
-        """Add a prepared chunk (in rowid order): give its threads their codes (one code
-        per thread across every chunk and read)."""
-        codes = [self.thread_code.setdefault(int(t), len(self.thread_code)) for t in chunk.tids]
-        check_threads(len(self.thread_code))
-        code_of = np.asarray(codes, dtype=np.int16)
-        for process, key, start, local in chunk.parts:
-            thread = code_of[local] if len(local) else np.zeros(0, np.int16)
-            if self.pid0 is None:
-                rows = slice(self.rows, self.rows + len(key))
-                self.key[rows], self.start[rows], self.thread[rows] = key, start, thread
-                self.rows += len(key)
-            else:
-                self.parts.setdefault(process, []).append((key, start, thread))
+            part = (keys[mine], start[mine], thread[mine])
+            self.parts.setdefault(process >> 32, []).append(part)
 
     def seal(self) -> None:
         """Sort by key (if needed) and keep the first call of each key (runtime over driver)."""
@@ -261,22 +237,6 @@ def _look_up(
     thread[at] = run_thread[index[hit]]
 
 
-@dataclasses.dataclass
-class _Prepared:
-    """A chunk of activities as :meth:`_Builder.prepare` leaves it for :meth:`_Builder.add`."""
-
-    duration: np.ndarray
-    start: np.ndarray | None  # several processes only
-    device: np.ndarray | None
-    launch_start: np.ndarray
-    launch_thread: np.ndarray
-    missing: np.ndarray  # rows (in the chunk) with a key but no launch call found
-    missing_keys: np.ndarray
-    name_local: np.ndarray  # factorized name values
-    name_values: np.ndarray
-    shapes: tuple[np.ndarray, list[tuple[int, int]]] | None  # factorized (grid, block)
-
-
 class _Builder:
     """Fills preallocated columns chunk by chunk, turning names and shapes into codes."""
 
@@ -305,82 +265,49 @@ class _Builder:
         self.unmatched: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, keys)
         self.memcpy_labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER") or MEMCPY_LABELS
 
-    def prepare(
-        self,
-        table: str,
-        chunk: dict[str, np.ndarray],
-        bounds: tuple[int, int],
-        calls: _Calls,
-        connection: Callable[[], sqlite3.Connection],
-    ) -> _Prepared:
-        """A chunk of ``table`` (rowids ``bounds``) joined to its calls, its names and shapes
-        factorized: the per-row work, which touches no shared state, so a reader thread
-        does it (``connection``: that thread's, for a device column it must read)."""
-        key = chunk["key"]
-        duration = chunk["end"] - chunk["start"] if "end" in chunk else chunk["duration"]
-        start = device = None
+    def add(
+        self, table: str, chunk: dict[str, np.ndarray], calls: _Calls, bounds: tuple[int, int]
+    ) -> None:
+        """Add a chunk of ``table``, the rows of rowids ``bounds`` (``[lo, hi)``)."""
+        n = len(chunk["key"])
+        rows = slice(self.rows, self.rows + n)
+        if "end" in chunk:  # the times themselves, read as stored (see _activity_exprs)
+            self.arrays["duration"][rows] = chunk["end"] - chunk["start"]
+        else:
+            self.arrays["duration"][rows] = chunk["duration"]
+        self.arrays["name"][rows] = self._names(table, chunk)
         if "start" in self.arrays:
             offset = 0 if "end" in chunk else self.start_base  # read as stored, or as offsets
-            start = chunk["start"] + offset
-            device = self._device(table, chunk, bounds, connection)
-        launch_start, launch_thread = calls.lookup(key)
-        missing = np.flatnonzero((launch_start < 0) & (key >= 0))
-        field = {KERNEL_TABLE: "names", MEMCPY_TABLE: "copy_kind", GRAPH_TABLE: "graph"}
-        values = chunk[field[table]] if table in field else np.zeros(len(key), np.int64)
-        shapes = None
-        if SHAPE in self.arrays and table == KERNEL_TABLE:
-            grid_local, grids = pd.factorize(chunk["grid"])
-            block_local, blocks = pd.factorize(chunk["block"])
-            pair_local, pairs = pd.factorize(
-                grid_local.astype(np.int64) * len(blocks) + block_local
-            )
-            shapes = (
-                pair_local,
-                [(int(grids[p // len(blocks)]), int(blocks[p % len(blocks)])) for p in pairs],
-            )
-        name_local, name_values = pd.factorize(values)
-        return _Prepared(
-            duration, start, device, launch_start, launch_thread, missing, key[missing],
-            name_local, name_values, shapes,
-        )  # fmt: skip
-
-    def add(self, table: str, chunk: _Prepared) -> None:
-        """Add a prepared chunk of ``table`` (in rowid order): copy its columns in, give its
-        names and shapes their codes."""
-        n = len(chunk.duration)
-        rows = slice(self.rows, self.rows + n)
-        self.arrays["duration"][rows] = chunk.duration
-        self.arrays["name"][rows] = self._names(table, chunk.name_local, chunk.name_values)
-        if chunk.start is not None and chunk.device is not None:
-            self.arrays["start"][rows] = chunk.start
-            self.arrays["device"][rows] = chunk.device
+            self.arrays["start"][rows] = chunk["start"] + offset
+            self.arrays["device"][rows] = self._device(table, chunk, bounds)
         if SHAPE in self.arrays:
-            self.arrays[SHAPE][rows] = self._shapes(chunk.shapes) if chunk.shapes else 0
-        self.arrays["launch_start"][rows] = chunk.launch_start
-        self.arrays["launch_thread"][rows] = chunk.launch_thread
-        if len(chunk.missing):
-            self.unmatched.append((chunk.missing + self.rows, chunk.missing_keys))
+            self.arrays[SHAPE][rows] = self._shapes(chunk) if table == KERNEL_TABLE else 0
+        start, thread = calls.lookup(chunk["key"])
+        self.arrays["launch_start"][rows] = start
+        self.arrays["launch_thread"][rows] = thread
+        missing = (start < 0) & (chunk["key"] >= 0)
+        if missing.any():
+            self.unmatched.append((np.flatnonzero(missing) + self.rows, chunk["key"][missing]))
         self.rows += n
 
     def _device(
-        self,
-        table: str,
-        chunk: dict[str, np.ndarray],
-        bounds: tuple[int, int],
-        connection: Callable[[], sqlite3.Connection],
+        self, table: str, chunk: dict[str, np.ndarray], bounds: tuple[int, int]
     ) -> np.ndarray:
         if self.devices is None:
             return chunk["device"]
         device = self.devices.of(chunk["key"])
         unknown = device < 0
         if unknown.any():  # no key, or a process the contexts table lacks: read the column
-            read = _sqlite.read_chunk(connection(), table, {"device": "deviceId"}, bounds)
+            read = _sqlite.read_chunk(self.conn, table, {"device": "deviceId"}, bounds)
             if len(read["device"]) != len(device):
                 raise _sqlite.BadColumn(f"{table} changed while it was read")
             device[unknown] = read["device"][unknown]
         return device
 
-    def _names(self, table: str, local: np.ndarray, uniques: np.ndarray) -> np.ndarray:
+    def _names(self, table: str, chunk: dict[str, np.ndarray]) -> np.ndarray:
+        field = {KERNEL_TABLE: "names", MEMCPY_TABLE: "copy_kind", GRAPH_TABLE: "graph"}
+        values = chunk[field[table]] if table in field else np.zeros(len(chunk["key"]), np.int64)
+        local, uniques = pd.factorize(values)
         new = [int(v) for v in uniques if (table, int(v)) not in self.by_value]
         if new:
             for value, (name, kind) in zip(new, self._describe(table, new), strict=True):
@@ -402,12 +329,15 @@ class _Builder:
             return [("[CUDA memset]", "memset") for _ in values]
         return [(f"[CUDA graph {g}]", "graph") for g in values]
 
-    def _shapes(self, shapes: tuple[np.ndarray, list[tuple[int, int]]]) -> np.ndarray:
-        pair_local, pairs = shapes
-        codes = [
-            self.shape_code.setdefault((_shape(g, 31, 16), _shape(b, 11, 10)), len(self.shape_code))
-            for g, b in pairs
-        ]
+    def _shapes(self, chunk: dict[str, np.ndarray]) -> np.ndarray:
+        grid_local, grids = pd.factorize(chunk["grid"])
+        block_local, blocks = pd.factorize(chunk["block"])
+        pair_local, pairs = pd.factorize(grid_local.astype(np.int64) * len(blocks) + block_local)
+        codes = []
+        for pair in pairs:
+            grid, block = int(grids[pair // len(blocks)]), int(blocks[pair % len(blocks)])
+            shape = (_shape(grid, 31, 16), _shape(block, 11, 10))
+            codes.append(self.shape_code.setdefault(shape, len(self.shape_code)))
         return np.array(codes, dtype=np.int32)[pair_local] if codes else np.empty(0, np.int32)
 
     def fill_unmatched(self, calls: _Calls) -> None:
@@ -522,36 +452,28 @@ def _read(
             # process every launch-like call is that process's.
             chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
             where = _where(launch_ids, True, None)
-            call_chunks = reader.stream_then(
-                conn, table, exprs, calls.prepare, where, chunks=chunks, missing=null_as
-            )
-            for (lo, hi), chunk in zip(chunks, call_chunks, strict=True):
+            stream = reader.stream(conn, table, exprs, where, chunks=chunks, missing=null_as)
+            for (lo, hi), chunk in zip(chunks, stream, strict=True):
                 calls.add(chunk)  # the scan went over the chunk's rows, fewer launches
                 done = _tick(progress, done, min(hi, chunks[0][0] + bounds[table]) - lo, total)
         calls.seal()
         for table in activity:
             chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
             read, checked = _activity_exprs(conn, plan, tables, table, scan_shapes)
-
-            def prepare(
-                chunk: dict[str, np.ndarray], rows: tuple[int, int], table: str = table
-            ) -> _Prepared:
-                return builder.prepare(table, chunk, rows, calls, reader.connection)
-
-            ready = reader.stream_then(conn, table, read, prepare, chunks=chunks, checked=checked)
-            for rows, prepared in zip(chunks, ready, strict=True):
-                builder.add(table, prepared)
+            stream = reader.stream(conn, table, read, chunks=chunks, checked=checked)
+            for rows, chunk in zip(chunks, stream, strict=True):
+                builder.add(table, chunk, calls, rows)
                 if kernel_rows is not None and table == KERNEL_TABLE:
-                    kernel_rows.add(rows, len(prepared.duration))
-                done = _tick(progress, done, len(prepared.duration), total)
+                    kernel_rows.add(rows, len(chunk["key"]))
+                done = _tick(progress, done, len(chunk["key"]), total)
         if builder.unmatched and launch_ids:
             # The thread codes dict is shared: one code per thread across both reads.
             others = plan.calls(sum(bounds[t] for t in api), calls.thread_code)
             for table in api:
                 where = _where(launch_ids, False, plan.one_process)
                 chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
-                for chunk in reader.stream_then(
-                    conn, table, exprs, others.prepare, where, chunks=chunks, missing=null_as
+                for chunk in reader.stream(
+                    conn, table, exprs, where, chunks=chunks, missing=null_as
                 ):
                     others.add(chunk)
             others.seal()
