@@ -340,3 +340,24 @@ def test_readers_register_by_suffix(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     probe = read_nsys_sqlite(PROBE)
     loader.register(".trace.gz", lambda p: probe)
     assert load_trace(path) is probe
+
+
+def test_sealed_calls_hold_no_second_copy_of_the_calls() -> None:
+    """Calls stored out of key order are sorted at seal: a copy, after which the buffer
+    they were written to must be let go (at 33 M calls, keeping both held 0.6 GB more)."""
+    from profkit.traces import nsys_stream
+
+    calls = nsys_stream._Calls(tid0=100, base=0, capacity=1_000)
+    buffer = calls.key
+    calls.add(
+        {
+            "key": np.array([5, 3, 9]),
+            "start": np.array([10, 20, 30]),
+            "thread": np.zeros(3, np.int64),
+        }
+    )
+    calls.seal()
+    assert calls.key.tolist() == [3, 5, 9] and calls.start.tolist() == [20, 10, 30]
+    assert not np.shares_memory(calls.key, buffer)
+    assert all(value is not buffer for value in vars(calls).values())
+    assert calls.lookup(np.array([9, 4]))[0].tolist() == [30, -1]

@@ -149,24 +149,33 @@ class _Calls:
         self.thread_code = {} if thread_code is None else thread_code
 
     def add(self, chunk: dict[str, np.ndarray]) -> None:
-        key = chunk["key"]
-        valid = key >= 0
-        if self.pid0 is not None:  # as SQL would: no key where the thread is NULL
-            valid &= chunk["thread"] != NULL_THREAD
+        if self.pid0 is not None:
+            self._add_apart(chunk)
+            return
+        valid = chunk["key"] >= 0
+        n = int(valid.sum())
+        rows = slice(self.rows, self.rows + n)
+        self.key[rows] = chunk["key"][valid]
+        self.start[rows] = chunk["start"][valid] + self.base
+        local, uniques = pd.factorize(chunk["thread"][valid])
+        codes = [
+            self.thread_code.setdefault(int(t) + self.tid0, len(self.thread_code)) for t in uniques
+        ]
+        check_threads(len(self.thread_code))
+        self.thread[rows] = np.asarray(codes, dtype=np.int16)[local] if n else 0
+        self.rows += n
+
+    def _add_apart(self, chunk: dict[str, np.ndarray]) -> None:
+        """Several processes: each process's calls of the chunk to its own list."""
+        valid = (chunk["key"] >= 0) & (chunk["thread"] != NULL_THREAD)  # as SQL would
         local, uniques = pd.factorize(chunk["thread"][valid])
         tids = np.asarray(uniques, dtype=np.int64) + self.tid0
         codes = [self.thread_code.setdefault(int(t), len(self.thread_code)) for t in tids]
         check_threads(len(self.thread_code))
         thread = np.asarray(codes, dtype=np.int16)[local]
         start = chunk["start"][valid] + self.base
-        if self.pid0 is None:
-            n = len(thread)
-            rows = slice(self.rows, self.rows + n)
-            self.key[rows], self.start[rows], self.thread[rows] = key[valid], start, thread
-            self.rows += n
-            return
-        process_of = process_keys(tids, np.zeros(len(tids), np.int64), self.pid0)
-        keys = process_of[local] + key[valid]
+        process_of = process_keys(tids, np.zeros(len(tids), np.int64), self.pid0 or 0)
+        keys = process_of[local] + chunk["key"][valid]
         for process in np.unique(process_of).tolist():
             mine = process_of[local] == process if len(process_of) > 1 else slice(None)
             part = (keys[mine], start[mine], thread[mine])
@@ -176,7 +185,7 @@ class _Calls:
         """Sort by key (if needed) and keep the first call of each key (runtime over driver)."""
         if self.pid0 is None:
             whole = (self.key[: self.rows], self.start[: self.rows], self.thread[: self.rows])
-            self.runs = [(-1, *_sorted_run(*whole))]
+            self.key, self.start, self.thread = _sorted_run(*whole)
             return
         for process in sorted(self.parts):
             chunks = self.parts.pop(process)
@@ -188,8 +197,7 @@ class _Calls:
         start = np.full(len(keys), -1, dtype=np.int64)
         thread = np.full(len(keys), -1, dtype=np.int16)
         if self.pid0 is None:
-            for _, *run in self.runs:
-                _look_up(run, keys, None, start, thread)
+            _look_up([self.key, self.start, self.thread], keys, None, start, thread)
             return start, thread
         # Each process's keys searched in its own calls: a chunk's keys come in order
         # within a process, which keeps numpy's binary searches short (two processes'
