@@ -57,6 +57,12 @@ def _changed(plain: Path, tmp_path: Path, *sql: str) -> Path:
     return path
 
 
+def _first_process(path: Path) -> int:
+    """The lowest process id of the contexts table."""
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute(f"SELECT min(processId) FROM {CONTEXTS}").fetchone()[0])
+
+
 def _expected(path: Path) -> dict[str, np.ndarray]:
     """Every activity's columns, from a dictionary of the calls (a plain join)."""
     with sqlite3.connect(path) as conn:
@@ -109,11 +115,8 @@ def test_the_columns_are_the_plain_sql_join(plain: Path, monkeypatch: pytest.Mon
     assert reads == []  # every device came from its process
 
 
-def test_a_process_on_two_devices_has_its_devices_read(
-    plain: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with sqlite3.connect(plain) as conn:
-        pid = conn.execute(f"SELECT min(processId) FROM {CONTEXTS}").fetchone()[0]
+def test_a_process_on_two_devices_has_its_devices_read(plain: Path, tmp_path: Path) -> None:
+    pid = _first_process(plain)
     path = _changed(plain, tmp_path, f"INSERT INTO {CONTEXTS} VALUES (7, 0, 1, {pid}, 5, 9, 0, 0)")
     _assert_columns(path)
     with sqlite3.connect(path) as conn:
@@ -125,10 +128,10 @@ def test_a_process_on_two_devices_has_its_devices_read(
 def test_a_process_the_contexts_table_lacks_has_its_devices_read(
     plain: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with sqlite3.connect(plain) as conn:
-        # Not the first kernel's process: the one left must not read as the only one.
-        pid = conn.execute(f"SELECT min(processId) FROM {CONTEXTS}").fetchone()[0]
-    path = _changed(plain, tmp_path, f"DELETE FROM {CONTEXTS} WHERE processId = {pid}")
+    # Not the first kernel's process: the one left must not read as the only one.
+    path = _changed(
+        plain, tmp_path, f"DELETE FROM {CONTEXTS} WHERE processId = {_first_process(plain)}"
+    )
     reads = _devices_read(monkeypatch)
     _assert_columns(path)
     assert {table for table, _ in reads} == set(TABLES)

@@ -88,9 +88,7 @@ def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     opens[0] = True
     np.greater(start[1:], reach[:-1], out=opens[1:])
     first = np.flatnonzero(opens)
-    last = np.empty_like(first)
-    last[:-1] = first[1:] - 1
-    last[-1] = len(start) - 1
+    last = np.append(first[1:], len(start)) - 1  # each segment ends where the next opens
     return start[first], reach[last]
 
 

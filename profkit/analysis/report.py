@@ -32,7 +32,9 @@ from profkit.analysis.tables import (
     NS_PER_MS,
     activity_counts,
     category_table,
+    first_rows,
     kernel_tables,
+    pair_groups,
     phase_table,
     range_table,
 )
@@ -265,7 +267,7 @@ def _name_facts(
     kernels: pd.DataFrame, codes: np.ndarray, names: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per distinct name: its kind, the kind's index in ``KINDS``, its category's index."""
-    kinds = kernels["kind"].to_numpy(dtype=object)[_first_rows(codes)]
+    kinds = kernels["kind"].to_numpy(dtype=object)[first_rows(codes)]
     # Readers name copies and memsets apart from kernels ("[CUDA memcpy HtoD]", "[memset]"),
     # so each name has one kind: the row kinds come from the few names, not millions of rows.
     kind_index = {kind: i for i, kind in enumerate(KINDS)}
@@ -318,26 +320,14 @@ def _range_labels(ranges: pd.DataFrame) -> np.ndarray:
         return f"{d}:{n}" if d else n
 
     # One label per distinct (name, domain), not one f-string per range row.
-    name_code, name_of = pd.factorize(names)
-    domain_code, domain_of = pd.factorize(domains)
-    known = (name_code >= 0) & (domain_code >= 0)
-    pair_code, pairs = pd.factorize(name_code[known] * max(len(domain_of), 1) + domain_code[known])
-    width = max(len(domain_of), 1)
-    distinct = [label(name_of[p // width], domain_of[p % width]) for p in pairs.tolist()]
+    group, first = pair_groups(names, domains)
+    distinct = np.array([label(names[f], domains[f]) for f in first.tolist()], dtype=object)
     labels = np.empty(len(names), dtype=object)
-    labels[known] = np.array(distinct, dtype=object)[pair_code] if len(distinct) else []
+    known = group >= 0
+    labels[known] = distinct[group[known]]
     for row in np.flatnonzero(~known).tolist():  # a missing name: as it reads
         labels[row] = label(names[row], domains[row])
     return labels
-
-
-def _first_rows(codes: np.ndarray) -> np.ndarray:
-    """Row of each code's first occurrence (factorize numbers codes in order of appearance)."""
-    if not len(codes):
-        return np.empty(0, dtype=np.int64)
-    new = np.ones(len(codes), dtype=bool)
-    new[1:] = codes[1:] > np.maximum.accumulate(codes)[:-1]
-    return np.flatnonzero(new)
 
 
 def _category(name: str, kind: str) -> str:

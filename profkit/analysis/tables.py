@@ -281,18 +281,26 @@ def category_table(
     return table.drop(columns=["order"]).reset_index(drop=True)
 
 
-def _range_groups(labels: np.ndarray, domain: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each range row's (label, domain) group, numbered in order of first appearance (-1
-    where the label is missing, which a groupby drops), and the first row of each group:
-    a groupby on integer codes, not on the text of every row."""
-    label_code = pd.factorize(labels)[0]
-    domain_code = pd.factorize(domain)[0]
-    width = int(domain_code.max(initial=0)) + 1
-    present = label_code >= 0
-    group = np.full(len(labels), -1, dtype=np.int64)
-    group[present] = pd.factorize(label_code[present] * width + domain_code[present])[0]
-    first_of_present = np.unique(group[present], return_index=True)[1]
-    return group, np.flatnonzero(present)[first_of_present]
+def first_rows(codes: np.ndarray) -> np.ndarray:
+    """Row of each code's first occurrence (factorize numbers codes in order of appearance)."""
+    if not len(codes):
+        return np.empty(0, dtype=np.int64)
+    new = np.ones(len(codes), dtype=bool)
+    new[1:] = codes[1:] > np.maximum.accumulate(codes)[:-1]
+    return np.flatnonzero(new)
+
+
+def pair_groups(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's (left, right) pair, numbered in order of first appearance (-1 where either
+    is missing, which a groupby drops), and the first row of each pair: a groupby on
+    integer codes, not on the text of every row."""
+    left_code = pd.factorize(left)[0]
+    right_code = pd.factorize(right)[0]
+    present = (left_code >= 0) & (right_code >= 0)
+    width = int(right_code.max(initial=0)) + 1
+    group = np.full(len(left), -1, dtype=np.int64)
+    group[present] = pd.factorize(left_code[present] * width + right_code[present])[0]
+    return group, np.flatnonzero(present)[first_rows(group[present])]
 
 
 def ranges_from_counts(
@@ -305,19 +313,19 @@ def ranges_from_counts(
     """The range table from per-range-row counts and ns (``kernel_ns``, ``gpu_ns``): summed
     by name, wall time, and the attention ranges' analytic FLOPs."""
     domain = ranges["domain"].fillna("").to_numpy(dtype=object)
-    group, first = _range_groups(np.asarray(labels, dtype=object), domain)
+    group, first = pair_groups(np.asarray(labels, dtype=object), domain)
     summed = {**columns, "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy(np.int64)}
-    kept = group >= 0
-    order = np.argsort(group[kept], kind="stable")
-    runs = np.r_[0, np.flatnonzero(np.diff(group[kept][order])) + 1] if len(order) else order
+    rows = np.flatnonzero(group >= 0)
+    rows = rows[np.argsort(group[rows], kind="stable")]  # each group's rows, in row order
+    runs = np.flatnonzero(np.diff(group[rows], prepend=-1))  # where each group's rows start
     table = pd.DataFrame(
         {
             "range": labels[first],
             "domain": domain[first],
-            "instances": np.bincount(group[kept], minlength=len(first)).astype(np.int64),
+            "instances": np.diff(np.append(runs, len(rows))),
             **{
-                name: np.add.reduceat(np.asarray(values, np.int64)[kept][order], runs)
-                if len(order)
+                name: np.add.reduceat(np.asarray(values, np.int64)[rows], runs)
+                if len(rows)
                 else np.zeros(0, np.int64)
                 for name, values in summed.items()
             },

@@ -87,11 +87,12 @@ NULL_THREAD = -(1 << 62)
 a thread just below the first call's would read as)."""
 
 
-def process_keys(global_tid: np.ndarray, correlation: np.ndarray, pid0: int) -> np.ndarray:
-    """``Codec.key``'s (process, correlation id) keys, from a ``globalTid`` (process id in
-    bits 24-47) and a correlation id: what SQL computes for the activities, done in numpy."""
+def process_bits(global_tid: np.ndarray, pid0: int) -> np.ndarray:
+    """The process part of ``Codec.key``'s (process, correlation id) keys, from a
+    ``globalTid`` (process id in bits 24-47): what SQL computes for the activities, in numpy;
+    a key is these bits plus the correlation id."""
     pid = (global_tid >> PROCESS_SHIFT) & PROCESS_MASK
-    return ((pid - pid0) & PROCESS_MASK) * SHIFT32 + correlation
+    return ((pid - pid0) & PROCESS_MASK) * SHIFT32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,36 +151,36 @@ class _Calls:
 
     def add(self, chunk: dict[str, np.ndarray]) -> None:
         if self.pid0 is not None:
-            self._add_apart(chunk)
+            self._add_apart(chunk, self.pid0)
             return
         valid = chunk["key"] >= 0
         n = int(valid.sum())
         rows = slice(self.rows, self.rows + n)
         self.key[rows] = chunk["key"][valid]
         self.start[rows] = chunk["start"][valid] + self.base
-        local, uniques = pd.factorize(chunk["thread"][valid])
-        codes = [
-            self.thread_code.setdefault(int(t) + self.tid0, len(self.thread_code)) for t in uniques
-        ]
-        check_threads(len(self.thread_code))
-        self.thread[rows] = np.asarray(codes, dtype=np.int16)[local] if n else 0
+        self.thread[rows] = self._thread_codes(chunk["thread"][valid])[0]
         self.rows += n
 
-    def _add_apart(self, chunk: dict[str, np.ndarray]) -> None:
+    def _add_apart(self, chunk: dict[str, np.ndarray], pid0: int) -> None:
         """Several processes: each process's calls of the chunk to its own list."""
         valid = (chunk["key"] >= 0) & (chunk["thread"] != NULL_THREAD)  # as SQL would
-        local, uniques = pd.factorize(chunk["thread"][valid])
-        tids = np.asarray(uniques, dtype=np.int64) + self.tid0
-        codes = [self.thread_code.setdefault(int(t), len(self.thread_code)) for t in tids]
-        check_threads(len(self.thread_code))
-        thread = np.asarray(codes, dtype=np.int16)[local]
+        thread, local, tids = self._thread_codes(chunk["thread"][valid])
         start = chunk["start"][valid] + self.base
-        process_of = process_keys(tids, np.zeros(len(tids), np.int64), self.pid0 or 0)
+        process_of = process_bits(tids, pid0)
         keys = process_of[local] + chunk["key"][valid]
         for process in np.unique(process_of).tolist():
             mine = process_of[local] == process if len(process_of) > 1 else slice(None)
             part = (keys[mine], start[mine], thread[mine])
             self.parts.setdefault(process >> 32, []).append(part)
+
+    def _thread_codes(self, threads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each call's thread code (one code per thread across chunks and reads), its index
+        into the chunk's distinct threads, and those threads' ``globalTid``."""
+        local, uniques = pd.factorize(threads)
+        tids = np.asarray(uniques, dtype=np.int64) + self.tid0
+        codes = [self.thread_code.setdefault(int(t), len(self.thread_code)) for t in tids]
+        check_threads(len(self.thread_code))
+        return np.asarray(codes, dtype=np.int16)[local], local, tids
 
     def seal(self) -> None:
         """Sort by key (if needed) and keep the first call of each key (runtime over driver)."""
@@ -408,9 +409,7 @@ class _Plan:
     codec: Codec
     one_process: int | None  # its process id, when every activity is that process's
     base: int  # the first API call's start: starts travel as offsets from it
-    start_base: int | None  # several processes: starts (from here) and devices are kept
     devices: _ProcessDevices | None  # several processes, one device each (no device column)
-    calls_pid0: int | None  # several processes: the calls' keys are made from their threads
 
     @classmethod
     def of(cls, conn: sqlite3.Connection, tables: dict[str, list[str]], api: list[str]) -> _Plan:
@@ -418,16 +417,18 @@ class _Plan:
         one_process = _single_cuda_process(conn, tables, codec)
         if one_process is not None:  # keys are correlation ids: no pid arithmetic per row
             codec = dataclasses.replace(codec, use_pid=False)
-        base = _first_start(conn, api)
-        several = one_process is None  # (or not known to be one): ranks need starts, devices
-        return cls(
-            codec,
-            one_process,
-            base,
-            base if several else None,
-            _process_devices(conn, tables, codec) if several else None,
-            codec.pid0 if several and codec.use_pid else None,
-        )
+            return cls(codec, one_process, _first_start(conn, api), None)
+        return cls(codec, None, _first_start(conn, api), _process_devices(conn, tables, codec))
+
+    @property
+    def start_base(self) -> int | None:
+        """Several processes (or not known to be one): ranks need starts, kept from here."""
+        return self.base if self.one_process is None else None
+
+    @property
+    def calls_pid0(self) -> int | None:
+        """Several processes: the calls' keys are made from their threads, from this pid."""
+        return self.codec.pid0 if self.one_process is None and self.codec.use_pid else None
 
     def calls(self, capacity: int, thread_code: dict[int, int] | None = None) -> _Calls:
         return _Calls(self.codec.tid0, self.base, capacity, thread_code, self.calls_pid0)
