@@ -185,9 +185,12 @@ def comm_stats_apart(nccl: Intervals, compute: Intervals, nccl_names: np.ndarray
     """:func:`comm_stats` of NCCL kernels and compute kernels given apart (names: the
     NCCL kernels', in order)."""
     union_ns = overlap_ns = 0
-    for dev in np.unique(nccl.device):
-        n = nccl.take(nccl.device == dev)
-        c = compute.take(compute.device == dev)
+    devices = np.unique(nccl.device)
+    one = len(devices) == 1 and bool((compute.device == devices[0]).all())
+    for dev in devices:
+        # One GPU (a rank's): no copies of its (maybe millions of) compute kernels.
+        n = nccl if one else nccl.take(nccl.device == dev)
+        c = compute if one else compute.take(compute.device == dev)
         union_ns += covered_ns(n.start, n.end)
         overlap_ns += both_covered_ns(n.start, n.end, c.start, c.end)
     duration = (nccl.end - nccl.start).clip(min=0)
