@@ -168,15 +168,18 @@ class _Calls:
 
     def _add_apart(self, chunk: dict[str, np.ndarray], pid0: int) -> None:
         """Several processes: each process's calls of the chunk to its own list."""
-        valid = (chunk["key"] >= 0) & (chunk["thread"] != NULL_THREAD)  # as SQL would
-        thread, local, tids = self._thread_codes(chunk["thread"][valid])
-        start = chunk["start"][valid] + self.base
+        key, start, threads = chunk["key"], chunk["start"], chunk["thread"]
+        valid = (key >= 0) & (threads != NULL_THREAD)  # as SQL would
+        if not valid.all():  # launch calls all have both in real exports: no copies then
+            key, start, threads = key[valid], start[valid], threads[valid]
+        thread, local, tids = self._thread_codes(threads)
         process_of = process_bits(tids, pid0)
-        keys = process_of[local] + chunk["key"][valid]
-        for process in np.unique(process_of).tolist():
-            mine = process_of[local] == process if len(process_of) > 1 else slice(None)
-            part = (keys[mine], start[mine], thread[mine])
-            self.parts.setdefault(process >> 32, []).append(part)
+        process = process_of[local]
+        key = process + key
+        start = start + self.base
+        for code in np.unique(process_of).tolist():
+            mine = process == code if len(process_of) > 1 else slice(None)
+            self.parts.setdefault(code >> 32, []).append((key[mine], start[mine], thread[mine]))
 
     def _thread_codes(self, threads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each call's thread code (one code per thread across chunks and reads), its index
