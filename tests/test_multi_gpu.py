@@ -214,6 +214,22 @@ def test_single_process_output_has_no_ranks(data_dir: Path) -> None:
     assert "ranks" not in json.loads(result.stdout)
 
 
+def test_rank_of_one_ranks_trace_says_to_give_every_ranks(data_dir: Path) -> None:
+    """One rank's trace of a 2-rank run, alone, has no other rank to pick: the error says
+    which rank the file is and how to give them all; a one-GPU trace says --rank needs ranks."""
+    rank0 = data_dir / "torch-h200x2-small-ddp2-rank0.json.gz"
+    result = runner.invoke(app, ["kernels", str(rank0), "--rank", "1"])
+    assert result.exit_code == 2
+    assert (
+        f"error: {rank0.name} is rank 0 of a 2-rank run alone: give every rank's trace"
+        in result.output
+    )
+    one = data_dir / "torch-small-ctx128-train.json.gz"
+    result = runner.invoke(app, ["kernels", str(one), "--rank", "0"])
+    assert result.exit_code == 2
+    assert "error: --rank needs a multi-rank trace" in result.output
+
+
 def test_comm_stats_measure_each_device_apart() -> None:
     k = _two_ranks().kernels  # both ranks' rows: the devices must not mix
     stats = comm_stats(k)

@@ -7,6 +7,7 @@ from a reader; :func:`kernels` is the one-call facade (read, then analyze) the C
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -118,5 +119,21 @@ def analyze_any(
     if is_multi_rank(trace):
         return analyze_ranks(trace, top=top, phase=phase, range=range, rank=rank, phases=phases)
     if rank is not None:
-        raise BadInput("--rank needs a multi-rank trace (several processes, or per-rank traces)")
+        raise BadInput(_one_rank_message(trace))
     return analyze(trace, top=top, phase=phase, range=range, phases=phases)
+
+
+def _one_rank_message(trace: Trace) -> str:
+    """Why ``--rank`` cannot pick from ``trace``; for one rank's trace of a larger run, how
+    to give every rank's."""
+    from profkit.traces.ranks import rank_info
+
+    info = rank_info(trace)
+    world = (info or {}).get("world_size") or 0
+    if info is None or world < 2:
+        return "--rank needs a multi-rank trace (several processes, or per-rank traces)"
+    name = Path(str(info.get("path") or "the trace")).name
+    return (
+        f"{name} is rank {info['rank']} of a {world}-rank run alone: give every rank's trace "
+        "(e.g. profkit kernels profiles/NAME-rank*.json.gz) to pick a --rank"
+    )
