@@ -1,12 +1,12 @@
 # profkit kernels on a 2-rank export and on a 1-rank export of about as many kernels, an
 # older profkit against this one, on the same machine in the same minutes: the committed
 # 2-rank DDP export replicated N times (kernels_scale.py --ranks N builds the same pair),
-# then five rounds of the four runs (older/this code x 2-rank/1-rank, --no-cache, fresh
-# process each), wall and CPU from /usr/bin/time, output md5 beside each (the two codes'
-# outputs must match). Then this code's in-process stages of each export.
+# then ROUNDS (default 5) rounds of the four runs (older/this code x 2-rank/1-rank,
+# --no-cache, fresh process each), wall and CPU from /usr/bin/time, output md5 beside each
+# (the two codes' outputs must match). Then this code's in-process stages of each export.
 #
 #   git archive 9861b52 profkit | tar -x -C /tmp/before      # the older code
-#   bash benchmarks/ranks_before_after.sh /tmp/before OUT_DIR [SITE] [N ...]
+#   [ROUNDS=9] bash benchmarks/ranks_before_after.sh /tmp/before OUT_DIR [SITE] [N ...]
 #
 # SITE: an extra folder for PYTHONPATH (the GPU machine's wheels: /tmp/site). N: the
 # replication factors of the 2-rank export (default 100).
@@ -34,7 +34,7 @@ for label, (fixture, copies, target) in {'2 ranks': (ks.RANKS_FIXTURE, $n, 'r2.s
     rows = ks.build(fixture, copies, Path('$W') / target)
     print(f'x$n {label}: {fixture.name} x{copies}: {rows[ks.KERNEL_TABLE]:,} kernels', flush=True)
 " | tee -a "$OUT/times.txt"
-  for i in 1 2 3 4 5; do
+  for i in $(seq "${ROUNDS:-5}"); do
     run "x$n 2 ranks, before" "$OLD" "$W/r2.sqlite"
     run "x$n 2 ranks, after" "$NEW" "$W/r2.sqlite"
     run "x$n 1 rank, before" "$OLD" "$W/r1.sqlite"
