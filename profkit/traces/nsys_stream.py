@@ -96,28 +96,23 @@ def process_bits(global_tid: np.ndarray, pid0: int) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class _DeviceProcesses:
-    """The one CUDA process of each device, as a key's high bits (process code), by device id.
+class _ProcessDevices:
+    """The one device of each CUDA process, by process code (a key's high bits).
 
     From the contexts table, which lists every CUDA context with its process and device
-    (the one-process read trusts it the same way). Where no device is shared by two
-    processes, an activity's device tells its process: the scan reads ``deviceId *
-    2**32 + correlationId``, one short value a row, instead of computing the process from
-    ``globalPid`` on every row and reading the device besides.
+    (the one-process read trusts it the same way): where each process has one device, an
+    activity's device follows from its key, and the scan spares a column of every row.
     """
 
-    code: np.ndarray  # by device id; -1: a device the table does not list
+    codes: np.ndarray  # sorted process codes
+    devices: np.ndarray
 
-    def split(self, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(key, device) of each packed value; (-1, -1) for no key (a NULL correlation id)
-        or a device the table does not list."""
-        has = packed >= 0
-        device = np.where(has, packed >> 32, -1)
-        known = has & (device < len(self.code))
-        code = np.where(known, self.code[np.where(known, device, 0)], -1)
-        found = code >= 0
-        key = np.where(found, (code << 32) | (packed & 0xFFFFFFFF), -1)
-        return key, np.where(found, device, -1)
+    def of(self, keys: np.ndarray) -> np.ndarray:
+        """The device of each key's process; -1 for no key or a process not listed."""
+        code = keys >> 32
+        at = np.minimum(np.searchsorted(self.codes, code), len(self.codes) - 1)
+        found = (self.codes[at] == code) & (keys >= 0)
+        return np.where(found, self.devices[at], -1)
 
 
 class _Calls:
@@ -265,14 +260,14 @@ class _Builder:
         codec: Codec,
         shapes: bool,
         start_base: int | None = None,
-        devices: _DeviceProcesses | None = None,
+        devices: _ProcessDevices | None = None,
     ) -> None:
         self.conn, self.tables, self.codec = conn, tables, codec
         kept = {**ARRAYS, SHAPE: np.int32} if shapes else dict(ARRAYS)
         if start_base is not None:  # several processes: keep starts and devices (TIMED)
             kept.update(TIMED)
         self.start_base = start_base or 0
-        self.devices = devices  # None: the key and device are read as they are
+        self.devices = devices  # None: the device is read with each activity
         self.arrays = {name: np.empty(capacity, dtype=t) for name, t in kept.items()}
         self.rows = 0
         self.name_code: dict[str, int] = {}
@@ -286,8 +281,6 @@ class _Builder:
         self, table: str, chunk: dict[str, np.ndarray], calls: _Calls, bounds: tuple[int, int]
     ) -> None:
         """Add a chunk of ``table``, the rows of rowids ``bounds`` (``[lo, hi)``)."""
-        if "device_key" in chunk:
-            chunk["key"], chunk["device"] = self._split(table, chunk.pop("device_key"), bounds)
         n = len(chunk["key"])
         rows = slice(self.rows, self.rows + n)
         if "end" in chunk:  # the times themselves, read as stored (see _activity_exprs)
@@ -298,7 +291,7 @@ class _Builder:
         if "start" in self.arrays:
             offset = 0 if "end" in chunk else self.start_base  # read as stored, or as offsets
             self.arrays["start"][rows] = chunk["start"] + offset
-            self.arrays["device"][rows] = chunk["device"]
+            self.arrays["device"][rows] = self._device(table, chunk, bounds)
         if SHAPE in self.arrays:
             self.arrays[SHAPE][rows] = self._shapes(chunk) if table == KERNEL_TABLE else 0
         start, thread = calls.lookup(chunk["key"])
@@ -309,23 +302,19 @@ class _Builder:
             self.unmatched.append((np.flatnonzero(missing) + self.rows, chunk["key"][missing]))
         self.rows += n
 
-    def _split(
-        self, table: str, packed: np.ndarray, bounds: tuple[int, int]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Key and device of each row from its device and correlation id, packed; a chunk
-        with rows they cannot tell (no correlation id, a device the contexts table lacks)
-        has those rows' key and device read from the rows themselves."""
-        assert self.devices is not None
-        key, device = self.devices.split(packed)
-        unknown = key < 0
-        if unknown.any():
-            exprs = {"key": self.codec.common()["key"], "device": "deviceId"}
-            read = _sqlite.read_chunk(self.conn, table, exprs, bounds)
-            if len(read["key"]) != len(key):
+    def _device(
+        self, table: str, chunk: dict[str, np.ndarray], bounds: tuple[int, int]
+    ) -> np.ndarray:
+        if self.devices is None:
+            return chunk["device"]
+        device = self.devices.of(chunk["key"])
+        unknown = device < 0
+        if unknown.any():  # no key, or a process the contexts table lacks: read the column
+            read = _sqlite.read_chunk(self.conn, table, {"device": "deviceId"}, bounds)
+            if len(read["device"]) != len(device):
                 raise _sqlite.BadColumn(f"{table} changed while it was read")
-            key[unknown] = read["key"][unknown]
             device[unknown] = read["device"][unknown]
-        return key, device
+        return device
 
     def _names(self, table: str, chunk: dict[str, np.ndarray]) -> np.ndarray:
         field = {KERNEL_TABLE: "names", MEMCPY_TABLE: "copy_kind", GRAPH_TABLE: "graph"}
@@ -423,7 +412,7 @@ class _Plan:
     codec: Codec
     one_process: int | None  # its process id, when every activity is that process's
     base: int  # the first API call's start: starts travel as offsets from it
-    devices: _DeviceProcesses | None  # several processes, one per device: keys by device
+    devices: _ProcessDevices | None  # several processes, one device each (no device column)
 
     @classmethod
     def of(cls, conn: sqlite3.Connection, tables: dict[str, list[str]], api: list[str]) -> _Plan:
@@ -432,7 +421,7 @@ class _Plan:
         if one_process is not None:  # keys are correlation ids: no pid arithmetic per row
             codec = dataclasses.replace(codec, use_pid=False)
             return cls(codec, one_process, _first_start(conn, api), None)
-        return cls(codec, None, _first_start(conn, api), _device_processes(conn, tables, codec))
+        return cls(codec, None, _first_start(conn, api), _process_devices(conn, tables, codec))
 
     @property
     def start_base(self) -> int | None:
@@ -647,23 +636,24 @@ def _single_cuda_process(
     return codec.pid0
 
 
-def _device_processes(
+def _process_devices(
     conn: sqlite3.Connection, tables: dict[str, list[str]], codec: Codec
-) -> _DeviceProcesses | None:
-    """Each device's process, when the contexts table gives every device one (else None)."""
+) -> _ProcessDevices | None:
+    """Each process's device, when the contexts table gives every process one (else None)."""
     if not codec.use_pid or not {"processId", "deviceId"} <= set(tables.get(CONTEXTS_TABLE, [])):
         return None
     found: dict[int, set[int]] = {}
     for pid, device in conn.execute(f"SELECT DISTINCT processId, deviceId FROM {CONTEXTS_TABLE}"):
         if not isinstance(pid, int) or not isinstance(device, int) or not 0 <= device < 1 << 15:
             return None
-        found.setdefault(device, set()).add((pid - codec.pid0) & PROCESS_MASK)
-    if not found or any(len(processes) != 1 for processes in found.values()):
+        found.setdefault(pid, set()).add(device)
+    codes = {(pid - codec.pid0) & PROCESS_MASK: devices for pid, devices in found.items()}
+    if not codes or len(codes) < len(found) or any(len(d) != 1 for d in codes.values()):
         return None
-    code = np.full(max(found) + 1, -1, dtype=np.int64)
-    for device, (process,) in found.items():
-        code[device] = process
-    return _DeviceProcesses(code)
+    order = sorted(codes)
+    return _ProcessDevices(
+        np.array(order, dtype=np.int64), np.array([min(codes[c]) for c in order], np.int16)
+    )
 
 
 def _activity_exprs(
@@ -675,10 +665,7 @@ def _activity_exprs(
 ) -> tuple[dict[str, str], tuple[str, ...]]:
     """The columns read from activity ``table``, and those whose cells are checked."""
     common = plan.codec.common()
-    if plan.devices is not None:  # the process follows from the device (_DeviceProcesses)
-        exprs = {"device_key": f"deviceId * {SHIFT32} + correlationId"}
-    else:
-        exprs = {"key": common["key"]}
+    exprs = {"key": common["key"]}
     checked: tuple[str, ...] = TIMES
     if plan.start_base is None:
         # No start times for one process: its report needs durations (and launch times,
