@@ -100,6 +100,7 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 _GZIP_MAGIC = b"\x1f\x8b"
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 _SNIFF_BYTES = 4096
+SIDECAR_SUFFIX = ".profkit.json"  # profkit.sidecar's files (that module imports this one)
 # Keys that open a torch.profiler / Chrome trace (``schemaVersion`` comes first in torch's).
 _TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"displayTimeUnit"')
 
@@ -109,11 +110,16 @@ def file_kind(path: Path) -> str | None:
 
     ``an SQLite database`` (a results DB or an nsys export), ``an Nsight Systems report``,
     ``a Chrome trace``, ``a compressed file`` (a ``.json.gz`` trace, a ``.pickle.xz``
-    snapshot) or ``a pickle`` (a memory snapshot). Text, CSV, markdown, JSON tables and
-    pictures are None: writing a new version of those is what ``--out`` is for.
+    snapshot), ``a pickle`` (a memory snapshot) or ``a profkit sidecar`` (the
+    ``NAME.profkit.json`` beside an artefact, which ``kernels`` and ``diff`` read; told by
+    name, through symlinks). Text, CSV, markdown, JSON tables and pictures are None:
+    writing a new version of those is what ``--out`` is for.
     """
     if path.suffix.lower() == ".nsys-rep":
         return "an Nsight Systems report"
+    with contextlib.suppress(OSError):
+        if path.is_file() and path.resolve().name.lower().endswith(SIDECAR_SUFFIX):
+            return "a profkit sidecar (what profkit recorded about a run, read beside it)"
     try:
         with path.open("rb") as handle:
             head = handle.read(_SNIFF_BYTES)

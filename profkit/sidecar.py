@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import warn
-from profkit.files import COMPRESSION_SUFFIXES
+from profkit.files import COMPRESSION_SUFFIXES, SIDECAR_SUFFIX
 
-SUFFIX = ".profkit.json"
+SUFFIX = SIDECAR_SUFFIX
 # What an artefact's name may end in; the sidecar replaces all of it (compression too).
 ARTEFACT_SUFFIXES = (".pickle", ".sqlite", ".sqlite3", ".nsys-rep", ".qdrep", ".json", ".db")
 MAX_BYTES = 16 << 20  # a sidecar is a few KiB; anything this big is not one

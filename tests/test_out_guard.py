@@ -108,6 +108,22 @@ def test_symlink_and_hard_link_to_the_db_are_the_db(work: Path) -> None:
     assert digest(work / "r.db") == before
 
 
+def test_the_sidecar_an_input_is_read_with_is_not_overwritten(tmp_path: Path) -> None:
+    """``kernels`` and ``diff`` read ``NAME.profkit.json`` beside each input: an --out
+    naming it, or a symlink to it, is refused and the sidecar stays as it was."""
+    export = DATA / "nsys-2025.3-h100-small-fp32.sqlite.xz"
+    sidecar = DATA / "nsys-2025.3-h100-small-fp32.profkit.json"
+    shutil.copy(export, tmp_path / export.name)
+    shutil.copy(sidecar, tmp_path / sidecar.name)
+    (tmp_path / "link.md").symlink_to(tmp_path / sidecar.name)
+    for out in (sidecar.name, "link.md"):
+        result = profkit("kernels", export.name, "-f", "md", "--out", out, cwd=tmp_path)
+        refused(result, "is a profkit sidecar")
+    result = profkit("diff", export.name, export.name, "-o", sidecar.name, cwd=tmp_path)
+    refused(result, "is a profkit sidecar")
+    assert digest(tmp_path / sidecar.name) == digest(sidecar)
+
+
 def test_kinds_told_by_content_and_text_outputs_rewritable(tmp_path: Path) -> None:
     (tmp_path / "old.md").write_text("| a |\n")
     (tmp_path / "old.json").write_text('[{"size": "tiny"}]')
