@@ -418,8 +418,30 @@ def test_full_or_closed_stdout_is_one_line_not_a_traceback() -> None:
         )
     assert done.returncode == 2, done.stderr
     assert done.stderr.decode() == "error: cannot write the output: No space left on device\n"
-    closed = run_cli("sizes", stdout=None, stdin=subprocess.DEVNULL, pass_fds=())
-    assert b"Traceback" not in closed.stderr
+
+
+def test_closed_stdout_is_one_line_unless_the_output_goes_to_out(tmp_path: Path) -> None:
+    """Started with stdout closed (`profkit sizes >&-`), profkit has nowhere to print: one
+    line before any work; with --out the results go to the file and it succeeds."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def closed(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "profkit", *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: os.close(1),  # the child starts with stdout closed
+        )
+
+    done = closed("sizes")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.decode().startswith("error: stdout is closed")
+    assert done.stderr.count(b"\n") == 1
+    done = closed("sizes", "--out", str(tmp_path / "sizes.md"))
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr
+    assert "2.7B" in (tmp_path / "sizes.md").read_text()
 
 
 def test_a_reader_leaving_the_pipe_ends_profkit_quietly_with_141() -> None:

@@ -128,6 +128,14 @@ def command(
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             said: list[str] = []
+            if sys.stdout is None:  # started with stdout closed (`>&-`): Python has none
+                if not isinstance(kw.get("out"), Path):
+                    _error(
+                        "stdout is closed, and profkit prints its results there "
+                        "(redirect it to a file or /dev/null, or give --out FILE)",
+                        said,
+                    )
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the results go to --out
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("always", ProfkitWarning)
