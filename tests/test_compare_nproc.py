@@ -56,3 +56,15 @@ def test_one_gpu_rows_alone_have_nothing_to_compare() -> None:
     single = [r for r in ROWS if r["nproc"] == 1]
     with pytest.raises(BadInput, match=r"run two, e\.g\. profkit bench --nproc 1 2"):
         compare_lib.compare(single, "nproc")
+
+
+def test_a_db_from_before_nproc_reads_as_one_process_rows() -> None:
+    """The committed H100 DB predates --nproc (no such column): its rows ran one process
+    each, so `compare nproc` says there is nothing to compare instead of failing."""
+    from profkit.run import bench as bench_lib
+
+    db = Path(__file__).parent / "data" / "results-h100.db"
+    rows = bench_lib.load(db)
+    assert rows and {r["nproc"] for r in rows} == {1}
+    with pytest.raises(BadInput, match=r"every bench row has the same nproc \(1\)"):
+        compare_lib.compare(rows, "nproc")

@@ -188,6 +188,10 @@ def decode_row(row: dict[str, Any], bad: list[str] | None = None) -> Row:
     for name in BOOL_FIELDS:
         if out.get(name) is not None:
             out[name] = bool(out[name])
+    # Rows from before --nproc (no such column, or null where a later row added it) each
+    # ran one process.
+    if out.get("nproc") is None:
+        out["nproc"] = 1
     # Rows of several ranks list them; one-process rows never had the column's value.
     if out.get("ranks") is None:
         out.pop("ranks", None)
