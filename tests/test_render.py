@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from profkit.analysis.crosscheck import compare_phases
@@ -64,3 +66,31 @@ def test_one_progress_bar_shows_the_current_item_and_is_off_off_a_terminal() -> 
     assert "torch.profiler forward" in lines[1] and "0/2" in lines[1]
     piped = Console(file=io.StringIO())
     assert progress_bar(on=piped).disable
+
+
+def test_a_table_wider_than_the_terminal_hides_details_not_names() -> None:
+    """At 80 columns the real kernel table (from the committed H100 export) keeps its names
+    readable: details go first (std, min, max, grid, block...), the caption says which,
+    and no line is wider than the terminal; at 200 columns every column stays."""
+    from rich.console import Console
+
+    from profkit.analysis import kernels
+    from profkit.analysis.presentation import display_tables
+    from profkit.cli.render import NARROW_HIDDEN, rich_table
+
+    report = kernels(Path(__file__).parent / "data" / "nsys-2025.3-h100-small-fp32.sqlite.xz")
+    top = display_tables(report)[1][1].head(3)  # the top kernels of all phases
+    assert list(top.columns)[:2] == ["short_name", "category"] and "grid" in top.columns
+    for width, hidden in ((80, ["std_us", "min_us", "max_us", "grid", "block", "med_us"]),
+                          (200, [])):  # fmt: skip
+        console = Console(width=width, record=True, color_system=None)
+        console.print(rich_table(top, "top", width=width))
+        text = console.export_text()
+        lines = text.splitlines()
+        assert max(len(line) for line in lines) <= width
+        header = next(line for line in lines if "short_name" in line)
+        shown = [c for c in top.columns if f" {c} " in header]
+        assert shown == [c for c in top.columns if c not in hidden]
+        assert ("not shown at 80 columns: " + ", ".join(hidden) in " ".join(lines)) == bool(hidden)
+        assert "sm80_xmma_gemm" in text  # the names, not squeezed away
+    assert all(c in NARROW_HIDDEN for c in ("std_us", "grid", "block"))

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,22 +80,76 @@ class _CurrentColumn(ProgressColumn):
         return Text(str(task.fields.get("current", "")))
 
 
-def rich_table(df: pd.DataFrame, title: str | None = None, digits: int = 2) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
+# Hidden first, in this order, when a table is wider than the terminal, so that no column
+# is squeezed to nothing (names vanished at 80 columns): details before the name, the
+# category and the totals. `-f md`, csv and json keep every column.
+NARROW_HIDDEN = (
+    "std_us", "min_us", "max_us", "grid", "block", "med_us", "python_ms", "memset",
+    "memcpy", "mflop", "tflop_s", "instances", "nccl_wait_ms", "pid", "cpu_time_ms",
+    "device", "nccl_kernels", "kernel_time_ms", "A avg µs", "B avg µs", "A inst", "B inst",
+    "vocab_size", "params w/o LM head",
+)  # fmt: skip
+NAME_WIDTH = (24, 40)  # the first text column (a name): at least, at most (it wraps within)
+TEXT_WIDTH = 16  # other text columns, at most
+
+
+@dataclass
+class _Column:
+    index: int  # in the frame
+    name: str
+    numeric: bool
+    width: int  # what it needs (a name: at most)
+
+
+def rich_table(
+    df: pd.DataFrame, title: str | None = None, digits: int = 2, width: int | None = None
+) -> Table:
+    """``df`` as a rich table that fits ``width`` (default: the console's) where it can:
+    columns of :data:`NARROW_HIDDEN` are left out, in that order, until it does with its
+    name column at its narrowest, and the caption names them; the name then takes the room
+    left, up to its widest."""
     cells = [[cell_text(v, digits) for v in row] for row in df.itertuples(index=False)]
+    columns = []
     for index, column in enumerate(df.columns):
         numeric = pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(
             df[column]
         )
-        # Numbers are never cut short: a narrow terminal wraps the header instead. Text
-        # keeps a readable minimum so wide numeric tables cannot squeeze it to nothing.
+        # Numbers are never cut short; text keeps a readable minimum and wraps beyond it.
         longest = max((len(row[index]) for row in cells), default=1)
-        width = longest if numeric else min(longest, 16)
+        cap = NAME_WIDTH[1] if index == 0 else TEXT_WIDTH
+        need = max(len(str(column)), longest if numeric else min(longest, cap))
+        columns.append(_Column(index, str(column), numeric, need))
+    limit = width or console.width
+    name = columns[0] if columns and not columns[0].numeric else None
+    least = min(name.width, NAME_WIDTH[0]) if name else 0
+
+    def others() -> int:  # every column but the name, with the borders and the name's padding
+        return sum(c.width + 3 for c in columns if c is not name) + 1 + (3 if name else 0)
+
+    hidden = []
+    for gone in NARROW_HIDDEN:
+        if others() + least <= limit:
+            break
+        if any(c.name == gone for c in columns):
+            columns = [c for c in columns if c.name != gone]
+            hidden.append(gone)
+    if name:
+        name.width = max(least, min(name.width, limit - others()))
+    caption = (
+        f"not shown at {limit} columns: {', '.join(hidden)} (-f md shows every column)"
+        if hidden
+        else None
+    )
+    table = Table(
+        title=title, title_justify="left", header_style="bold",
+        caption=caption, caption_justify="left",
+    )  # fmt: skip
+    for c in columns:
         table.add_column(
-            str(column), justify="right" if numeric else "left", min_width=width, no_wrap=numeric
+            c.name, justify="right" if c.numeric else "left", min_width=c.width, no_wrap=c.numeric
         )
     for row in cells:
-        table.add_row(*row)
+        table.add_row(*(row[c.index] for c in columns))
     return table
 
 
