@@ -517,3 +517,21 @@ def test_chrome_thread_id_at_the_int64_edge_reads(tmp_path: Path) -> None:
     _, report = kernels_json(chrome(tmp_path, damage))
     _, clean = kernels_json(CHROME)
     assert report["totals"] == clean["totals"]
+
+
+def test_a_missing_default_db_points_at_the_one_the_demo_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After `profkit demo` (profiles/demo/results.db), commands that read the default
+    profiles/results.db say where a results DB is instead of only that it is missing."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PROFKIT_DB", raising=False)
+    (tmp_path / "profiles" / "demo").mkdir(parents=True)
+    shutil.copy(RESULTS, tmp_path / "profiles" / "demo" / "results.db")
+    one_error(
+        invoke("compare", "dtype"),
+        "no results database at profiles/results.db",
+        "give --db profiles/demo/results.db",
+    )
+    one_error(invoke("report"), "nothing to report", "give --profiles profiles/demo")
+    assert not (tmp_path / "reports").exists()

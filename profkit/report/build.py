@@ -57,9 +57,12 @@ def build_report(
     say("reading the results DB")
     inv = collect(profiles_dir, db_path)
     if inv.empty:
+        elsewhere = sorted(p.parent for p in profiles_dir.glob("*/results.db") if p.is_file())
+        hint = f"give --profiles {elsewhere[0]}, or " if elsewhere else ""
         raise BadInput(
             f"nothing to report: no bench, attention or memory rows in {db_path} and no "
-            f"traces or snapshots in {profiles_dir} (run `profkit report --run` to make them)"
+            f"traces or snapshots in {profiles_dir} ({hint}run `profkit report --run` to "
+            "make them)"
         )
     out_dir = out.parent
     pictures = draw_pictures(inv, out_dir, say)

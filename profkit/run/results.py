@@ -7,6 +7,7 @@ writes the ``bench`` table. The default database is ``profiles/results.db``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sqlite3
@@ -44,7 +45,7 @@ def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:
         check_writable(path)
         path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.is_file():
-        raise BadInput(f"no results database at {path}")
+        raise BadInput(f"no results database at {path}{_elsewhere(path)}")
     if path.exists() and path.stat().st_size:
         with path.open("rb") as handle:
             if handle.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
@@ -91,6 +92,16 @@ def opened(path: Path | str, write: bool = True) -> Iterator[sqlite_utils.Databa
         # finished) would only be a 0-byte file that later reads as "no results".
         if new and path.is_file() and path.stat().st_size == 0:
             path.unlink(missing_ok=True)
+
+
+def _elsewhere(path: Path) -> str:
+    """Where a results DB of the same name is, one folder down (``profkit demo`` writes
+    ``profiles/demo/results.db``, beside the default ``profiles/results.db``)."""
+    with contextlib.suppress(OSError):
+        found = sorted(p for p in path.parent.glob(f"*/{path.name}") if p.is_file())
+        if found:
+            return f" (there is one at {found[0]}: give --db {found[0]})"
+    return ""
 
 
 def check_db(path: Path | str) -> None:
