@@ -200,7 +200,7 @@ def test_formats_and_out(exports: dict[str, Path], tmp_path: Path) -> None:
     )
     assert "| phase | A kernels | B kernels | A ms | B ms | Δ ms | Δ % |" in md.stdout
     csv = runner.invoke(app, ["diff", a, b, "-f", "csv"])
-    assert csv.stdout.startswith("phase,A kernels,B kernels,A ms,B ms,Δ ms,Δ %\n")
+    assert csv.stdout.startswith("table,phase,A kernels,B kernels,A ms,B ms,Δ ms,Δ %,")
     out = tmp_path / "d" / "diff.md"
     written = runner.invoke(app, ["diff", a, b, "--out", str(out)])
     assert (

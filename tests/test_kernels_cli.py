@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from nsys_data import OLD_NO_KERNELS, PROBE, SMALL_FP32, unpack
 from typer.testing import CliRunner
@@ -59,8 +61,18 @@ def test_markdown_and_csv_and_out_file(small: Path, tmp_path: Path) -> None:
     assert md.exit_code == 0 and md.stdout.startswith(f"# Kernels of {small.name}")
     csv = kernels(small, "--format", "csv")
     assert csv.exit_code == 0 and csv.stdout.startswith(
-        "phase,instances,kernels,memcpy,memset,kernel_time_ms,gpu_time_ms"
+        "table,phase,instances,kernels,memcpy,memset,kernel_time_ms,gpu_time_ms"
     )
+    # One table that read_csv reads whole: each row names its table; the top kernels carry
+    # their phase and full name (the short one is cut where names are long).
+    rows = pd.read_csv(io.StringIO(csv.stdout))
+    top = rows[rows["table"].str.startswith("Top ")]
+    assert top.groupby("phase").size().max() == 20  # --top 20, per phase and for all
+    assert set(top["phase"]) == {"all", "forward", "backward", "optimizer"}
+    report = json.loads(kernels(small, "-f", "json").stdout)
+    full = {(k["phase"], k["name"]) for k in report["kernels"]}
+    assert {(p, n) for p, n in zip(top["phase"], top["name"], strict=True) if p != "all"} <= full
+    assert top["name"].str.len().max() > top["short_name"].str.len().max()
     target = tmp_path / "reports" / "small.md"
     written = kernels(small, "--out", target)
     assert written.exit_code == 0 and "## Ranges" in target.read_text()

@@ -23,8 +23,13 @@ KERNEL_VIEW = [
 ]  # fmt: skip
 
 
-def display_tables(report: KernelReport) -> list[tuple[str, pd.DataFrame]]:
-    """Phases, top kernels overall and per phase, ranges, categories: (title, table) pairs."""
+def display_tables(report: KernelReport, as_data: bool = False) -> list[tuple[str, pd.DataFrame]]:
+    """Phases, top kernels overall and per phase, ranges, categories: (title, table) pairs.
+
+    ``as_data`` (``--format csv``): each top-kernels table also carries its ``phase``
+    (``all`` for all phases) and each kernel's full ``name``, which the shortened names of
+    a display may not tell apart.
+    """
     top = f"Top {report.top} by GPU time" if report.top else "All by GPU time"
     top += " (kernels, memcpy, memset)"
     if not report.activities:
@@ -39,13 +44,13 @@ def display_tables(report: KernelReport) -> list[tuple[str, pd.DataFrame]]:
             f"Phases{_inferred(report)} — {counts_sentence(report.totals)}",
             _percent(report.phases, "share"),
         ),
-        (f"{top}, all phases", _kernel_view(report.top_kernels())),
+        (f"{top}, all phases", _kernel_view(report.top_kernels(), as_data and ALL_PHASES)),
     ]
     phases = [p for p in report.phases["phase"] if p != ALL_PHASES]
     if len(phases) > 1:
         for phase in phases:
             title = f"{top} in {phase}{_inferred(report)}"
-            tables.append((title, _kernel_view(report.top_kernels(phase))))
+            tables.append((title, _kernel_view(report.top_kernels(phase), as_data and phase)))
     if len(report.ranges):
         tables.append((RANGES_TITLE, _range_view(report)))
     tables.append(("GPU time by category (ms, kernels, memcpy and memset)", category_pivot(report)))
@@ -172,8 +177,14 @@ def _percent(table: pd.DataFrame, column: str) -> pd.DataFrame:
     return view.drop(columns=[column])
 
 
-def _kernel_view(table: pd.DataFrame) -> pd.DataFrame:
-    return _percent(table, "share")[KERNEL_VIEW]
+def _kernel_view(table: pd.DataFrame, phase: str | bool = False) -> pd.DataFrame:
+    """The displayed columns; given a ``phase``, that phase and the full names besides."""
+    view = _percent(table, "share")[KERNEL_VIEW]
+    if not phase:
+        return view
+    return view.assign(name=table["name"].to_numpy()).assign(phase=phase)[
+        ["phase", *KERNEL_VIEW, "name"]
+    ]
 
 
 def _range_view(report: KernelReport) -> pd.DataFrame:

@@ -151,7 +151,7 @@ def kernels(
             write_text(out, text)
             err_console.print(f"wrote {out}")
         return
-    tables = analysis.display_tables(report)
+    tables = analysis.display_tables(report, as_data=fmt == "csv")
     if isinstance(report, RankedReport):
         tables = rank_tables(report) + tables
     emit_tables(tables, fmt, out, json_value=report.to_json())

@@ -153,6 +153,20 @@ def rich_table(
     return table
 
 
+def csv_text(tables: Sequence[tuple[str, pd.DataFrame]]) -> str:
+    """One CSV table, whatever the number of tables: several are stacked, each row led by
+    its table's title in a ``table`` column, under the union of their columns (a cell a
+    table does not have is empty), so that one ``read_csv`` reads them all."""
+    if len(tables) == 1:
+        return tables[0][1].to_csv(index=False)
+    stacked = pd.concat(
+        [df.assign(table=title)[["table", *df.columns]] for title, df in tables],
+        ignore_index=True,
+        sort=False,
+    )
+    return stacked.to_csv(index=False)
+
+
 def emit_tables(
     tables: Sequence[tuple[str, pd.DataFrame]],
     fmt: str,
@@ -160,7 +174,8 @@ def emit_tables(
     json_value: Any = None,
     digits: int = 2,
 ) -> None:
-    """Render titled tables in ``fmt`` to stdout, or to ``out`` when given.
+    """Render titled tables in ``fmt`` to stdout, or to ``out`` when given (csv: one table,
+    :func:`csv_text`).
 
     ``json_value`` is what ``--format json`` prints (the command's contract); when it is
     None the tables themselves are printed as a JSON object keyed by title.
@@ -170,7 +185,7 @@ def emit_tables(
         value = json_value if json_value is not None else {t: df for t, df in tables}
         text = dumps(value) + "\n"
     elif fmt == "csv":
-        text = "\n".join(df.to_csv(index=False) for _, df in tables)
+        text = csv_text(tables)
     elif fmt == "md":
         text = (
             "\n\n".join(
