@@ -465,3 +465,16 @@ def test_the_driver_probe_honours_cuda_visible_devices() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"
+
+
+def test_python_ms_of_one_rank_is_not_shown_beside_every_ranks_ranges(data_dir: Path) -> None:
+    """A 2-rank run's sidecar times rank 0's phases only, while the trace's phases table
+    sums both ranks' ranges (instances 6 for 3 steps): no python_ms there. A one-process
+    run keeps it."""
+    from profkit.analysis import display_tables, kernels
+
+    two = kernels(data_dir / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz")
+    phases = display_tables(two)[0][1]
+    assert list(phases["instances"]) == [6, 6, 6] and "python_ms" not in phases
+    one = display_tables(kernels(data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz"))[0][1]
+    assert "python_ms" in one and one["python_ms"].notna().all()

@@ -193,8 +193,14 @@ def phases_from_counts(
 
 
 def _python_ms(sidecar: dict[str, Any]) -> dict[str, float]:
-    """Per phase, the child's own wall-clock time summed over the captured (timed) steps."""
+    """Per phase, the child's own wall-clock time summed over the captured (timed) steps.
+
+    None for a run of several ranks: its sidecar times one rank's phases, where the trace's
+    (and every rank's) tables would show them beside other ranks' ranges.
+    """
     result = sidecar.get("result")
+    if isinstance(result, dict) and (result.get("world_size") or 1) > 1:
+        return {}
     steps = result.get("steps") if isinstance(result, dict) else None
     if not isinstance(steps, list) or not steps:
         return {}
