@@ -293,3 +293,33 @@ def test_per_step_counts_stay_fractional(tmp_path: Path) -> None:
     assert per_step["total"]["a_kernels"] == pytest.approx(
         sum(r["a_kernels"] for r in per_step.values() if r["phase"] != "total")
     )
+
+
+def test_a_two_rank_side_says_its_steps_are_per_rank(data_dir: Path) -> None:
+    """Against a 2-rank DDP export, B's 6 phase instances are 3 steps of 2 ranks: the
+    header and notes say so, and the ranks lead what differs between the runs."""
+    a = str(data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz")
+    b = str(data_dir / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz")
+    result = runner.invoke(app, ["diff", a, b, "-f", "json"])
+    assert result.exit_code == 0, result.output
+    value = json.loads(result.stdout)
+    assert (value["a"]["ranks"], value["a"]["steps"]) == (1, 2)
+    assert (value["b"]["ranks"], value["b"]["steps"]) == (2, 6)
+    text = runner.invoke(app, ["diff", a, b, "--top", "1"]).stdout
+    assert "(nsys-sqlite, 6 steps over 2 ranks)" in text
+    assert "B holds 2 ranks, each step counted per rank: its per-step numbers are one" in text
+    assert "The runs differ in: ranks 1 → 2, steps 2 → 3." in text
+
+
+def test_device_auto_against_cuda_is_no_difference(data_dir: Path) -> None:
+    """`--device auto` ran on whatever the machine had (cuda there): not a change."""
+    from profkit.analysis import diff as diff_lib
+    from profkit.analysis import kernels
+
+    a = kernels(data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz")
+    b = kernels(data_dir / "nsys-2025.3-h100-small-bf16.sqlite.xz")
+    assert a.source["config"]["device"] == b.source["config"]["device"] == "auto"
+    b.source["config"] = {**b.source["config"], "device": "cuda"}
+    assert diff_lib._notes(a, b, True)[-1] == "The runs differ in: dtype fp32 → bf16."
+    b.source["config"]["device"] = "cpu"
+    assert "device auto → cpu" not in diff_lib._notes(a, b, True)[-1]  # auto: unknown

@@ -109,7 +109,8 @@ class ProfileDiff:
         sides = (("A", self.a), ("B", self.b))
         return [
             *(
-                f"{k} = {s['path']} ({s['format']}, {_plural(s['steps'], 'step')})"
+                f"{k} = {s['path']} ({s['format']}, {_plural(s['steps'], 'step')}"
+                + (f" over {s['ranks']} ranks)" if s["ranks"] > 1 else ")")
                 for k, s in sides
             ),
             f"GPU time {'per step' if self.per_step else 'in all'}: {total['a_ms']:,.3f} ms → "
@@ -262,7 +263,12 @@ def _kernel_groups(a: KernelReport, b: KernelReport, per: bool) -> dict[str, pd.
 
 def _side(report: KernelReport) -> dict[str, Any]:
     source = report.source
-    side = {"path": source.get("path"), "format": source.get("format"), "steps": _steps(report)}
+    side = {
+        "path": source.get("path"),
+        "format": source.get("format"),
+        "steps": _steps(report),
+        "ranks": _ranks(report),
+    }
     return side | ({"config": source["config"]} if source.get("config") else {})
 
 
@@ -283,8 +289,20 @@ def _notes(a: KernelReport, b: KernelReport, per: bool) -> list[str]:
             notes.append(
                 "A and B hold different numbers of steps: per step compares like with like."
             )
+    reading = "its per-step numbers are one rank's step" if per else "its totals add up its ranks"
+    for key, report in (("A", a), ("B", b)):
+        if _ranks(report) > 1:
+            notes.append(
+                f"{key} holds {_ranks(report)} ranks, each step counted per rank: {reading}."
+            )
     config_a, config_b = a.source.get("config") or {}, b.source.get("config") or {}
-    changed = [f"{k} {v} → {config_b[k]}" for k, v in config_a.items() if config_b.get(k, v) != v]
+    changed = [
+        f"{k} {v} → {config_b[k]}"
+        for k, v in config_a.items()
+        if config_b.get(k, v) != v and not (k == "device" and "auto" in (v, config_b[k]))
+    ]  # `auto` is whatever the machine had: not a difference of its own
+    if _ranks(a) != _ranks(b):
+        changed.insert(0, f"ranks {_ranks(a)} → {_ranks(b)}")
     notes += [f"The runs differ in: {', '.join(changed)}."] if changed else []
     if a.source.get("format") != b.source.get("format"):
         notes.append(
@@ -292,6 +310,11 @@ def _notes(a: KernelReport, b: KernelReport, per: bool) -> list[str]:
             "torch.profiler demangle them differently)."
         )
     return notes
+
+
+def _ranks(report: KernelReport) -> int:
+    """How many ranks the trace holds (1: one process)."""
+    return int(report.source.get("ranks") or 1)
 
 
 def _plural(n: int, word: str) -> str:
