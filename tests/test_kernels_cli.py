@@ -87,6 +87,9 @@ def test_phase_and_range_filters(small: Path) -> None:
     softmax = json.loads(kernels(small, "--range", "computing softmax", "-f", "json").stdout)
     assert softmax["totals"]["kernels"] == 24
     assert {c["category"] for c in softmax["categories"]} == {"softmax"}
+    md = kernels(small, "--phase", "backward", "--top", "2", "-f", "md").stdout
+    assert "## Top 2 by GPU time (kernels, memcpy, memset), phase backward" in md
+    assert "all phases" not in md
 
 
 def test_probe_export() -> None:

@@ -44,7 +44,7 @@ def display_tables(report: KernelReport, as_data: bool = False) -> list[tuple[st
             f"Phases{_inferred(report)} — {counts_sentence(report.totals)}",
             _percent(report.phases, "share"),
         ),
-        (f"{top}, all phases", _kernel_view(report.top_kernels(), as_data and ALL_PHASES)),
+        (f"{top}, {_scope(report)}", _kernel_view(report.top_kernels(), as_data and ALL_PHASES)),
     ]
     phases = [p for p in report.phases["phase"] if p != ALL_PHASES]
     if len(phases) > 1:
@@ -55,6 +55,16 @@ def display_tables(report: KernelReport, as_data: bool = False) -> list[tuple[st
         tables.append((RANGES_TITLE, _range_view(report)))
     tables.append(("GPU time by category (ms, kernels, memcpy and memset)", category_pivot(report)))
     return tables
+
+
+def _scope(report: KernelReport) -> str:
+    """What the report covers: every phase, or the one --phase / --range chose."""
+    chosen = report.source.get("phase")
+    if chosen:
+        return f"phase {chosen}"
+    if report.source.get("range"):
+        return f"range {report.source['range']!r}"
+    return "all phases"
 
 
 RANGES_TITLE = (
