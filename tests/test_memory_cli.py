@@ -118,12 +118,20 @@ def test_summarize_markdown_to_file(snapshot: Path, tmp_path: Path) -> None:
     assert "| site |" in text
 
 
-def test_plot_png_beside_the_snapshot_and_html(snapshot: Path) -> None:
+def test_plot_png_in_reports_and_html(
+    snapshot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --out the picture goes to reports/ (where every command's pictures go),
+    never beside the snapshot, which may sit among committed files."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    beside = set(snapshot.parent.iterdir())
     result = invoke("memory", "plot", str(snapshot), "--html")
     assert result.exit_code == 0, result.output
-    png = snapshot.with_suffix(".png")
+    png = tmp_path / "work" / "reports" / snapshot.with_suffix(".png").name
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    html = snapshot.with_suffix(".html").read_text()
+    assert set(snapshot.parent.iterdir()) == beside
+    html = png.with_suffix(".html").read_text()
     assert "MemoryViz.js" in html  # torch's viewer, which loads its script from a CDN
     assert "CDN" in result.output
 

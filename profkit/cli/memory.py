@@ -138,7 +138,7 @@ def plot(
             "--out",
             "-o",
             help="The picture; its suffix picks the format: .png, .svg or .pdf "
-            "(default: NAME.png beside the snapshot).",
+            "(default: reports/NAME.png).",
             show_default=False,
         ),
     ] = None,

@@ -316,6 +316,9 @@ def _middle_of_bytes(bands: list[tuple[float, int]]) -> float:
     return bands[-1][0] / GIB
 
 
+DEFAULT_DIR = Path("reports")
+
+
 def plot_file(
     snapshot_path: Path,
     out: Path | None = None,
@@ -326,7 +329,8 @@ def plot_file(
 ) -> dict[str, Any]:
     """Load a snapshot safely and draw its timeline (and optionally torch's HTML viewer).
 
-    The picture goes to ``out``, by default beside the snapshot as ``NAME.png``; the
+    The picture goes to ``out``, by default ``reports/NAME.png`` (where every command's
+    pictures go; never beside the snapshot, which may sit among committed files); the
     sidecar, when there is one, names the config in the title and places the phases.
     """
     from profkit.memory.html import write_html
@@ -338,7 +342,7 @@ def plot_file(
         raise BadInput("--detail must be at least 1 and --sites at least 0")
     stem_path = sidecar_path(Path(snapshot_path))
     base = stem_path.with_name(stem_path.name.removesuffix(".profkit.json"))
-    out = out if out is not None else base.with_suffix(".png")
+    out = out if out is not None else DEFAULT_DIR / f"{base.name}.png"
     check_image_path(out)
     for written in (out, out.with_suffix(".html")) if html else (out,):
         check_writable(written)  # before the work: "its parent is a file", not "File exists"
