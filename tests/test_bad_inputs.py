@@ -535,3 +535,12 @@ def test_a_missing_default_db_points_at_the_one_the_demo_wrote(
     )
     one_error(invoke("report"), "nothing to report", "give --profiles profiles/demo")
     assert not (tmp_path / "reports").exists()
+
+
+def test_a_snapshot_or_results_db_given_to_kernels_says_what_reads_it() -> None:
+    one_error(invoke("kernels", SNAPSHOT), "is not a supported trace", "profkit memory summarize")
+    one_error(
+        invoke("kernels", RESULTS, "--no-cache"),
+        "is an SQLite database but not an Nsight Systems SQLite export",
+        "it is a profkit results DB",
+    )

@@ -92,7 +92,10 @@ def load_trace(
             if progress is not None and suffix in PROGRESS_READERS:
                 reader = functools.partial(reader, progress=progress)  # type: ignore[call-arg]
             return check_time_span(reader(path))
-    raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED})")
+    hint = ""
+    if inner.endswith((".pickle", ".pkl")):
+        hint = f"; a CUDA memory snapshot reads with `profkit memory summarize {path}`"
+    raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED}){hint}")
 
 
 def load_columns(

@@ -141,7 +141,10 @@ def _check_nsys(path: Path, tables: dict[str, list[str]]) -> None:
         raise BadInput(f"{path} is an empty SQLite database, not {WHAT}")
     nsys_marks = {NVTX_TABLE, KERNEL_TABLE, *API_TABLES, "TARGET_INFO_GPU"}
     if not nsys_marks & set(tables):
-        raise BadInput(f"{path} is an SQLite database but not {WHAT} (no nsys tables in it)")
+        hint = ""
+        if "bench" in tables:  # profkit's results DB
+            hint = ": it is a profkit results DB (`profkit compare`, `profkit report --db` read it)"
+        raise BadInput(f"{path} is an SQLite database but not {WHAT} (no nsys tables in it){hint}")
     if STRINGS_TABLE not in tables:
         raise BadInput(
             f"{path} has nsys tables but no {STRINGS_TABLE} table, where an export keeps "
