@@ -250,3 +250,11 @@ def test_plot_takes_out_like_every_command_and_refuses_a_meaningless_format(
     result = invoke("memory", "plot", str(snapshot), "--out", str(out), "--format", "csv")
     assert result.exit_code == 2
     assert result.output == "error: unknown --format 'csv'; choose one of: table, json\n"
+
+
+def test_the_residual_stream_row_names_its_d_model(data_dir: Path) -> None:
+    snapshot = data_dir / "memory-2.7B-ctx512-train-fp32.pickle.xz"
+    result = invoke("memory", "summarize", str(snapshot), "--format", "md")
+    assert result.exit_code == 0, result.output
+    # 2.7B: d_model 2560; 4 x 512 x 2560 x 4 B = 20.0 MiB.
+    assert "20.0 MiB (batch 4 x ctx 512 x d_model 2560 x 4 B, fp32)" in result.stdout

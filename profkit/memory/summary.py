@@ -240,11 +240,14 @@ def _overview_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         )
     if summary.get("residual_stream_bytes"):
         cfg = summary["config"]
+        d_model = summary["residual_stream_bytes"] // (
+            int(cfg.get("batch", 4)) * int(cfg["ctx"]) * 4
+        )
         rows.append(
             (
                 "one residual-stream activation",
-                f"{fmt_bytes(summary['residual_stream_bytes'])} "
-                f"(batch {cfg.get('batch', 4)} x ctx {cfg['ctx']} x d_model x 4 B, fp32)",
+                f"{fmt_bytes(summary['residual_stream_bytes'])} (batch {cfg.get('batch', 4)} "
+                f"x ctx {cfg['ctx']} x d_model {d_model} x 4 B, fp32)",
             )
         )
     for oom in summary["oom_events"]:
