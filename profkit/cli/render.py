@@ -48,7 +48,8 @@ class _Console(Console):
 
 # Piped output has no terminal width; don't squeeze tables into 80 columns then.
 console = _Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 200)
-err_console = Console(stderr=True)
+# Messages are lines, not layout: redirected stderr (80 columns to rich) must not split them.
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def progress_bar(on: Console | None = None) -> Progress:
