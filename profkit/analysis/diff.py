@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 GROUPS = {
     "appeared": "Appeared (only in B)",
     "vanished": "Vanished (only in A)",
-    "faster": "Faster in B",
-    "slower": "Slower in B",
+    "faster": "Faster in B (less GPU time; fewer runs count too)",
+    "slower": "Slower in B (more GPU time; more runs count too)",
 }
 PHASE_COLUMNS = {  # crosscheck.compare_phases' columns, A the reference
     "A kernels": "a_kernels", "B kernels": "b_kernels", "A gpu_time_ms": "a_ms",
