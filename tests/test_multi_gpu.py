@@ -478,3 +478,15 @@ def test_python_ms_of_one_rank_is_not_shown_beside_every_ranks_ranges(data_dir: 
     assert list(phases["instances"]) == [6, 6, 6] and "python_ms" not in phases
     one = display_tables(kernels(data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz"))[0][1]
     assert "python_ms" in one and one["python_ms"].notna().all()
+
+
+def test_the_ranks_table_names_hosts_only_where_ranks_span_several(data_dir: Path) -> None:
+    from profkit.analysis import kernels
+    from profkit.analysis.ranks import rank_tables
+
+    report = kernels(data_dir / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz")
+    assert "host" not in rank_tables(report)[0][1]  # one host: its name adds nothing
+    report.ranks[1].info["host"] = "node1"
+    table = rank_tables(report)[0][1]
+    assert list(table.columns[:4]) == ["rank", "host", "device", "pid"]
+    assert table["host"].iloc[1] == "node1" and table["host"].iloc[0] != "node1"

@@ -270,8 +270,11 @@ def _rank_entry(
 def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
     """Display tables of the ranks: one row per rank, collectives, phases, steps."""
     rows, collectives, phases = [], [], []
+    # The host only where ranks span several (several nodes' reports): else one value.
+    several_hosts = len({entry.info.get("host") for entry in report.ranks}) > 1
+    keys = ("rank", "host", "device", "pid") if several_hosts else ("rank", "device", "pid")
     for entry in report.ranks:
-        who = {key: entry.info.get(key) for key in ("rank", "device", "pid")}
+        who = {key: entry.info.get(key) for key in keys}
         comm = entry.comm
         rows.append(
             {

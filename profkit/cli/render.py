@@ -86,7 +86,7 @@ class _CurrentColumn(ProgressColumn):
 # category and the totals. `-f md`, csv and json keep every column.
 NARROW_HIDDEN = (
     "std_us", "min_us", "max_us", "grid", "block", "med_us", "python_ms", "memset",
-    "memcpy", "mflop", "tflop_s", "instances", "nccl_wait_ms", "pid", "cpu_time_ms",
+    "memcpy", "mflop", "tflop_s", "instances", "nccl_wait_ms", "pid", "host", "cpu_time_ms",
     "device", "nccl_kernels", "kernel_time_ms", "A avg µs", "B avg µs", "A inst", "B inst",
     "vocab_size", "params w/o LM head",
 )  # fmt: skip
