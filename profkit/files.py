@@ -136,6 +136,17 @@ def file_kind(path: Path) -> str | None:
     return None
 
 
+def check_not_written(path: Path, written: Iterable[Path], option: str = "--out") -> None:
+    """Refuse (:class:`BadInput`) an output path that is one of the files the command is
+    about to write itself (a trace, a snapshot, a report): the output would replace it."""
+    for target in written:
+        if _same_file(Path(path), Path(target)):
+            alias = "" if str(path) == str(target) else f" ({target})"
+            raise BadInput(
+                f"{option} {path} is a file this run writes{alias}: give {option} another file"
+            )
+
+
 def _same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file: resolved (symlinks, ``..``) or the same inode."""
     try:

@@ -317,8 +317,8 @@ def test_torch_writes_one_trace_per_rank_and_kernels_reads_them_as_ranks(tmp_pat
     assert result.exit_code == 0, result.output
     traces = sorted(tmp_path.glob("*-rank*.json.gz"))
     assert [t.name for t in traces] == [
-        "torch-tiny-ctx32-train-rank0.json.gz",
-        "torch-tiny-ctx32-train-rank1.json.gz",
+        "torch-tiny-ctx32-ddp2-train-rank0.json.gz",
+        "torch-tiny-ctx32-ddp2-train-rank1.json.gz",
     ]
     read = runner.invoke(app, ["kernels", *map(str, traces), "-f", "json"])
     assert read.exit_code == 0, read.output
@@ -490,3 +490,21 @@ def test_the_ranks_table_names_hosts_only_where_ranks_span_several(data_dir: Pat
     table = rank_tables(report)[0][1]
     assert list(table.columns[:4]) == ["rank", "host", "device", "pid"]
     assert table["host"].iloc[1] == "node1" and table["host"].iloc[0] != "node1"
+
+
+def test_ranks_of_different_runs_are_one_clear_error(data_dir: Path, tmp_path: Path) -> None:
+    """A run of 3 ranks left rank 2 beside a later run of 2 (same names): the glob gives
+    three traces of two runs, which must not read as one job of world size 3."""
+    rank0 = data_dir / "torch-h200x2-small-ddp2-rank0.json.gz"
+    rank1 = data_dir / "torch-h200x2-small-ddp2-rank1.json.gz"
+    doc = json.loads(gzip.decompress(rank1.read_bytes()))
+    doc["distributedInfo"] = {**doc["distributedInfo"], "rank": 2, "world_size": 3}
+    stale = tmp_path / "torch-h200x2-small-ddp2-rank2.json.gz"
+    stale.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    result = runner.invoke(app, ["kernels", str(rank0), str(rank1), str(stale)])
+    assert result.exit_code == 2
+    assert "these traces come from runs of different world sizes (2, 3)" in result.output
+    doc["distributedInfo"]["world_size"] = 2
+    stale.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    result = runner.invoke(app, ["kernels", str(rank0), str(rank1), str(stale)])
+    assert result.exit_code == 2 and "3 traces for a world size of 2" in result.output

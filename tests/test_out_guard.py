@@ -141,3 +141,43 @@ def test_kinds_told_by_content_and_text_outputs_rewritable(tmp_path: Path) -> No
         check_output(tmp_path / "trace.json")
     with pytest.raises(BadInput, match="is a pickle"):
         check_output(tmp_path / "snap.pickle")
+
+
+def test_out_naming_a_file_the_run_writes_is_refused_before_work(tmp_path: Path) -> None:
+    """`torch --out` onto the trace it is about to write replaced the trace with its
+    markdown (the file did not exist yet, so no other check saw it). Refused, before any
+    work; the paths the check uses are the ones a real run writes."""
+    from profkit.torchprof.profile import written_paths
+    from profkit.workload.config import WorkloadConfig
+
+    run = ["torch", "--size", "tiny", "--ctx", "16", "--device", "cpu", "--steps", "1",
+           "--warmup", "0", "--out-dir", "t"]  # fmt: skip
+    refused(
+        profkit(*run, "--out", "t/torch-tiny-ctx16-train.json.gz", cwd=tmp_path), "this run writes"
+    )
+    refused(profkit(*run, "--out", "./t/torch-tiny-ctx16.md", cwd=tmp_path), "this run writes")
+    assert not (tmp_path / "t").exists()
+    done = profkit(*run, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    config = WorkloadConfig(size="tiny", ctx=16, device="cpu", steps=1, warmup=0)
+    planned = written_paths(config, None, Path("t"))
+    assert sorted(str(p) for p in planned) == sorted(
+        str(p.relative_to(tmp_path)) for p in (tmp_path / "t").iterdir()
+    )
+    refused(profkit("memory", "capture", "--size", "tiny", "--out",
+                    "profiles/memory-tiny-ctx16-train-fp32.pickle", "--ctx", "16",
+                    cwd=tmp_path), "this run writes")  # fmt: skip
+
+
+def test_a_several_rank_capture_writes_one_snapshot_per_rank() -> None:
+    from profkit.memory.capture import written_paths
+    from profkit.workload.config import WorkloadConfig
+
+    config = WorkloadConfig(size="tiny", ctx=16, nproc=2)
+    names = [p.name for p in written_paths([config], Path("p"), None)]
+    assert names == [
+        "memory-tiny-ctx16-train-fp32-ddp2-rank0.pickle",
+        "memory-tiny-ctx16-train-fp32-ddp2-rank0.profkit.json",
+        "memory-tiny-ctx16-train-fp32-ddp2-rank1.pickle",
+        "memory-tiny-ctx16-train-fp32-ddp2-rank1.profkit.json",
+    ]

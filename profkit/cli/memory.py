@@ -86,6 +86,11 @@ def capture(
 
     check_format(fmt)
     configs = workload.configs()
+    if out is not None:
+        from profkit.files import check_not_written
+        from profkit.memory.capture import written_paths
+
+        check_not_written(out, written_paths(configs, out_dir, name))
     with _progress(configs) as on_config:
         rows = run_capture(
             configs, out_dir, name, max_entries, stacks, timeout, on_config, db_path=db

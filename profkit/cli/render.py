@@ -85,10 +85,12 @@ class _CurrentColumn(ProgressColumn):
 # is squeezed to nothing (names vanished at 80 columns): details before the name, the
 # category and the totals. `-f md`, csv and json keep every column.
 NARROW_HIDDEN = (
+    "fwd std", "bwd std", "opt std", "step std", "GFLOP/s",  # bench
     "std_us", "min_us", "max_us", "grid", "block", "med_us", "python_ms", "memset",
     "memcpy", "mflop", "tflop_s", "instances", "nccl_wait_ms", "pid", "host", "cpu_time_ms",
     "device", "nccl_kernels", "kernel_time_ms", "A avg µs", "B avg µs", "A inst", "B inst",
     "vocab_size", "params w/o LM head",
+    "tokens/s", "optimizer ms", "backward ms", "forward ms",  # bench: step ms stays
 )  # fmt: skip
 NAME_WIDTH = (24, 40)  # the first text column (a name): at least, at most (it wraps within)
 TEXT_WIDTH = 16  # other text columns, at most

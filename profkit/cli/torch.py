@@ -18,6 +18,7 @@ from profkit.cli._common import (
 )
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console, progress_bar
+from profkit.files import check_not_written
 from profkit.formats import check_format
 from profkit.torchprof import profile as torchprof
 from profkit.torchprof.report import TABLE_DIGITS
@@ -82,6 +83,8 @@ def torch_(
     """
     check_format(fmt)
     config = workload.config("torch")
+    if out is not None:
+        check_not_written(out, torchprof.written_paths(config, name, out_dir))
     if config.nproc > 1:
         _ranks(config, name, out_dir, fmt, out)
         return

@@ -75,6 +75,18 @@ def snapshot_stem(config: WorkloadConfig, name: str | None, sweep: bool) -> str:
     return f"{name or 'memory'}-{config.label()}"
 
 
+def written_paths(configs: list[WorkloadConfig], out_dir: Path, name: str | None) -> list[Path]:
+    """The snapshots (one per rank of a several-rank config) and sidecars a capture of
+    ``configs`` writes (what its --out must not name)."""
+    paths = []
+    for config in configs:
+        snapshot = out_dir / f"{snapshot_stem(config, name, len(configs) > 1)}.pickle"
+        ranks = [rank_snapshot_path(snapshot, r) for r in range(config.nproc)]
+        for written in ranks if config.nproc > 1 else [snapshot]:
+            paths += [written, sidecar_path(written)]
+    return paths
+
+
 def capture(
     configs: list[WorkloadConfig],
     out_dir: Path = Path("profiles"),

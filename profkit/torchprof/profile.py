@@ -55,8 +55,24 @@ StepHook = Callable[[str, int, int], None]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
+def written_paths(config: WorkloadConfig, name: str | None, out_dir: Path | None) -> list[Path]:
+    """The files ``profkit torch`` writes for ``config``: one trace per mode and the report,
+    or one trace per rank (what its --out must not name)."""
+    from profkit.files import output_dirs
+    from profkit.run.trace_capture import rank_trace_path
+
+    name = name or default_name(config)
+    artefacts, reports = output_dirs(out_dir)
+    if config.nproc > 1:
+        stem = artefacts / f"{name}-{config.mode}"
+        return [rank_trace_path(stem, r) for r in range(config.nproc)]
+    modes = ["forward"] if config.mode == "forward" else ["forward", config.mode]
+    return [artefacts / f"{name}-{m}.json.gz" for m in modes] + [reports / f"{name}.md"]
+
+
 def default_name(config: WorkloadConfig) -> str:
-    """``torch-large-ctx256`` (plus batch, dtype, attention, compile when not the default)."""
+    """``torch-large-ctx256`` (plus batch, dtype, attention, compile when not the default,
+    and ``ddp2``, ``fsdp4``... for several ranks)."""
     parts = ["torch", config.size, f"ctx{config.ctx}"]
     if config.batch != 4:
         parts.append(f"b{config.batch}")
@@ -66,6 +82,8 @@ def default_name(config: WorkloadConfig) -> str:
         parts.append(config.attention)
     if config.compile:
         parts.append("compiled")
+    if config.nproc > 1:  # as bench labels it: DDP and FSDP runs, 2 or 4 ranks, apart
+        parts.append(f"{config.parallel}{config.nproc}")
     return "-".join(parts)
 
 

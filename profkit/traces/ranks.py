@@ -13,6 +13,7 @@ are compared on their own clocks, which can be offset (docs/MULTI_GPU.md).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -66,6 +67,7 @@ def merge_rank_traces(traces: list[Trace]) -> Trace:
     if any(i is None for i in infos):
         missing = [t.meta.get("path") for t, i in zip(traces, infos, strict=True) if i is None]
         raise BadInput(f"{missing[0]} names no rank (no distributedInfo): not a per-rank trace")
+    _check_one_run(traces, infos)
     order = sorted(range(len(traces)), key=lambda i: infos[i]["rank"])  # type: ignore[index]
     kernels, ranges, ranks, threads = [], [], [], {}
     for index in order:
@@ -96,3 +98,22 @@ def merge_rank_traces(traces: list[Trace]) -> Trace:
         ranges=conform(pd.concat(ranges, ignore_index=True), RANGE_COLUMNS),
         meta=meta,
     )
+
+
+def _check_one_run(traces: list[Trace], infos: list[dict[str, Any] | None]) -> None:
+    """Raise :class:`BadInput` where the traces cannot be the ranks of one run: their world
+    sizes differ, or there are more of them than the world size says (a run of 3 ranks
+    left its rank 2 beside a later run of 2, say)."""
+    sizes = {i["world_size"] for i in infos if i is not None and i.get("world_size")}
+    names = ", ".join(Path(str(t.meta.get("path"))).name for t in traces)
+    if len(sizes) > 1:
+        listed = ", ".join(str(size) for size in sorted(sizes))
+        raise BadInput(
+            f"these traces come from runs of different world sizes ({listed}): {names}; "
+            "give the ranks of one run"
+        )
+    if sizes and len(traces) > min(sizes):
+        raise BadInput(
+            f"{len(traces)} traces for a world size of {min(sizes)}: {names}; "
+            "give the ranks of one run"
+        )
