@@ -544,3 +544,17 @@ def test_a_snapshot_or_results_db_given_to_kernels_says_what_reads_it() -> None:
         "is an SQLite database but not an Nsight Systems SQLite export",
         "it is a profkit results DB",
     )
+
+
+def test_report_with_a_db_that_is_not_there_is_one_line(tmp_path: Path) -> None:
+    """An explicit --db that does not exist is a typo, not a report of the traces alone
+    (without --run, which makes it)."""
+    out = tmp_path / "r" / "R.md"
+    (tmp_path / "profiles").mkdir()
+    shutil.copy(CHROME, tmp_path / "profiles" / CHROME.name)
+    one_error(
+        invoke("report", "--db", tmp_path / "nope.db", "--profiles", tmp_path / "profiles",
+               "--out", out),
+        "no results database at",
+    )  # fmt: skip
+    assert not out.parent.exists()

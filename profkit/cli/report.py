@@ -75,6 +75,8 @@ def report(
     check_output(out, [db_path])
     if plan != "auto" and not run:
         raise BadInput("--plan chooses what --run measures; add --run")
+    if not run and db is not None and not db.exists():  # a typo, not an empty DB
+        raise BadInput(f"no results database at {db} (--db; --run makes one)")
     if run:
         _run(profiles, db_path, out.parent, plan)
     with err_console.status("writing the report") as status:
