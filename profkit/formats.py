@@ -100,3 +100,8 @@ def file_format(fmt: str, out: Path | None) -> str:
     if fmt != "table" or out is None:
         return fmt
     return _SUFFIX_FORMATS.get(out.suffix.lower(), "md")
+
+
+def plural(n: int, word: str) -> str:
+    """``1 step``, ``3 steps``: a count with its noun."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")

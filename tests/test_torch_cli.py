@@ -63,7 +63,7 @@ def json_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 def test_table_run_writes_traces_and_report(in_tmp: Path) -> None:
     result = runner.invoke(app, [*TINY, "--row-limit", "8"])
     assert result.exit_code == 0, result.output
-    assert "Forward only — tiny, ctx 16, fp32, cpu, 1 step(s)" in result.stdout
+    assert "Forward only — tiny, ctx 16, fp32, cpu, 1 step," in result.stdout
     assert "Full step: forward + backward + optimizer" in result.stdout
     assert "aten::mm" in result.stdout and "Self CPU %" in result.stdout
     assert "CUDA" not in result.stdout  # CPU run: CPU columns only

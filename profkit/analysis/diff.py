@@ -26,6 +26,7 @@ from profkit.analysis import crosscheck
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.report import KernelReport
 from profkit.errors import BadInput
+from profkit.formats import plural
 
 if TYPE_CHECKING:
     from profkit.traces.columns import Progress
@@ -109,7 +110,7 @@ class ProfileDiff:
         sides = (("A", self.a), ("B", self.b))
         return [
             *(
-                f"{k} = {s['path']} ({s['format']}, {_plural(s['steps'], 'step')}"
+                f"{k} = {s['path']} ({s['format']}, {plural(s['steps'], 'step')}"
                 + (f" over {s['ranks']} ranks)" if s["ranks"] > 1 else ")")
                 for k, s in sides
             ),
@@ -138,7 +139,7 @@ class ProfileDiff:
             some = f"{len(rows)} of " if len(rows) < self.counts[group] else ""
             view = rows.drop(columns=["name"])
             view = view[[c for c in view if not c.startswith(absent.get(group, ()))]]
-            title = f"{GROUPS[group]} — {some}{_plural(self.counts[group], 'kernel')}, ms {unit}"
+            title = f"{GROUPS[group]} — {some}{plural(self.counts[group], 'kernel')}, ms {unit}"
             tables.append((title, _view(view)))
         return tables
 
@@ -315,10 +316,6 @@ def _notes(a: KernelReport, b: KernelReport, per: bool) -> list[str]:
 def _ranks(report: KernelReport) -> int:
     """How many ranks the trace holds (1: one process)."""
     return int(report.source.get("ranks") or 1)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _view(table: pd.DataFrame) -> pd.DataFrame:

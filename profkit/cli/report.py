@@ -15,6 +15,7 @@ from profkit.cli.app import app
 from profkit.cli.render import err_console, progress_bar
 from profkit.errors import BadInput
 from profkit.files import check_output
+from profkit.formats import plural
 from profkit.run.results import check_db
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def report(
     shown = sum(not s.skipped for s in result.sections)
     print(
         f"wrote {result.path} ({shown} of {len(result.sections)} sections, "
-        f"{len(result.images)} pictures)"
+        f"{plural(len(result.images), 'picture')})"
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.formats import markdown_table
+from profkit.formats import markdown_table, plural
 from profkit.workload.names import PHASES
 
 
@@ -105,7 +105,7 @@ def run_section(record: dict[str, Any]) -> str:
             f"Built-in model `{record['name']}`: size {config['size']}, ctx {config['ctx']}, "
             f"batch {config['batch']}, mode {config['mode']}, dtype {config['dtype']}, "
             f"attention {config['attention']}, compile {'yes' if config['compile'] else 'no'}, "
-            f"{config['warmup']} warm-up + {config['steps']} timed steps."
+            f"{config['warmup']} warm-up + {plural(config['steps'], 'timed step')}."
         )
     elif record.get("program"):
         lines.append(f"Program: `{shlex.join(record['program'])}`")

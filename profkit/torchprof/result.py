@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import BadInput
+from profkit.formats import plural
 from profkit.torchprof.tables import AveragesTable, check_sort
 from profkit.workload.config import WorkloadConfig
 
@@ -68,7 +69,7 @@ class TorchProfile:
         c = self.config
         return (
             f"{MODE_TITLES.get(run.mode, run.mode)} — {c.size}, ctx {c.ctx}, {c.dtype}, "
-            f"{self.device}, {len(run.step_ms)} step(s), sorted by {run.table.sort}"
+            f"{self.device}, {plural(len(run.step_ms), 'step')}, sorted by {run.table.sort}"
         )
 
     def to_dict(self) -> dict[str, Any]:
