@@ -116,6 +116,8 @@ def label(field: str, value: Any) -> str:
     """How a variant reads in a column header: ``bf16``, ``compiled``, ``sdpa``."""
     if field == "compile":
         return "compiled" if value else "eager"
+    if field == "nproc":  # a bare 1 or 2 over a column says nothing
+        return f"{value} proc" if value == 1 else f"{value} procs"
     return str(value)
 
 
