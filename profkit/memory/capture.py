@@ -75,12 +75,17 @@ def snapshot_stem(config: WorkloadConfig, name: str | None, sweep: bool) -> str:
     return f"{name or 'memory'}-{config.label()}"
 
 
+def snapshot_path(out_dir: Path, config: WorkloadConfig, name: str | None, sweep: bool) -> Path:
+    """``OUT_DIR/STEM.pickle`` (:func:`snapshot_stem`); ranks add ``-rankR`` to it."""
+    return out_dir / f"{snapshot_stem(config, name, sweep)}.pickle"
+
+
 def written_paths(configs: list[WorkloadConfig], out_dir: Path, name: str | None) -> list[Path]:
     """The snapshots (one per rank of a several-rank config) and sidecars a capture of
     ``configs`` writes (what its --out must not name)."""
     paths = []
     for config in configs:
-        snapshot = out_dir / f"{snapshot_stem(config, name, len(configs) > 1)}.pickle"
+        snapshot = snapshot_path(out_dir, config, name, len(configs) > 1)
         ranks = [rank_snapshot_path(snapshot, r) for r in range(config.nproc)]
         for written in ranks if config.nproc > 1 else [snapshot]:
             paths += [written, sidecar_path(written)]
@@ -115,7 +120,7 @@ def capture(
     for index, config in enumerate(configs):
         if on_config:
             on_config(index, config)
-        snapshot = out_dir / f"{snapshot_stem(config, name, len(configs) > 1)}.pickle"
+        snapshot = snapshot_path(out_dir, config, name, len(configs) > 1)
         options = {"snapshot": str(snapshot), "max_entries": max_entries, "stacks": stacks}
         result = run_child(config, "memory", timeout_s=timeout_s, capture_options=options)
         if config.nproc > 1:  # each rank wrote NAME-rankR.pickle; the row shows rank 0's

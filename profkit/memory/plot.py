@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from profkit.errors import BadInput
-from profkit.files import check_writable
+from profkit.files import REPORTS_DIR, check_writable
 from profkit.memory.summary import (
     GIB,
     fmt_bytes,
@@ -316,9 +316,6 @@ def _middle_of_bytes(bands: list[tuple[float, int]]) -> float:
     return bands[-1][0] / GIB
 
 
-DEFAULT_DIR = Path("reports")
-
-
 def plot_file(
     snapshot_path: Path,
     out: Path | None = None,
@@ -342,7 +339,7 @@ def plot_file(
         raise BadInput("--detail must be at least 1 and --sites at least 0")
     stem_path = sidecar_path(Path(snapshot_path))
     base = stem_path.with_name(stem_path.name.removesuffix(".profkit.json"))
-    out = out if out is not None else DEFAULT_DIR / f"{base.name}.png"
+    out = out if out is not None else REPORTS_DIR / f"{base.name}.png"
     check_image_path(out)
     for written in (out, out.with_suffix(".html")) if html else (out,):
         check_writable(written)  # before the work: "its parent is a file", not "File exists"

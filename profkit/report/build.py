@@ -23,6 +23,7 @@ from profkit.report.sections import (
     sizes_section,
 )
 from profkit.report.traces import nsys_section, torch_section
+from profkit.run.results import db_elsewhere
 
 DEFAULT_PROFILES = Path("profiles")
 DEFAULT_OUT = Path("reports/REPORT.md")
@@ -57,8 +58,8 @@ def build_report(
     say("reading the results DB")
     inv = collect(profiles_dir, db_path)
     if inv.empty:
-        elsewhere = sorted(p.parent for p in profiles_dir.glob("*/results.db") if p.is_file())
-        hint = f"give --profiles {elsewhere[0]}, or " if elsewhere else ""
+        found = db_elsewhere(profiles_dir / "results.db")
+        hint = f"give --profiles {found.parent}, or " if found else ""
         raise BadInput(
             f"nothing to report: no bench, attention or memory rows in {db_path} and no "
             f"traces or snapshots in {profiles_dir} ({hint}run `profkit report --run` to "

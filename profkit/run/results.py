@@ -45,7 +45,9 @@ def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:
         check_writable(path)
         path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.is_file():
-        raise BadInput(f"no results database at {path}{_elsewhere(path)}")
+        found = db_elsewhere(path)
+        hint = f" (there is one at {found}: give --db {found})" if found else ""
+        raise BadInput(f"no results database at {path}{hint}")
     if path.exists() and path.stat().st_size:
         with path.open("rb") as handle:
             if handle.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
@@ -94,14 +96,14 @@ def opened(path: Path | str, write: bool = True) -> Iterator[sqlite_utils.Databa
             path.unlink(missing_ok=True)
 
 
-def _elsewhere(path: Path) -> str:
-    """Where a results DB of the same name is, one folder down (``profkit demo`` writes
-    ``profiles/demo/results.db``, beside the default ``profiles/results.db``)."""
+def db_elsewhere(path: Path) -> Path | None:
+    """A results DB of the same name one folder down, if there is one (``profkit demo``
+    writes ``profiles/demo/results.db``, beside the default ``profiles/results.db``)."""
     with contextlib.suppress(OSError):
         found = sorted(p for p in path.parent.glob(f"*/{path.name}") if p.is_file())
         if found:
-            return f" (there is one at {found[0]}: give --db {found[0]})"
-    return ""
+            return found[0]
+    return None
 
 
 def check_db(path: Path | str) -> None:

@@ -64,10 +64,25 @@ def written_paths(config: WorkloadConfig, name: str | None, out_dir: Path | None
     name = name or default_name(config)
     artefacts, reports = output_dirs(out_dir)
     if config.nproc > 1:
-        stem = artefacts / f"{name}-{config.mode}"
+        stem = trace_stem(artefacts, name, config.mode)
         return [rank_trace_path(stem, r) for r in range(config.nproc)]
-    modes = ["forward"] if config.mode == "forward" else ["forward", config.mode]
-    return [artefacts / f"{name}-{m}.json.gz" for m in modes] + [reports / f"{name}.md"]
+    traces = [trace_path(artefacts, name, m) for m in modes(config)]
+    return [*traces, reports / f"{name}.md"]
+
+
+def modes(config: WorkloadConfig) -> list[str]:
+    """The runs profiled: forward alone, then the full step when the mode has one."""
+    return ["forward"] if config.mode == "forward" else ["forward", config.mode]
+
+
+def trace_stem(directory: Path, name: str, mode: str) -> Path:
+    """``DIR/NAME-MODE``: the stem of a mode's trace, or of its ranks' traces."""
+    return directory / f"{name}-{mode}"
+
+
+def trace_path(directory: Path, name: str, mode: str) -> Path:
+    """``DIR/NAME-MODE.json.gz``: one process's trace of a mode (``NAME`` may hold dots)."""
+    return Path(f"{trace_stem(directory, name, mode)}.json.gz")
 
 
 def default_name(config: WorkloadConfig) -> str:
@@ -120,17 +135,19 @@ def profile_torch(
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise BadInput(f"cannot create {directory}: {exc.strerror or exc}") from None
-    modes = ["forward"] if config.mode == "forward" else ["forward", config.mode]
     if config.warmup == 0:
         result.warnings.append(
             "--warmup 0: the profiled step includes first-step costs (allocator, autotuning, "
             "profiler start-up)"
         )
-    for mode in modes:
-        trace_path = out_dir / f"{result.name}-{mode}.json.gz"
+    for mode in modes(config):
         try:
             run = _profile_run(
-                config.replace(mode=mode), result.device, options, trace_path, on_step
+                config.replace(mode=mode),
+                result.device,
+                options,
+                trace_path(out_dir, result.name, mode),
+                on_step,
             )
         finally:
             _release_memory(result.device)

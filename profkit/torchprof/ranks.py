@@ -15,6 +15,7 @@ from typing import Any
 from profkit.errors import ProfkitError
 from profkit.run.child import run_child
 from profkit.run.trace_capture import rank_trace_path
+from profkit.torchprof.profile import trace_stem
 from profkit.workload.config import WorkloadConfig
 
 
@@ -30,7 +31,7 @@ def profile_ranks(
     config: WorkloadConfig, name: str, out_dir: Path, timeout_s: float | None = None
 ) -> RankTraces:
     """Run ``config`` on ``config.nproc`` ranks under torch.profiler; one trace per rank."""
-    stem = out_dir / f"{name}-{config.mode}"
+    stem = trace_stem(out_dir, name, config.mode)
     result = run_child(
         config, "torch-trace", timeout_s=timeout_s, capture_options={"stem": str(stem)}
     )
