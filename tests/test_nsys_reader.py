@@ -361,3 +361,27 @@ def test_sealed_calls_hold_no_second_copy_of_the_calls() -> None:
     assert not np.shares_memory(calls.key, buffer)
     assert all(value is not buffer for value in vars(calls).values())
     assert calls.lookup(np.array([9, 4]))[0].tolist() == [30, -1]
+
+
+def test_scans_of_several_tables_share_one_window_and_keep_their_rows() -> None:
+    """``stream_scans`` runs tables one after the other through one window of chunks (the
+    next table's chunks are read while the last one's are taken): each table's chunks come
+    in rowid order, whole, and tagged with their scan and bounds."""
+    from profkit.traces import _sqlite
+
+    tables = ["CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"]
+    conn = _sqlite.open_readonly(PROBE)
+    scans = [
+        _sqlite.Scan(t, {"id": "correlationId"}, chunks=_sqlite.chunk_bounds(conn, t, 7))
+        for t in tables
+    ]
+    with _sqlite.ParallelReader(PROBE, threads=3) as reader:
+        got = list(reader.stream_scans(conn, scans, ahead=2))
+    assert [index for index, _, _ in got] == sorted(index for index, _, _ in got)
+    for index, table in enumerate(tables):
+        assert [b for i, b, _ in got if i == index] == scans[index].chunks
+        read = np.concatenate([chunk["id"] for i, _, chunk in got if i == index]).tolist()
+        sql = f"SELECT ifnull(correlationId, -1) FROM {table} ORDER BY rowid"
+        assert read == [row[0] for row in conn.execute(sql)]
+        assert len(scans[index].chunks or []) > 2  # several chunks a table, more than the window
+    conn.close()

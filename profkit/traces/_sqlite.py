@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import sqlite3
@@ -173,6 +174,19 @@ def read_int_columns(
     return _concatenate(chunks, exprs)
 
 
+@dataclass(frozen=True)
+class Scan:
+    """One table's chunks for :meth:`ParallelReader.stream_scans`: what
+    :meth:`ParallelReader.stream` takes, as a value."""
+
+    table: str
+    exprs: dict[str, str]
+    where: str = ""
+    chunks: list[tuple[int, int]] | None = None
+    checked: tuple[str, ...] = ()
+    missing: int | Mapping[str, int] = -1
+
+
 class ParallelReader:
     """Reads chunks of integer columns on a few threads, each with its own connection.
 
@@ -248,22 +262,48 @@ class ParallelReader:
         must all be integers (or NULL), which no expression's arithmetic would show;
         ``missing``: what NULL reads as, for all columns or per column (default -1).
         """
-        query = _chunk_query(table, exprs, where, missing, _column_info(conn, table), checked)
+        scan = Scan(table, exprs, where, chunks, checked, missing)
+        for _, _, chunk in self.stream_scans(conn, [scan], ahead):
+            yield chunk
 
-        def chunk(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
-            worker = self.connection()
-            # One pass over each page: a small page cache does, and keeps memory flat.
-            worker.execute(f"PRAGMA cache_size = -{STREAM_CACHE_KIB}")
-            return _read_chunk(worker, query, bounds)
+    def stream_scans(
+        self, conn: sqlite3.Connection, scans: list[Scan], ahead: int = 0
+    ) -> Iterator[tuple[int, tuple[int, int], dict[str, np.ndarray]]]:
+        """The chunks of several scans, one after the other, as ``(scan index, bounds,
+        columns)``, with one window of ``ahead`` chunks across them: the threads start on a
+        table's first chunks while the one before is still being taken, so no thread waits
+        at a table's end (see :meth:`stream`)."""
 
-        window: deque[Future[dict[str, np.ndarray]]] = deque()
+        def reads() -> Iterator[tuple[int, tuple[int, int], Callable[[], dict[str, np.ndarray]]]]:
+            for index, scan in enumerate(scans):
+                query = _chunk_query(
+                    scan.table,
+                    scan.exprs,
+                    scan.where,
+                    scan.missing,
+                    _column_info(conn, scan.table),
+                    scan.checked,
+                )
+                bounds = chunk_bounds(conn, scan.table) if scan.chunks is None else scan.chunks
+                for lo_hi in bounds:
+                    yield index, lo_hi, functools.partial(self._stream_chunk, query, lo_hi)
+
+        window: deque[tuple[int, tuple[int, int], Future[dict[str, np.ndarray]]]] = deque()
         limit = ahead or self.threads + 1
-        for bounds in chunk_bounds(conn, table) if chunks is None else chunks:
-            window.append(self.pool.submit(chunk, bounds))
+        for index, bounds, read in reads():
+            window.append((index, bounds, self.pool.submit(read)))
             if len(window) >= limit:
-                yield window.popleft().result()
+                index, bounds, future = window.popleft()
+                yield index, bounds, future.result()
         while window:
-            yield window.popleft().result()
+            index, bounds, future = window.popleft()
+            yield index, bounds, future.result()
+
+    def _stream_chunk(self, query: _ChunkQuery, bounds: tuple[int, int]) -> dict[str, np.ndarray]:
+        worker = self.connection()
+        # One pass over each page: a small page cache does, and keeps memory flat.
+        worker.execute(f"PRAGMA cache_size = -{STREAM_CACHE_KIB}")
+        return _read_chunk(worker, query, bounds)
 
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
         """Run ``fn(connection)`` on a worker thread."""

@@ -11,6 +11,10 @@ compact columns (22 bytes per activity) and the launch calls, never a whole tabl
    preallocated columns;
 3. activities left without a call look in the other API calls, read only then.
 
+The tables' chunks go through one window of reads ahead (``ParallelReader.stream_scans``),
+so the threads read the first activities while the last calls are taken, and the NVTX
+ranges are read and built on a reader thread meanwhile: no thread waits at a table's end.
+
 The calls are freed before the analysis starts, so the read's peak is the columns plus the
 launch calls (about 0.6 GB for 33 M), whatever the number of API rows.
 
@@ -386,11 +390,17 @@ def _columns(
     _check_columns(conn, tables)
     meta = _meta(conn, tables, path)
     # A compressed export's plain copy is gone after the read: scan its shapes now.
-    builder, kernel_rows, threads, nvtx = _read(plain, conn, tables, progress, plain != path)
+    read = _read(plain, conn, tables, progress, plain != path)
+    builder, kernel_rows, threads, ranges, range_meta = read
     if not builder.rows:
         raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
     arrays = builder.columns()
     _clamp_negative(arrays["duration"], meta, "activities", "GPU activities")
+    for key, value in range_meta.items():  # the ranges' warnings after the activities'
+        if key == "warnings":
+            meta.setdefault("warnings", []).extend(value)
+        else:
+            meta[key] = value
     return ActivityColumns(
         arrays=arrays,
         names=sorted(builder.name_code, key=builder.name_code.__getitem__),
@@ -399,7 +409,7 @@ def _columns(
         if SHAPE in arrays
         else [],
         threads=threads,
-        ranges=build_ranges(*nvtx, _trace_end(conn, tables, nvtx[0]), meta),
+        ranges=ranges,
         meta=meta,
         kernel_rows=kernel_rows,
     )
@@ -443,7 +453,7 @@ def _read(
     tables: dict[str, list[str]],
     progress: Progress | None,
     scan_shapes: bool,
-) -> tuple[_Builder, RowMap | None, np.ndarray, tuple[Any, Any]]:
+) -> tuple[_Builder, RowMap | None, np.ndarray, pd.DataFrame, dict[str, Any]]:
     launch_ids = launch_name_ids(conn)
     activity = activity_tables(tables)
     api = [t for t in API_TABLES if t in tables and "globalTid" in tables[t]]
@@ -456,28 +466,35 @@ def _read(
     )
     kernel_rows = None if scan_shapes or KERNEL_TABLE not in tables else _RowRuns(conn)
     exprs, null_as = _api_exprs(plan)
+    # One window of chunks across the tables: the activities' first chunks are read while
+    # the last calls are taken, and no thread idles at the end of a table.
+    # No process filter on the calls: a launch needs a CUDA context, so with one context
+    # process every launch-like call is that process's.
+    calls_where = _where(launch_ids, True, None)
+    api_chunks = {t: _sqlite.chunk_bounds(conn, t, CHUNK_ROWS) for t in api}
+    api_end = {t: chunks[0][0] + bounds[t] for t, chunks in api_chunks.items() if chunks}
+    scans = [_sqlite.Scan(t, exprs, calls_where, api_chunks[t], (), null_as) for t in api]
+    for table in activity:
+        read, checked = _activity_exprs(conn, plan, tables, table, scan_shapes)
+        chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
+        scans.append(_sqlite.Scan(table, read, "", chunks, checked))
     with _sqlite.ParallelReader(path) as reader:
-        nvtx = reader.call(lambda worker: nvtx_rows(worker, tables))
+        ranges = reader.call(lambda worker: _ranges(worker, tables))
         calls = plan.calls(sum(bounds[t] for t in api))
-        for table in api:
-            # No process filter here: a launch needs a CUDA context, so with one context
-            # process every launch-like call is that process's.
-            chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
-            where = _where(launch_ids, True, None)
-            stream = reader.stream(conn, table, exprs, where, chunks=chunks, missing=null_as)
-            for (lo, hi), chunk in zip(chunks, stream, strict=True):
+        sealed = False
+        for index, rows, chunk in reader.stream_scans(conn, scans):
+            table = scans[index].table
+            if index < len(api):
                 calls.add(chunk)  # the scan went over the chunk's rows, fewer launches
-                done = _tick(progress, done, min(hi, chunks[0][0] + bounds[table]) - lo, total)
-        calls.seal()
-        for table in activity:
-            chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
-            read, checked = _activity_exprs(conn, plan, tables, table, scan_shapes)
-            stream = reader.stream(conn, table, read, chunks=chunks, checked=checked)
-            for rows, chunk in zip(chunks, stream, strict=True):
-                builder.add(table, chunk, calls, rows)
-                if kernel_rows is not None and table == KERNEL_TABLE:
-                    kernel_rows.add(rows, len(chunk["key"]))
-                done = _tick(progress, done, len(chunk["key"]), total)
+                done = _tick(progress, done, min(rows[1], api_end[table]) - rows[0], total)
+                continue
+            if not sealed:  # the calls come first: all are in once an activity comes
+                calls.seal()
+                sealed = True
+            builder.add(table, chunk, calls, rows)
+            if kernel_rows is not None and table == KERNEL_TABLE:
+                kernel_rows.add(rows, len(chunk["key"]))
+            done = _tick(progress, done, len(chunk["key"]), total)
         if builder.unmatched and launch_ids:
             # The thread codes dict is shared: one code per thread across both reads.
             others = plan.calls(sum(bounds[t] for t in api), calls.thread_code)
@@ -490,9 +507,19 @@ def _read(
                     others.add(chunk)
             others.seal()
             builder.fill_unmatched(others)
-        range_rows = nvtx.result()
+        range_frame, range_meta = ranges.result()
     row_map = kernel_rows.map() if kernel_rows is not None else None
-    return builder, row_map, calls.threads(), range_rows
+    return builder, row_map, calls.threads(), range_frame, range_meta
+
+
+def _ranges(
+    conn: sqlite3.Connection, tables: dict[str, list[str]]
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The NVTX ranges, built on a reader thread while the activities are read, and what
+    they add to the export's meta (merged after the activities' own, in the same order)."""
+    rows, created = nvtx_rows(conn, tables)
+    meta: dict[str, Any] = {}
+    return build_ranges(rows, created, _trace_end(conn, tables, rows), meta), meta
 
 
 class _RowRuns:
