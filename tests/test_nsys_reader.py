@@ -348,18 +348,17 @@ def test_sealed_calls_hold_no_second_copy_of_the_calls() -> None:
     from profkit.traces import nsys_stream
 
     calls = nsys_stream._Calls(tid0=100, base=0, capacity=1_000)
-    buffer = calls.key
-    calls.add(
-        {
-            "key": np.array([5, 3, 9]),
-            "start": np.array([10, 20, 30]),
-            "thread": np.zeros(3, np.int64),
-        }
-    )
+    chunk = {
+        "key": np.array([5, 3, 9]),
+        "start": np.array([10, 20, 30]),
+        "thread": np.zeros(3, np.int64),
+    }
+    calls.add(calls.prepare(chunk))
+    buffer = calls.parts[0].key
     calls.seal()
     assert calls.key.tolist() == [3, 5, 9] and calls.start.tolist() == [20, 10, 30]
     assert not np.shares_memory(calls.key, buffer)
-    assert all(value is not buffer for value in vars(calls).values())
+    assert all(value is not buffer for value in vars(calls).values()) and not calls.parts
     assert calls.lookup(np.array([9, 4]))[0].tolist() == [30, -1]
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -185,6 +185,9 @@ class Scan:
     chunks: list[tuple[int, int]] | None = None
     checked: tuple[str, ...] = ()
     missing: int | Mapping[str, int] = -1
+    then: Callable[[dict[str, np.ndarray]], Any] | None = None
+    """Run on the reader thread on each chunk's columns; what it returns is yielded
+    instead (work that needs nothing but the chunk leaves the consuming thread)."""
 
 
 class ParallelReader:
@@ -268,13 +271,14 @@ class ParallelReader:
 
     def stream_scans(
         self, conn: sqlite3.Connection, scans: list[Scan], ahead: int = 0
-    ) -> Iterator[tuple[int, tuple[int, int], dict[str, np.ndarray]]]:
+    ) -> Iterator[tuple[int, tuple[int, int], Any]]:
         """The chunks of several scans, one after the other, as ``(scan index, bounds,
-        columns)``, with one window of ``ahead`` chunks across them: the threads start on a
-        table's first chunks while the one before is still being taken, so no thread waits
-        at a table's end (see :meth:`stream`)."""
+        columns)`` (or what the scan's ``then`` made of the columns), with one window of
+        ``ahead`` chunks across them: the threads start on a table's first chunks while the
+        one before is still being taken, so no thread waits at a table's end (see
+        :meth:`stream`)."""
 
-        def reads() -> Iterator[tuple[int, tuple[int, int], Callable[[], dict[str, np.ndarray]]]]:
+        def reads() -> Iterator[tuple[int, tuple[int, int], Callable[[], Any]]]:
             for index, scan in enumerate(scans):
                 query = _chunk_query(
                     scan.table,
@@ -286,9 +290,10 @@ class ParallelReader:
                 )
                 bounds = chunk_bounds(conn, scan.table) if scan.chunks is None else scan.chunks
                 for lo_hi in bounds:
-                    yield index, lo_hi, functools.partial(self._stream_chunk, query, lo_hi)
+                    read = functools.partial(self._stream_chunk, query, lo_hi, scan.then)
+                    yield index, lo_hi, read
 
-        window: deque[tuple[int, tuple[int, int], Future[dict[str, np.ndarray]]]] = deque()
+        window: deque[tuple[int, tuple[int, int], Future[Any]]] = deque()
         limit = ahead or self.threads + 1
         for index, bounds, read in reads():
             window.append((index, bounds, self.pool.submit(read)))
@@ -299,11 +304,17 @@ class ParallelReader:
             index, bounds, future = window.popleft()
             yield index, bounds, future.result()
 
-    def _stream_chunk(self, query: _ChunkQuery, bounds: tuple[int, int]) -> dict[str, np.ndarray]:
+    def _stream_chunk(
+        self,
+        query: _ChunkQuery,
+        bounds: tuple[int, int],
+        then: Callable[[dict[str, np.ndarray]], Any] | None = None,
+    ) -> Any:
         worker = self.connection()
         # One pass over each page: a small page cache does, and keeps memory flat.
         worker.execute(f"PRAGMA cache_size = -{STREAM_CACHE_KIB}")
-        return _read_chunk(worker, query, bounds)
+        chunk = _read_chunk(worker, query, bounds)
+        return chunk if then is None else then(chunk)
 
     def call(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
         """Run ``fn(connection)`` on a worker thread."""

@@ -14,6 +14,10 @@ compact columns (22 bytes per activity) and the launch calls, never a whole tabl
 The tables' chunks go through one window of reads ahead (``ParallelReader.stream_scans``),
 so the threads read the first activities while the last calls are taken, and the NVTX
 ranges are read and built on a reader thread meanwhile: no thread waits at a table's end.
+What a chunk needs of itself alone (its calls split by process, its distinct threads and
+names, durations, devices) is done on the thread that read it (``_Calls.prepare``,
+``_Builder.prepare``); the main thread numbers threads and names, looks launches up and
+fills the columns, in chunk order, so the codes are those of one thread.
 
 The calls are freed before the analysis starts, so the read's peak is the columns plus the
 launch calls (about 0.6 GB for 33 M), whatever the number of API rows.
@@ -29,6 +33,7 @@ scanned with the rest.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -119,6 +124,34 @@ class _ProcessDevices:
         return np.where(found, self.devices[at], -1)
 
 
+@dataclasses.dataclass(frozen=True)
+class _CallChunk:
+    """A chunk of API calls made ready for :meth:`_Calls.add`: its distinct threads
+    (``globalTid``, in the order of their first call) and, per process code, the calls'
+    keys, starts and indices into those threads."""
+
+    tids: np.ndarray
+    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]
+
+
+class _Buffer:
+    """One process's calls as they arrive: key, start, thread code, in reserved columns."""
+
+    def __init__(self, capacity: int) -> None:
+        self.key = np.empty(capacity, np.int64)
+        self.start = np.empty(capacity, np.int64)
+        self.thread = np.empty(capacity, np.int16)
+        self.rows = 0
+
+    def add(self, key: np.ndarray, start: np.ndarray, thread: np.ndarray) -> None:
+        rows = slice(self.rows, self.rows + len(key))
+        self.key[rows], self.start[rows], self.thread[rows] = key, start, thread
+        self.rows += len(key)
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.key[: self.rows], self.start[: self.rows], self.thread[: self.rows]
+
+
 class _Calls:
     """Start and thread code of API calls, sorted by key, for the activities to look up.
 
@@ -143,65 +176,69 @@ class _Calls:
         # spares SQLite the arithmetic and the longer text on every API row.
         self.pid0 = pid0
         # np.empty only reserves: pages are resident once written, so a bound on the rows
-        # (every API call) costs only the launch calls actually kept.
-        size = capacity if pid0 is None else 0
-        self.key = np.empty(size, np.int64)
-        self.start = np.empty(size, np.int64)
-        self.thread = np.empty(size, np.int16)
-        self.rows = 0
-        self.parts: dict[int, list[tuple[np.ndarray, ...]]] = {}  # process code -> chunks
+        # (every API call) costs only the launch calls actually kept, in one buffer or, for
+        # several processes, in one per process (kept apart as they arrive, not joined at
+        # seal: that copy sat between the calls' read and the activities').
+        self.capacity = capacity
+        self.parts: dict[int, _Buffer] = {}  # process code (one process: 0) -> its calls
+        # One process, once sealed: its calls sorted by key.
+        self.key = np.empty(0, np.int64)
+        self.start = np.empty(0, np.int64)
+        self.thread = np.empty(0, np.int16)
         self.runs: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []  # at seal
         self.thread_code = {} if thread_code is None else thread_code
 
-    def add(self, chunk: dict[str, np.ndarray]) -> None:
-        if self.pid0 is not None:
-            self._add_apart(chunk, self.pid0)
-            return
-        valid = chunk["key"] >= 0
-        n = int(valid.sum())
-        rows = slice(self.rows, self.rows + n)
-        self.key[rows] = chunk["key"][valid]
-        self.start[rows] = chunk["start"][valid] + self.base
-        self.thread[rows] = self._thread_codes(chunk["thread"][valid])[0]
-        self.rows += n
-
-    def _add_apart(self, chunk: dict[str, np.ndarray], pid0: int) -> None:
-        """Several processes: each process's calls of the chunk to its own list."""
+    def prepare(self, chunk: dict[str, np.ndarray]) -> _CallChunk:
+        """What :meth:`add` takes of a chunk, from the chunk alone: run on the reader
+        thread that read it (the split by process, the distinct threads), so the thread
+        that adds the chunks only numbers the threads and keeps the parts."""
         key, start, threads = chunk["key"], chunk["start"], chunk["thread"]
-        valid = (key >= 0) & (threads != NULL_THREAD)  # as SQL would
+        valid = key >= 0
+        if self.pid0 is not None:
+            valid &= threads != NULL_THREAD  # as SQL would
         if not valid.all():  # launch calls all have both in real exports: no copies then
             key, start, threads = key[valid], start[valid], threads[valid]
-        thread, local, tids = self._thread_codes(threads)
-        process_of = process_bits(tids, pid0)
-        process = process_of[local]
-        key = process + key
-        start = start + self.base
-        for code in np.unique(process_of).tolist():
-            mine = process == code if len(process_of) > 1 else slice(None)
-            self.parts.setdefault(code >> 32, []).append((key[mine], start[mine], thread[mine]))
-
-    def _thread_codes(self, threads: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each call's thread code (one code per thread across chunks and reads), its index
-        into the chunk's distinct threads, and those threads' ``globalTid``."""
         local, uniques = pd.factorize(threads)
         tids = np.asarray(uniques, dtype=np.int64) + self.tid0
-        codes = [self.thread_code.setdefault(int(t), len(self.thread_code)) for t in tids]
+        start = start + self.base
+        if self.pid0 is None:
+            return _CallChunk(tids, [(0, key, start, local)])
+        process_of = process_bits(tids, self.pid0)
+        codes = np.unique(process_of).tolist()
+        if len(codes) == 1:
+            return _CallChunk(tids, [(codes[0] >> 32, codes[0] + key, start, local)])
+        process = process_of[local]
+        key = process + key
+        parts = []
+        for code in codes:
+            mine = process == code
+            parts.append((code >> 32, key[mine], start[mine], local[mine]))
+        return _CallChunk(tids, parts)
+
+    def add(self, chunk: _CallChunk) -> None:
+        """Keep a chunk's calls (:meth:`prepare`'s), each thread numbered at its first call."""
+        codes = [self.thread_code.setdefault(int(t), len(self.thread_code)) for t in chunk.tids]
         check_threads(len(self.thread_code))
-        return np.asarray(codes, dtype=np.int16)[local], local, tids
+        code_of = np.asarray(codes, dtype=np.int16)
+        for process, key, start, local in chunk.parts:
+            if process not in self.parts:
+                self.parts[process] = _Buffer(self.capacity)
+            self.parts[process].add(key, start, code_of[local])
 
     def seal(self) -> None:
         """Sort by key (if needed) and keep the first call of each key (runtime over driver)."""
         if self.pid0 is None:
-            whole = (self.key[: self.rows], self.start[: self.rows], self.thread[: self.rows])
-            self.key, self.start, self.thread = _sorted_run(*whole)
+            if self.parts:
+                self.key, self.start, self.thread = _sorted_run(*self.parts.pop(0).columns())
             return
         for process in sorted(self.parts):
-            chunks = self.parts.pop(process)
-            joined = (np.concatenate([c[i] for c in chunks]) for i in range(3))
-            self.runs.append((process, *_sorted_run(*joined)))
+            self.runs.append((process, *_sorted_run(*self.parts.pop(process).columns())))
 
-    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Launch start (-1 if unknown) and thread code (-1) for each key."""
+    def lookup(
+        self, keys: np.ndarray, by_process: dict[int, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Launch start (-1 if unknown) and thread code (-1) for each key; ``by_process``:
+        the keys' rows of each process code, if found already (:func:`rows_by_process`)."""
         start = np.full(len(keys), -1, dtype=np.int64)
         thread = np.full(len(keys), -1, dtype=np.int16)
         if self.pid0 is None:
@@ -210,13 +247,23 @@ class _Calls:
         # Each process's keys searched in its own calls: a chunk's keys come in order
         # within a process, which keeps numpy's binary searches short (two processes'
         # keys interleaved would start each search over).
-        high = keys >> 32
+        by_process = rows_by_process(keys) if by_process is None else by_process
         for process, *run in self.runs:
-            _look_up(run, keys, np.flatnonzero(high == process), start, thread)
+            if process in by_process:
+                _look_up(run, keys, by_process[process], start, thread)
         return start, thread
 
     def threads(self) -> np.ndarray:
         return np.array(list(self.thread_code), dtype=np.int64)
+
+
+def rows_by_process(keys: np.ndarray) -> dict[int, np.ndarray]:
+    """The rows of each process code among ``keys`` (several processes' keys), in order."""
+    high = keys >> 32
+    codes = pd.unique(high)
+    if len(codes) == 1:
+        return {int(codes[0]): np.arange(len(keys))}
+    return {int(code): np.flatnonzero(high == code) for code in codes.tolist() if code >= 0}
 
 
 def _sorted_run(
@@ -253,6 +300,22 @@ def _look_up(
     thread[at] = run_thread[index[hit]]
 
 
+@dataclasses.dataclass(frozen=True)
+class _ActivityChunk:
+    """A chunk of activities made ready for :meth:`_Builder.add`: its columns as read,
+    durations, name values (index into the distinct values, and those values), and, for
+    several processes, starts, devices (-1: not known from the process) and the rows of
+    each process code."""
+
+    columns: dict[str, np.ndarray]
+    duration: np.ndarray
+    name_index: np.ndarray
+    name_values: np.ndarray
+    start: np.ndarray | None
+    device: np.ndarray | None
+    by_process: dict[int, np.ndarray] | None
+
+
 class _Builder:
     """Fills preallocated columns chunk by chunk, turning names and shapes into codes."""
 
@@ -281,49 +344,59 @@ class _Builder:
         self.unmatched: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, keys)
         self.memcpy_labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER") or MEMCPY_LABELS
 
-    def add(
-        self, table: str, chunk: dict[str, np.ndarray], calls: _Calls, bounds: tuple[int, int]
-    ) -> None:
-        """Add a chunk of ``table``, the rows of rowids ``bounds`` (``[lo, hi)``)."""
-        n = len(chunk["key"])
-        rows = slice(self.rows, self.rows + n)
-        if "end" in chunk:  # the times themselves, read as stored (see _activity_exprs)
-            self.arrays["duration"][rows] = chunk["end"] - chunk["start"]
-        else:
-            self.arrays["duration"][rows] = chunk["duration"]
-        self.arrays["name"][rows] = self._names(table, chunk)
+    def prepare(self, table: str, chunk: dict[str, np.ndarray]) -> _ActivityChunk:
+        """What :meth:`add` takes of a chunk of ``table`` that needs the chunk alone: run on
+        the reader thread that read it, so the thread that adds the chunks only numbers
+        names and looks launches up."""
+        # The times themselves where they were read as stored (see _activity_exprs).
+        duration = chunk["end"] - chunk["start"] if "end" in chunk else chunk["duration"]
+        field = {KERNEL_TABLE: "names", MEMCPY_TABLE: "copy_kind", GRAPH_TABLE: "graph"}
+        values = chunk[field[table]] if table in field else np.zeros(len(duration), np.int64)
+        local, uniques = pd.factorize(values)
+        start = device = by_process = None
         if "start" in self.arrays:
             offset = 0 if "end" in chunk else self.start_base  # read as stored, or as offsets
-            self.arrays["start"][rows] = chunk["start"] + offset
-            self.arrays["device"][rows] = self._device(table, chunk, bounds)
+            start = chunk["start"] + offset
+            device = chunk["device"] if self.devices is None else self.devices.of(chunk["key"])
+            by_process = rows_by_process(chunk["key"])
+        return _ActivityChunk(chunk, duration, local, uniques, start, device, by_process)
+
+    def add(
+        self, table: str, ready: _ActivityChunk, calls: _Calls, bounds: tuple[int, int]
+    ) -> None:
+        """Add a chunk of ``table`` (:meth:`prepare`'s), the rows of rowids ``bounds``
+        (``[lo, hi)``)."""
+        key = ready.columns["key"]
+        n = len(key)
+        rows = slice(self.rows, self.rows + n)
+        self.arrays["duration"][rows] = ready.duration
+        self.arrays["name"][rows] = self._names(table, ready.name_index, ready.name_values)
+        if ready.start is not None and ready.device is not None:
+            self.arrays["start"][rows] = ready.start
+            self.arrays["device"][rows] = self._device(table, ready.device, bounds)
         if SHAPE in self.arrays:
-            self.arrays[SHAPE][rows] = self._shapes(chunk) if table == KERNEL_TABLE else 0
-        start, thread = calls.lookup(chunk["key"])
+            shapes = self._shapes(ready.columns) if table == KERNEL_TABLE else 0
+            self.arrays[SHAPE][rows] = shapes
+        start, thread = calls.lookup(key, ready.by_process)
         self.arrays["launch_start"][rows] = start
         self.arrays["launch_thread"][rows] = thread
-        missing = (start < 0) & (chunk["key"] >= 0)
+        missing = (start < 0) & (key >= 0)
         if missing.any():
-            self.unmatched.append((np.flatnonzero(missing) + self.rows, chunk["key"][missing]))
+            self.unmatched.append((np.flatnonzero(missing) + self.rows, key[missing]))
         self.rows += n
 
-    def _device(
-        self, table: str, chunk: dict[str, np.ndarray], bounds: tuple[int, int]
-    ) -> np.ndarray:
-        if self.devices is None:
-            return chunk["device"]
-        device = self.devices.of(chunk["key"])
+    def _device(self, table: str, device: np.ndarray, bounds: tuple[int, int]) -> np.ndarray:
         unknown = device < 0
-        if unknown.any():  # no key, or a process the contexts table lacks: read the column
+        if self.devices is not None and unknown.any():
+            # No key, or a process the contexts table lacks: read the column.
             read = _sqlite.read_chunk(self.conn, table, {"device": "deviceId"}, bounds)
             if len(read["device"]) != len(device):
                 raise _sqlite.BadColumn(f"{table} changed while it was read")
             device[unknown] = read["device"][unknown]
         return device
 
-    def _names(self, table: str, chunk: dict[str, np.ndarray]) -> np.ndarray:
-        field = {KERNEL_TABLE: "names", MEMCPY_TABLE: "copy_kind", GRAPH_TABLE: "graph"}
-        values = chunk[field[table]] if table in field else np.zeros(len(chunk["key"]), np.int64)
-        local, uniques = pd.factorize(values)
+    def _names(self, table: str, local: np.ndarray, uniques: np.ndarray) -> np.ndarray:
+        """Name codes of a chunk's name values (``local`` indexes ``uniques``)."""
         new = [int(v) for v in uniques if (table, int(v)) not in self.by_value]
         if new:
             for value, (name, kind) in zip(new, self._describe(table, new), strict=True):
@@ -473,14 +546,17 @@ def _read(
     calls_where = _where(launch_ids, True, None)
     api_chunks = {t: _sqlite.chunk_bounds(conn, t, CHUNK_ROWS) for t in api}
     api_end = {t: chunks[0][0] + bounds[t] for t, chunks in api_chunks.items() if chunks}
-    scans = [_sqlite.Scan(t, exprs, calls_where, api_chunks[t], (), null_as) for t in api]
+    calls = plan.calls(sum(bounds[t] for t in api))
+    scans = [
+        _sqlite.Scan(t, exprs, calls_where, api_chunks[t], (), null_as, calls.prepare) for t in api
+    ]
     for table in activity:
         read, checked = _activity_exprs(conn, plan, tables, table, scan_shapes)
         chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
-        scans.append(_sqlite.Scan(table, read, "", chunks, checked))
+        ready = functools.partial(builder.prepare, table)
+        scans.append(_sqlite.Scan(table, read, "", chunks, checked, then=ready))
     with _sqlite.ParallelReader(path) as reader:
         ranges = reader.call(lambda worker: _ranges(worker, tables))
-        calls = plan.calls(sum(bounds[t] for t in api))
         sealed = False
         for index, rows, chunk in reader.stream_scans(conn, scans):
             table = scans[index].table
@@ -492,9 +568,10 @@ def _read(
                 calls.seal()
                 sealed = True
             builder.add(table, chunk, calls, rows)
+            count = len(chunk.duration)
             if kernel_rows is not None and table == KERNEL_TABLE:
-                kernel_rows.add(rows, len(chunk["key"]))
-            done = _tick(progress, done, len(chunk["key"]), total)
+                kernel_rows.add(rows, count)
+            done = _tick(progress, done, count, total)
         if builder.unmatched and launch_ids:
             # The thread codes dict is shared: one code per thread across both reads.
             others = plan.calls(sum(bounds[t] for t in api), calls.thread_code)
@@ -504,7 +581,7 @@ def _read(
                 for chunk in reader.stream(
                     conn, table, exprs, where, chunks=chunks, missing=null_as
                 ):
-                    others.add(chunk)
+                    others.add(others.prepare(chunk))
             others.seal()
             builder.fill_unmatched(others)
         range_frame, range_meta = ranges.result()
