@@ -384,3 +384,39 @@ def test_scans_of_several_tables_share_one_window_and_keep_their_rows() -> None:
         assert read == [row[0] for row in conn.execute(sql)]
         assert len(scans[index].chunks or []) > 2  # several chunks a table, more than the window
     conn.close()
+
+
+def test_a_bad_call_late_in_the_read_is_one_error_and_leaves_no_thread_waiting(
+    unpacked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Activities are read ahead while the last calls are still being taken (one window
+    across the tables); a call that fails the read (a correlation id of text, in its last
+    chunk) ends the read with its error, and the chunks in flight do not keep it waiting."""
+    import shutil
+    import threading
+
+    from profkit.traces import nsys_stream
+
+    path = tmp_path / "bad-call.sqlite"
+    shutil.copy(unpack(SMALL_FP32, unpacked), path)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = 'abc' WHERE rowid = "
+            "(SELECT max(r.rowid) FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
+            "JOIN CUPTI_ACTIVITY_KIND_KERNEL k USING (correlationId))"
+        )
+    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 500)  # many chunks, activities read ahead
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            nsys_stream.read_nsys_columns(path)
+        except BaseException as exc:
+            failed.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=120)
+    assert not reader.is_alive(), "the read hangs"
+    assert len(failed) == 1 and isinstance(failed[0], BadInput)
+    assert "correlationId holds text ('abc')" in str(failed[0])
