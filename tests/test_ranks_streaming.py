@@ -234,3 +234,32 @@ def test_the_stages_script_times_ranks_one_process_and_says_what_it_cannot(
     assert missing.stderr.strip().splitlines() == [
         f"error: no such file: {tmp_path / 'none.sqlite'}"
     ]
+
+
+def test_the_read_timeline_script_times_each_step_and_says_what_it_cannot(
+    exports: dict[str, Path], tmp_path: Path
+) -> None:
+    """benchmarks/read_timeline.py: each step of the read with its thread, count, wall, CPU
+    and span (every table's chunks, the calls, the activities, the ranges); one line and
+    exit status 2 for a file that is not an export."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "read_timeline.py"
+
+    def run(path: Path) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, str(script), str(path), "--runs", "2"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+    done = run(exports["x1"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("13,680 activities read in") == 2
+    step = r" +\d+ +\d+\.\d{3} s +\d+\.\d{3} s +\d+\.\d{3} - +\d+\.\d{3}"
+    for thread, name in [("thr", "chunk RUNTIME"), ("thr", "chunk KERNEL"), ("thr", "nvtx_rows"),
+                         ("thr", "build_ranges"), ("main", "_Calls.add"), ("main", "_Calls.seal"),
+                         ("main", "_Builder.add")]:  # fmt: skip
+        assert len(re.findall(rf"{thread} +{name}{step}", done.stdout)) == 2, name
+    text = tmp_path / "notes.sqlite"
+    text.write_text("not a database")
+    failed = run(text)
+    assert failed.returncode == 2
+    assert failed.stderr.strip().splitlines() == [
+        f"error: {text} is not an SQLite database (expected an Nsight Systems SQLite export)"
+    ]
