@@ -548,7 +548,8 @@ def _read(
     api_end = {t: chunks[0][0] + bounds[t] for t, chunks in api_chunks.items() if chunks}
     calls = plan.calls(sum(bounds[t] for t in api))
     scans = [
-        _sqlite.Scan(t, exprs, calls_where, api_chunks[t], (), null_as, calls.prepare) for t in api
+        _sqlite.Scan(t, exprs, calls_where, api_chunks[t], missing=null_as, then=calls.prepare)
+        for t in api
     ]
     for table in activity:
         read, checked = _activity_exprs(conn, plan, tables, table, scan_shapes)
