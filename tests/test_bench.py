@@ -90,6 +90,35 @@ def test_db_holds_the_same_rows(sweep: tuple[Path, list[dict[str, Any]]]) -> Non
     assert stored[1]["step_times_ms"] == rows[1]["step_times_ms"]
 
 
+def test_one_process_rows_have_no_parallelism(
+    sweep: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    db, rows = sweep
+    assert [(r["nproc"], r["parallel"]) for r in rows] == [(1, None), (1, None)]
+    assert [r["parallel"] for r in bench_lib.load(db)] == [None, None]
+    # Rows written before the field was null said "ddp" for one process: read as null.
+    old = tmp_path / "old.db"
+    old.write_bytes(db.read_bytes())
+    with sqlite3.connect(old) as conn:
+        conn.execute("update bench set parallel = 'ddp'")
+    assert [r["parallel"] for r in bench_lib.load(old)] == [None, None]
+
+
+def test_a_sweep_where_every_config_failed_exits_2_and_keeps_its_rows(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    result = invoke(*FAST, "--mode", "forward", "train", "--timeout", "0.5", "--db", str(db),
+                    "-f", "json")  # fmt: skip
+    assert result.exit_code == 2, result.output
+    rows = json.loads(result.stdout)  # rendered before the exit
+    assert [r["status"] for r in rows] == ["error", "error"]
+    assert all(r["error"] == "timed out after 0.5 s" for r in rows)
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: every config failed (2 with status error); the rows, with their errors, "
+        f"are in {db}"
+    )
+    assert db_count(db) == 2
+
+
 def test_resume_skips_configs_already_done(
     sweep: tuple[Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:

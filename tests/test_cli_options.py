@@ -151,6 +151,17 @@ def test_one_process_has_no_parallelism_to_sweep() -> None:
     ]  # fmt: skip
 
 
+def test_parallel_without_several_processes_is_refused() -> None:
+    result = runner.invoke(probe, ["--size", "tiny", "--nproc", "1", "--parallel", "fsdp"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: --parallel fsdp needs several processes: add --nproc 2 (or more), "
+        "or leave --parallel out\n"
+    )
+    defaulted = _probe(probe, "--size", "tiny", "--nproc", "1")  # not typed: nothing to refuse
+    assert defaulted["configs"] == ["tiny-ctx256-train-fp32"]
+
+
 @pytest.mark.parametrize(
     ("args", "dtypes"),
     [

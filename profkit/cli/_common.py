@@ -374,6 +374,12 @@ class WorkloadOptions:
             k: v or ((None,) if _CONFIG_DEFAULTS.get(k, 0) is None else v)
             for k, v in self.values().items()
         }
+        if "parallel" in self.given and max(values["nproc"], default=1) == 1:
+            # One process is not data parallel: running it as asked would drop --parallel.
+            raise BadInput(
+                f"--parallel {' '.join(values['parallel'])} needs several processes: "
+                "add --nproc 2 (or more), or leave --parallel out"
+            )
         grid = itertools.product(*values.values())
         configs = [
             _one_process(WorkloadConfig(**dict(zip(values, point, strict=True)))) for point in grid

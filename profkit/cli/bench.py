@@ -19,6 +19,7 @@ from profkit.cli._common import (
 from profkit.cli.app import app
 from profkit.cli.render import err_console
 from profkit.cli.views import render_comparison, render_rows, sweep_progress
+from profkit.errors import ProfkitError
 from profkit.formats import check_format
 from profkit.run import bench as bench_lib
 from profkit.run.results import DEFAULT_DB, check_db
@@ -50,7 +51,7 @@ def bench(
     """Time forward, backward and optimizer over the cross product of the options.
 
     Each config runs in its own process: an OOM or a crash becomes a row with status
-    oom|error and the sweep goes on. Every finished row is committed to the results DB at
+    oom|error and the sweep goes on; if every config ends in error, the exit status is 2. Every finished row is committed to the results DB at
     once (Ctrl-C keeps them); --resume skips configs already there. --compare dtype
     prints fp32 and bf16 side by side with Δ ms and Δ % instead of the rows.
 
@@ -70,3 +71,9 @@ def bench(
         render_comparison(compare_lib.compare(rows, compare), fmt, out)
     else:
         render_rows(rows, fmt, out)
+    failed = [row for row in rows if row.get("status") == "error"]
+    if rows and len(failed) == len(rows):  # nothing measured: a script must not go on
+        raise ProfkitError(
+            f"every config failed ({len(rows)} with status error); the rows, with their "
+            f"errors, are in {db}"
+        )

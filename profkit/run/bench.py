@@ -119,6 +119,8 @@ def bench_row(
     gpu_name = env.get("gpu_name") if on_cuda else None
     row: Row = {field: getattr(config, field) for field in CONFIG_FIELDS}
     row["device"] = device
+    if config.nproc == 1:  # one process is not data parallel: the field does not apply
+        row["parallel"] = None
     row["status"] = result.get("status", "error")
     row["error"] = result.get("error")
 
@@ -192,6 +194,8 @@ def decode_row(row: dict[str, Any], bad: list[str] | None = None) -> Row:
     # ran one process.
     if out.get("nproc") is None:
         out["nproc"] = 1
+    if out["nproc"] == 1:  # rows written before it was null said "ddp" for one process
+        out["parallel"] = None
     # Rows of several ranks list them; one-process rows never had the column's value.
     if out.get("ranks") is None:
         out.pop("ranks", None)
