@@ -351,6 +351,31 @@ def test_torch_writes_one_trace_per_rank_and_kernels_reads_them_as_ranks(tmp_pat
             assert sum(lo <= begin and end <= hi for _, lo, hi in steps) == 1
     narrowed = runner.invoke(app, ["kernels", *map(str, traces), "--rank", "1", "-f", "json"])
     assert [r["rank"] for r in json.loads(narrowed.stdout)["ranks"]] == [1]
+    # The report beside the traces: the run, then the kernel report of the ranks (the same
+    # numbers as `profkit kernels` on the traces: the per-rank table's kernel counts).
+    report = (tmp_path / "torch-tiny-ctx32-ddp2.md").read_text()
+    assert report.startswith("# torch.profiler: tiny, ctx 32, fp32 (torch-tiny-ctx32-ddp2)\n")
+    assert "ddp over 2 ranks, device cpu" in report and "3 profiled on every rank" in report
+    assert all(f"`{t}`" in report for t in traces)
+    assert "## Ranks" in report
+    assert report.count("no GPU kernels were recorded") == 1  # both ranks say it: once
+    for entry in ranks:
+        assert f"| {entry['rank']} |" in report and f"{entry['kernels']:,}" in report
+    assert result.stderr.rstrip().endswith(f"{tmp_path / 'torch-tiny-ctx32-ddp2.md'}")
+
+
+def test_torch_ranks_refuse_the_one_process_table_options(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        ["torch", "--size", "tiny", "--device", "cpu", "--nproc", "2", "--record-shapes",
+         "--sort", "cpu_time", "--out-dir", str(tmp_path / "out")],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: --record-shapes, --sort: torch.profiler's table of one process; with --nproc 2 "
+        "each rank writes a Chrome trace and profkit reads them as ranks, so leave it out\n"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.skipif(torch_cuda(), reason="checks the refusal on a machine without CUDA")

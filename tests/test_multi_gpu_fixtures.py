@@ -152,3 +152,17 @@ def test_a_multi_process_export_is_streamed_unless_its_phases_are_inferred(
     assert again.to_json() == first.to_json()
     analysis.kernels(single)  # one process: the streaming read, which caches its columns
     assert len(list(cache.rglob(ACTIVITIES))) == 2
+
+
+@pytest.mark.skipif(not TORCH, reason="no per-rank torch.profiler fixtures")
+def test_merged_ranks_say_each_warning_once_with_the_ranks_it_concerns() -> None:
+    from profkit.traces import load_trace
+    from profkit.traces.ranks import merge_rank_traces
+
+    rank0 = TORCH[0]
+    traces = [load_trace(rank0), load_trace(rank0.with_name(rank0.name.replace("rank0", "rank1")))]
+    for trace in traces:
+        trace.meta["warnings"] = ["said by both", "said by both"]
+    traces[1].meta["warnings"].append("said by rank 1 alone")
+    merged = merge_rank_traces(traces)
+    assert merged.meta["warnings"] == ["said by both", "rank 1: said by rank 1 alone"]

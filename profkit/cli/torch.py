@@ -18,9 +18,11 @@ from profkit.cli._common import (
 )
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console, progress_bar
+from profkit.errors import BadInput
 from profkit.files import check_not_written
 from profkit.formats import check_format
 from profkit.torchprof import profile as torchprof
+from profkit.torchprof.ranks import ONE_PROCESS_OPTIONS
 from profkit.torchprof.report import TABLE_DIGITS
 from profkit.torchprof.result import TorchOptions
 from profkit.torchprof.tables import SORT_CHOICES
@@ -86,6 +88,15 @@ def torch_(
     if out is not None:
         check_not_written(out, torchprof.written_paths(config, name, out_dir))
     if config.nproc > 1:
+        used = (record_shapes, with_stack, profile_memory, sort is not None, row_limit != 25,
+                group_by_shape)  # fmt: skip
+        typed = [flag for flag, on in zip(ONE_PROCESS_OPTIONS, used, strict=True) if on]
+        if typed:
+            raise BadInput(
+                f"{', '.join(typed)}: torch.profiler's table of one process; with --nproc "
+                f"{config.nproc} each rank writes a Chrome trace and profkit reads them as "
+                "ranks, so leave it out"
+            )
         _ranks(config, name, out_dir, fmt, out)
         return
     options = TorchOptions(
@@ -118,19 +129,25 @@ def _ranks(
     config: WorkloadConfig, name: str | None, out_dir: Path | None, fmt: str, out: Path | None
 ) -> None:
     """Several ranks: one trace per rank, then their per-rank kernel tables."""
-    from profkit.analysis import analyze_any, display_tables
+    from profkit.analysis import analyze_any, display_tables, kernel_report_markdown
     from profkit.analysis.ranks import RankedReport, rank_tables
     from profkit.files import output_dirs
-    from profkit.torchprof.ranks import profile_ranks
+    from profkit.torchprof.ranks import profile_ranks, ranks_report_markdown
     from profkit.traces import load_trace
     from profkit.traces.ranks import merge_rank_traces
 
+    name = torchprof.check_name(name or torchprof.default_name(config))
+    artefacts, reports = output_dirs(out_dir)
     with err_console.status(f"torch.profiler on {config.nproc} ranks"):
-        run = profile_ranks(config, name or torchprof.default_name(config), output_dirs(out_dir)[0])
+        run = profile_ranks(config, name, artefacts)
         report = analyze_any(merge_rank_traces([load_trace(p) for p in run.traces]))
+    title = f"torch.profiler: {config.size}, ctx {config.ctx}, {config.dtype} ({name})"
+    markdown = ranks_report_markdown(config, name, run, kernel_report_markdown(report, title))
+    report_path = reports / f"{name}.md"
+    torchprof.write_report(report_path, markdown)
     tables = display_tables(report)
     if isinstance(report, RankedReport):
         tables = rank_tables(report) + tables
     emit_tables(tables, fmt, out, json_value=report.to_json())
-    written = ", ".join(str(p) for p in run.traces)
+    written = ", ".join(str(p) for p in [*run.traces, report_path])
     err_console.print(f"wrote {written}", highlight=False, soft_wrap=True)

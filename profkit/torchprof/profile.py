@@ -56,8 +56,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
 def written_paths(config: WorkloadConfig, name: str | None, out_dir: Path | None) -> list[Path]:
-    """The files ``profkit torch`` writes for ``config``: one trace per mode and the report,
-    or one trace per rank (what its --out must not name)."""
+    """The files ``profkit torch`` writes for ``config``: one trace per mode, or one per
+    rank, and the report (what its --out must not name)."""
     from profkit.files import output_dirs
     from profkit.run.trace_capture import rank_trace_path
 
@@ -65,7 +65,7 @@ def written_paths(config: WorkloadConfig, name: str | None, out_dir: Path | None
     artefacts, reports = output_dirs(out_dir)
     if config.nproc > 1:
         stem = trace_stem(artefacts, name, config.mode)
-        return [rank_trace_path(stem, r) for r in range(config.nproc)]
+        return [*(rank_trace_path(stem, r) for r in range(config.nproc)), reports / f"{name}.md"]
     traces = [trace_path(artefacts, name, m) for m in modes(config)]
     return [*traces, reports / f"{name}.md"]
 
@@ -160,7 +160,7 @@ def profile_torch(
                 f"--sort {asked}: no device time on {result.device}; sorted by self_cpu"
             )
     result.report_path = reports_dir / f"{result.name}.md"
-    _write(result.report_path, report_markdown(result))  # after the runs: notes included
+    write_report(result.report_path, report_markdown(result))  # after the runs: notes included
     result.warnings = list(dict.fromkeys(result.warnings))
     return result
 
@@ -315,8 +315,10 @@ def _release_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def _write(path: Path, text: str) -> None:
+def write_report(path: Path, text: str) -> None:
+    """Write a run's markdown report; a path that cannot be written is one line."""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     except OSError as exc:
         raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -3,7 +3,13 @@
 The one-GPU path profiles in profkit's own process; ranks are processes of their own,
 so here the child (under torchrun) records its timed steps with
 :class:`profkit.run.trace_capture.RankTracer` and writes ``OUT_DIR/NAME-rank{R}.json.gz``.
-The traces are then read back together as the ranks of one run.
+The traces are then read back together as the ranks of one run, and their kernel report
+(per rank and for the job) is written as ``NAME.md`` beside the one-GPU run's report.
+
+torch.profiler's own ``key_averages`` table is a one-process view (and ``profkit torch``
+profiles in its own process there); the options that shape it (``--record-shapes``,
+``--with-stack``, ``--sort`` ...) are refused with ``--nproc`` rather than dropped:
+:data:`ONE_PROCESS_OPTIONS`.
 """
 
 from __future__ import annotations
@@ -12,11 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from profkit import __version__
 from profkit.errors import ProfkitError
 from profkit.run.child import run_child
 from profkit.run.trace_capture import rank_trace_path
 from profkit.torchprof.profile import trace_stem
 from profkit.workload.config import WorkloadConfig
+
+ONE_PROCESS_OPTIONS = (
+    "--record-shapes",
+    "--with-stack",
+    "--profile-memory",
+    "--sort",
+    "--row-limit",
+    "--group-by-shape",
+)
+"""``profkit torch`` options of the one-process ``key_averages`` tables: not for ranks."""
 
 
 @dataclass
@@ -39,3 +56,28 @@ def profile_ranks(
     if result.get("status") != "ok":
         raise ProfkitError(f"torch.profiler run failed: {result.get('error')}")
     return RankTraces(result, [t for t in traces if t.exists()])
+
+
+def ranks_report_markdown(
+    config: WorkloadConfig, name: str, run: RankTraces, kernels_markdown: str
+) -> str:
+    """``NAME.md`` of a multi-rank run: the config and the traces, then ``kernels_markdown``
+    (:func:`profkit.analysis.kernel_report_markdown` of the traces read as ranks)."""
+    import torch
+
+    title, _, body = kernels_markdown.partition("\n\n")
+    traces = ", ".join(f"`{p}`" for p in run.traces)
+    header = [
+        title,
+        "",
+        f"- config: size {config.size}, ctx {config.ctx}, batch {config.batch} per rank, "
+        f"dtype {config.dtype}, attention {config.attention}, "
+        f"compile {'yes' if config.compile else 'no'}, {config.parallel} over "
+        f"{config.nproc} ranks, device {run.result.get('device') or config.device}",
+        f"- steps: {config.warmup} warm-up (the last one the profiler's warm-up), "
+        f"{config.steps} profiled on every rank; torch {torch.__version__}, "
+        f"profkit {__version__}",
+        f"- traces, one per rank: {traces} (open each in https://ui.perfetto.dev; "
+        "`profkit kernels` reads them together as the ranks of one run)",
+    ]
+    return "\n".join(header) + "\n\n" + body

@@ -91,13 +91,26 @@ def merge_rank_traces(traces: list[Trace]) -> Trace:
         "paths": [traces[i].meta.get("path") for i in order],
         "threads": threads,
         "ranks": ranks,
-        "warnings": [w for i in order for w in traces[i].meta.get("warnings") or []],
+        "warnings": _rank_warnings([traces[i].meta.get("warnings") or [] for i in order], ranks),
     }
     return Trace(
         kernels=conform(pd.concat(kernels, ignore_index=True), KERNEL_COLUMNS),
         ranges=conform(pd.concat(ranges, ignore_index=True), RANGE_COLUMNS),
         meta=meta,
     )
+
+
+def _rank_warnings(said: list[list[str]], ranks: list[dict[str, Any]]) -> list[str]:
+    """The ranks' warnings, each once: as it is where every rank says it, else with the
+    ranks that say it (``rank 1: ...``)."""
+    who: dict[str, list[int]] = {}
+    for warnings, info in zip(said, ranks, strict=True):
+        for warning in dict.fromkeys(warnings):
+            who.setdefault(warning, []).append(int(info["rank"]))
+    return [
+        warning if len(by) == len(ranks) else f"rank {', '.join(map(str, by))}: {warning}"
+        for warning, by in who.items()
+    ]
 
 
 def _check_one_run(traces: list[Trace], infos: list[dict[str, Any] | None]) -> None:
