@@ -7,4 +7,5 @@
 - ``environment``: where a measurement was taken (GPU, versions, commit, host, time).
 - ``tools``: finding Nsight Systems, its version, exporting its reports to SQLite.
 - ``doctor``: what this machine has and which commands can run here.
+- ``quiet``: torch.profiler's starts and stops without Kineto's log lines on stderr.
 """

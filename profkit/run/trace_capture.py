@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit import __version__
+from profkit.run.quiet import kineto_quiet
 from profkit.workload.config import WorkloadConfig
 
 RANK_SUFFIX = re.compile(r"-rank(?P<rank>\d+)\.json\.gz$")
@@ -89,16 +90,18 @@ class RankTracer:
         )
 
         def step_start(index: int) -> None:
-            if index == 0:
-                self.profiler.__enter__()
-            else:
-                self.profiler.step()  # the previous step ended: the schedule moves on
+            with kineto_quiet():  # Kineto's start and stop lines would crowd a failure's tail
+                if index == 0:
+                    self.profiler.__enter__()
+                else:
+                    self.profiler.step()  # the previous step ended: the schedule moves on
 
         def stop() -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            self.profiler.step()  # the last timed step ended: its cycle is saved
-            self.profiler.__exit__(None, None, None)
+            with kineto_quiet():
+                self.profiler.step()  # the last timed step ended: its cycle is saved
+                self.profiler.__exit__(None, None, None)
 
         return step_start, stop
 
