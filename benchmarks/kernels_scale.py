@@ -39,14 +39,19 @@ cut short keeps what it finished.
 one: the committed 2-rank DDP export (two processes, one per GPU) replicated N times —
 every copy keeps its rows' global thread and process ids, so the two ranks stay two
 processes — against the 1-rank fixture replicated to about the same number of kernels.
-Each ``profkit kernels --no-cache --format json`` runs in a fresh process, the two
-alternating (back to back), best of ``--runs``; it prints seconds per million kernels
-(wall and CPU) and peak RSS of each, and their ratio.
+The two runs differ in more than their ranks: the 2-rank DDP step has 2.07 runtime API
+rows and 0.09 copies per kernel, the 1-rank fixture 1.80 and 0.03. So a third export is
+timed too, *rank 0 alone*: the 2-rank export with rank 1's rows dropped
+(:func:`one_process`), replicated 2N times, the same run's rows per kernel read as one
+process. Each ``profkit kernels --no-cache --format json`` runs in a fresh process, the
+three alternating (back to back), best of ``--runs``; it prints seconds per million
+kernels (wall and CPU) and peak RSS of each, and the 2-rank export's ratio to each.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import lzma
 import os
@@ -86,21 +91,27 @@ for table in sys.argv[2:]:
 """
 
 
-ORDER = "copy by copy"  # how the rows are laid out (a build stamped otherwise is redone)
+ORDER = "copy by copy"
+RANK0 = "rank 0 alone"  # how the rows are laid out (a build stamped otherwise is redone)
 
 
-def build(fixture: Path, copies: int, target: Path) -> dict[str, int]:
-    """Write ``target``: the fixture's export with its activity tables repeated ``copies`` times."""
+def build(
+    fixture: Path, copies: int, target: Path, only_process: int | None = None
+) -> dict[str, int]:
+    """Write ``target``: the fixture's export with its activity tables repeated ``copies``
+    times; ``only_process``: first drop every other process's rows (:func:`one_process`)."""
     stamp = target.with_suffix(".built.json")
+    wanted = {"copies": copies, "fixture": fixture.name, "order": ORDER, "only": only_process}
     if target.exists() and stamp.exists():
         built = json.loads(stamp.read_text())
-        wanted = {"copies": copies, "fixture": fixture.name, "order": ORDER}
         if {key: built.get(key) for key in wanted} == wanted:
             return built["rows"]
     target.unlink(missing_ok=True)
     with lzma.open(fixture) as src, target.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     conn = sqlite3.connect(target)
+    if only_process is not None:
+        one_process(conn, only_process)
     conn.executescript("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     lo, hi = _time_span(conn, tables)
@@ -117,21 +128,53 @@ def build(fixture: Path, copies: int, target: Path) -> dict[str, int]:
         # (by time, so by correlation id within a process): CROSS JOIN makes the copies
         # SQLite's outer loop. A plain join left the order to the planner, which on some
         # SQLite versions put each row next to its copies, as no export has them.
-        conn.execute(
-            f"WITH RECURSIVE copy(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM copy "
-            f"WHERE i < {copies - 1}) "
-            f'INSERT INTO "{table}" ({", ".join(columns)}) '
-            f"SELECT {', '.join(shifted)} FROM copy CROSS JOIN original"
-        )
+        if copies > 1:  # the recursion's first row is copy 1: one copy would be two
+            conn.execute(
+                f"WITH RECURSIVE copy(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM copy "
+                f"WHERE i < {copies - 1}) "
+                f'INSERT INTO "{table}" ({", ".join(columns)}) '
+                f"SELECT {', '.join(shifted)} FROM copy CROSS JOIN original"
+            )
         conn.execute("DROP TABLE original")
         rows[table] = conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
     conn.commit()
     if copies <= 1000:  # a 5 GB file gains nothing from a rewrite: the copies are appended
         conn.execute("VACUUM")
     conn.close()
-    built = {"copies": copies, "fixture": fixture.name, "order": ORDER, "rows": rows}
-    stamp.write_text(json.dumps(built))
+    stamp.write_text(json.dumps({**wanted, "rows": rows}))
     return rows
+
+
+def gpu_processes(fixture: Path) -> list[int]:
+    """The processes of an export that own a CUDA context, in rank order (device, pid)."""
+    with lzma.open(fixture) as src, tempfile.NamedTemporaryFile(suffix=".sqlite") as plain:
+        shutil.copyfileobj(src, plain)
+        plain.flush()
+        with contextlib.closing(sqlite3.connect(plain.name)) as conn:
+            found = conn.execute(
+                "SELECT DISTINCT deviceId, processId FROM TARGET_INFO_CUDA_CONTEXT_INFO"
+            ).fetchall()
+    return [pid for _, pid in sorted(found)]
+
+
+def one_process(conn: sqlite3.Connection, pid: int) -> None:
+    """Drop every row of another process than ``pid``: the activities, API calls, NVTX
+    ranges, contexts, streams and threads of the other ranks (their ``globalPid`` or
+    ``globalTid`` holds the process id in bits 24-47; the target tables name it
+    ``processId``). What is left is one rank's export, as nsys would write it for a
+    profile of that process alone, with the same run's rows per kernel."""
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    for table in tables:
+        columns = {r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')}
+        for column in ("globalPid", "globalTid"):
+            if column in columns:
+                conn.execute(f'DELETE FROM "{table}" WHERE ("{column}" >> 24) & 16777215 != ?',
+                             (pid,))  # fmt: skip
+                break
+        else:
+            if "processId" in columns:
+                conn.execute(f'DELETE FROM "{table}" WHERE processId != ?', (pid,))
+    conn.commit()
 
 
 def _shifted(column: str, shift: int, corr_shift: int) -> str:
@@ -234,20 +277,25 @@ def fixture_kernels(fixture: Path) -> int:
 
 
 def compare_ranks(copies: int, runs: int, scratch: Path) -> dict[str, object]:
-    """The 2-rank export x``copies`` against the 1-rank one at about as many kernels."""
+    """The 2-rank export x``copies`` against the 1-rank one at about as many kernels, and
+    against its own rank 0 alone at twice the copies (the same run's rows per kernel)."""
     one_copies = round(copies * fixture_kernels(RANKS_FIXTURE) / fixture_kernels(FIXTURE))
+    rank0 = gpu_processes(RANKS_FIXTURE)[0]
     exports = {
-        "2 ranks": (RANKS_FIXTURE, copies, scratch / f"ranks2-x{copies}.sqlite"),
-        "1 rank": (FIXTURE, one_copies, scratch / f"ranks1-x{one_copies}.sqlite"),
+        "2 ranks": (RANKS_FIXTURE, copies, scratch / f"ranks2-x{copies}.sqlite", None),
+        "1 rank": (FIXTURE, one_copies, scratch / f"ranks1-x{one_copies}.sqlite", None),
+        RANK0: (RANKS_FIXTURE, 2 * copies, scratch / f"rank0-x{2 * copies}.sqlite", rank0),
     }
     kernels: dict[str, int] = {}
-    for label, (fixture, n, target) in exports.items():
-        rows = build(fixture, n, target)
+    for label, (fixture, n, target, only) in exports.items():
+        rows = build(fixture, n, target, only)
         kernels[label] = rows[KERNEL_TABLE]
-        print(f"{label}: {fixture.name} x{n}: {rows[KERNEL_TABLE]:,} kernels")
+        runtime = rows.get("CUPTI_ACTIVITY_KIND_RUNTIME", 0)
+        print(f"{label}: {fixture.name} x{n}: {rows[KERNEL_TABLE]:,} kernels, "
+              f"{runtime / rows[KERNEL_TABLE]:.2f} runtime API rows per kernel")  # fmt: skip
     timings: dict[str, list[dict[str, float]]] = {label: [] for label in exports}
-    for _ in range(runs):  # alternate, so both see the same load
-        for label, (_, _, target) in exports.items():
+    for _ in range(runs):  # alternate, so all see the same load
+        for label, (_, _, target, _) in exports.items():
             argv = [sys.executable, "-m", "profkit", "kernels", str(target), "--format",
                     "json", "--no-cache"]  # fmt: skip
             timings[label].append(timed(argv, ROOT))
@@ -266,15 +314,17 @@ def compare_ranks(copies: int, runs: int, scratch: Path) -> dict[str, object]:
             f"  = {per_million[label]['wall_s_per_m_kernels']:.2f} s wall, "
             f"{per_million[label]['cpu_s_per_m_kernels']:.2f} s CPU per million kernels"
         )
-    two, one = per_million["2 ranks"], per_million["1 rank"]
+    two = per_million["2 ranks"]
     result["per_million_kernels"] = per_million
-    result["ratio_wall"] = two["wall_s_per_m_kernels"] / one["wall_s_per_m_kernels"]
-    result["ratio_cpu"] = two["cpu_s_per_m_kernels"] / one["cpu_s_per_m_kernels"]
-    print(
-        f"2 ranks / 1 rank per kernel: {result['ratio_wall']:.2f}x wall, "
-        f"{result['ratio_cpu']:.2f}x CPU; peak RSS {two['peak_rss_gib']:.2f} vs "
-        f"{one['peak_rss_gib']:.2f} GiB"
-    )
+    for label, key in (("1 rank", ""), (RANK0, "_rank0")):
+        one = per_million[label]
+        result[f"ratio_wall{key}"] = two["wall_s_per_m_kernels"] / one["wall_s_per_m_kernels"]
+        result[f"ratio_cpu{key}"] = two["cpu_s_per_m_kernels"] / one["cpu_s_per_m_kernels"]
+        print(
+            f"2 ranks / {label} per kernel: {result[f'ratio_wall{key}']:.2f}x wall, "
+            f"{result[f'ratio_cpu{key}']:.2f}x CPU; peak RSS {two['peak_rss_gib']:.2f} vs "
+            f"{one['peak_rss_gib']:.2f} GiB"
+        )
     return result
 
 

@@ -263,3 +263,35 @@ def test_the_read_timeline_script_times_each_step_and_says_what_it_cannot(
     assert failed.stderr.strip().splitlines() == [
         f"error: {text} is not an SQLite database (expected an Nsight Systems SQLite export)"
     ]
+
+
+def test_rank0_alone_reads_as_rank0_of_the_two(exports: dict[str, Path], tmp_path: Path) -> None:
+    """The benchmark's same-workload comparison (kernels_scale.one_process): rank 0 of the
+    2-rank export alone is one process whose rows are exactly rank 0's, and whose report
+    (the one-process path) has rank 0's numbers in the 2-rank report."""
+    import sqlite3
+
+    scale = benchmark("kernels_scale")
+    pids = scale.gpu_processes(NSYS)
+    assert len(pids) == 2
+    alone = tmp_path / "rank0.sqlite"
+    rows = scale.build(NSYS, 1, alone, pids[0])
+    with sqlite3.connect(exports["x1"]) as conn:
+        for table, column in (("KERNEL", "globalPid"), ("RUNTIME", "globalTid"),
+                              ("MEMCPY", "globalPid")):  # fmt: skip
+            want = conn.execute(
+                f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_{table} "
+                f"WHERE ({column} >> 24) & 16777215 = ?",
+                (pids[0],),
+            ).fetchone()[0]
+            assert rows[f"CUPTI_ACTIVITY_KIND_{table}"] == want > 0
+    cols = read_nsys_columns(alone)
+    assert ranks_of(cols) is None  # one CUDA process: the one-process path
+    one = analyze_any(load_trace(alone)).to_json()
+    rank0 = analyze_any(load_trace(exports["x1"])).to_json()["ranks"][0]
+    assert rank0["pid"] == pids[0]
+    for key in ("kernels", "kernel_time_ms", "gpu_time_ms"):
+        assert one["totals"][key] == rank0[key]
+    assert [(p["phase"], p["kernels"]) for p in one["phases"]] == [
+        (p["phase"], p["kernels"]) for p in rank0["phases"]
+    ]
