@@ -105,6 +105,35 @@ def test_h100_comparisons_only_where_the_db_has_pairs(h100_report: tuple[Path, s
     assert "| bf16 autocast vs fp32 | 2.7B | forward | 168.67 | 34.84 | 4.84 |" in comparisons
     assert "### torch.compile\n\n_Skipped: every bench row has the same compile (no)" in comparisons
     assert "### Warm-up steps\n\n_Skipped: no two bench rows differ only in warmup" in comparisons
+    assert (
+        "### Scaling across GPUs\n\n_Skipped: every bench row has the same nproc (1); run two, "
+        "e.g. profkit bench --nproc 1 2._"
+    ) in comparisons
+
+
+def test_rows_of_several_gpus_are_a_scaling_table(tmp_path: Path) -> None:
+    """The real two-H200 rows (`profkit bench --nproc 1 2 --parallel ddp fsdp`): each
+    parallelism against the one-GPU row, efficiency its step mean over theirs."""
+    from profkit.run import bench as bench_lib
+    from profkit.run import results
+
+    rows = json.loads((DATA / "bench-h200x2-small-nproc.json").read_text())
+    db = tmp_path / "results.db"
+    with results.opened(db) as conn:
+        for row in rows:
+            results.insert(conn, bench_lib.TABLE, row, bench_lib.COLUMN_TYPES)
+    out = tmp_path / "REPORT.md"
+    result = invoke("report", "--profiles", tmp_path / "profiles", "--db", db, "--out", out)
+    assert result.exit_code == 0, result.output
+    scaling = section(out.read_text(), "Comparisons").split("### Scaling across GPUs\n")[1]
+    step = scaling.split("#### step ms · 1 proc vs 2 procs · NVIDIA H200\n")[1]
+    mean = {r["label"]: sum(r["step_times_ms"]) / len(r["step_times_ms"]) for r in rows}
+    one = mean["small-ctx128-train-fp32"]
+    for kind in ("ddp", "fsdp"):
+        two = mean[f"small-ctx128-train-fp32-{kind}2"]
+        line = (f"| small | 128 | train | {kind} | {one:,.2f} | {two:,.2f} | {two - one:,.2f} | "
+                f"{100 * (two - one) / one:,.2f} | {one / two:,.2f} |")  # fmt: skip
+        assert line in step, (line, step)
 
 
 def test_h100_sections_without_data_are_one_line(h100_report: tuple[Path, str, Any]) -> None:

@@ -32,6 +32,7 @@ COMPARISONS = (
     ("compile", "torch.compile"),
     ("warmup", "Warm-up steps"),
     ("attention", "Attention implementation"),
+    ("nproc", "Scaling across GPUs"),
 )
 MODE_TITLES = {
     "forward": "Forward pass (mode forward)",
@@ -170,8 +171,10 @@ def comparisons_section(inv: Inventory, pictures: Pictures) -> Section:
         return skipped(title, "no bench rows to compare")
     parts = [
         "Bench rows that differ in one setting only, side by side (`profkit compare FIELD`): "
-        "Δ against the baseline (fp32, eager, the fewest warm-up steps, naive attention). "
-        "`OOM`/`failed` stand where a variant produced no time."
+        "Δ against the baseline (fp32, eager, the fewest warm-up steps, naive attention, "
+        "one process). `OOM`/`failed` stand where a variant produced no time. Across GPUs "
+        "each rank keeps the one-GPU batch, so `efficiency` is the one-GPU step time over "
+        "the N-rank one (1.0: perfect weak scaling)."
     ]
     for machine, path in pictures.speedups.items():
         parts.append(image(path, f"Speed-ups, {machine}"))
