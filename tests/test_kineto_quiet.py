@@ -71,3 +71,25 @@ def test_profkit_torch_prints_no_kineto_lines(tmp_path: Path) -> None:
     assert "USDT:" not in done.stderr and "STAGE:" not in done.stderr
     assert done.stderr.rstrip().splitlines()[-1].startswith(f"wrote {out}")
     assert len(list(out.glob("*.json.gz"))) == 2
+
+
+def test_torch_warning_about_cycles_is_hidden() -> None:
+    """torch warns when a profiler prepares a second trace; profkit records one cycle."""
+    import warnings
+
+    from torch.profiler import profile, profiler
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiler._WARNINGS_SHOWN.clear()  # torch says it once per process
+        prof = profile()
+        prof.start()
+        prof.stop()
+        with kineto_quiet():
+            prof.start()
+            prof.stop()
+        assert not [w for w in caught if "clears events" in str(w.message)]
+        profiler._WARNINGS_SHOWN.clear()
+        prof.start()  # outside the block torch's warning is torch's to give
+        prof.stop()
+    assert [w for w in caught if "clears events" in str(w.message)]

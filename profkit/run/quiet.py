@@ -1,4 +1,5 @@
-"""torch.profiler's start and stop without Kineto's log lines on stderr.
+"""torch.profiler's start and stop without Kineto's log lines on stderr, or torch's
+warning about cycles.
 
 Kineto (torch 2.13's profiler backend) writes lines such as
 ``USDT:2026-11-23 17:41:35 4154:4154 SyncActivityProfilerHandler.cpp:52] profiler_start``
@@ -9,6 +10,10 @@ straight to file descriptor 2 whenever a profiler starts or stops, whatever
 :func:`kineto_quiet` points descriptor 2 at a temporary file for the duration of a start
 or stop only (redirecting the whole run would make stderr a pipe, and rich would stop
 drawing its progress bar), then writes back whatever else was written meanwhile.
+
+It also hides torch's ``Profiler clears events at the end of each cycle`` warning (torch
+2.11 gave it in ``profkit torch`` on CUDA): profkit's schedules record one cycle
+(``repeat=1``), so what a cycle's end clears is nothing profkit keeps.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 KINETO_LINE = re.compile(rb"^(?:USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+\.cpp:\d+\] ")
 """A Kineto log line: kind, date and time, pid:tid, source file and line."""
+CYCLE_WARNING = "Warning: Profiler clears events at the end of each cycle"
 
 
 def without_kineto_lines(text: bytes) -> bytes:
@@ -38,7 +45,8 @@ def kineto_quiet() -> Iterator[None]:
     except OSError:  # no stderr to guard
         yield
         return
-    with tempfile.TemporaryFile() as caught:
+    with tempfile.TemporaryFile() as caught, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=CYCLE_WARNING)
         sys.stderr.flush()
         os.dup2(caught.fileno(), 2)
         try:
