@@ -51,9 +51,10 @@ def bench(
     """Time forward, backward and optimizer over the cross product of the options.
 
     Each config runs in its own process: an OOM or a crash becomes a row with status
-    oom|error and the sweep goes on; if every config ends in error, the exit status is 2. Every finished row is committed to the results DB at
-    once (Ctrl-C keeps them); --resume skips configs already there. --compare dtype
-    prints fp32 and bf16 side by side with Δ ms and Δ % instead of the rows.
+    oom|error and the sweep goes on (if every config ends in error, the exit status is 2).
+    Every finished row is committed to the results DB at once (Ctrl-C keeps them); --resume
+    skips configs already there. --compare dtype prints fp32 and bf16 side by side with
+    Δ ms and Δ % instead of the rows.
 
     Example: profkit bench --size small medium --ctx 128 256 --mode forward train --bf16
     """

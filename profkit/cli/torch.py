@@ -48,6 +48,7 @@ SortOpt = Annotated[
     ),
 ]
 RowLimitOpt = Annotated[int, typer.Option("--row-limit", help="Rows per table; 0 shows all.")]
+ROW_LIMIT = 25
 GroupByShapeOpt = Annotated[
     bool,
     typer.Option(
@@ -72,7 +73,7 @@ def torch_(
     with_stack: WithStackOpt = False,
     profile_memory: ProfileMemoryOpt = False,
     sort: SortOpt = None,
-    row_limit: RowLimitOpt = 25,
+    row_limit: RowLimitOpt = ROW_LIMIT,
     group_by_shape: GroupByShapeOpt = False,
     name: NameOpt = None,
     out_dir: OutDirOpt = None,
@@ -88,8 +89,14 @@ def torch_(
     if out is not None:
         check_not_written(out, torchprof.written_paths(config, name, out_dir))
     if config.nproc > 1:
-        used = (record_shapes, with_stack, profile_memory, sort is not None, row_limit != 25,
-                group_by_shape)  # fmt: skip
+        used = (
+            record_shapes,
+            with_stack,
+            profile_memory,
+            sort is not None,
+            row_limit != ROW_LIMIT,
+            group_by_shape,
+        )  # in ONE_PROCESS_OPTIONS' order
         typed = [flag for flag, on in zip(ONE_PROCESS_OPTIONS, used, strict=True) if on]
         if typed:
             raise BadInput(
@@ -142,7 +149,7 @@ def _ranks(
         run = profile_ranks(config, name, artefacts)
         report = analyze_any(merge_rank_traces([load_trace(p) for p in run.traces]))
     title = f"torch.profiler: {config.size}, ctx {config.ctx}, {config.dtype} ({name})"
-    markdown = ranks_report_markdown(config, name, run, kernel_report_markdown(report, title))
+    markdown = ranks_report_markdown(config, run, kernel_report_markdown(report, title))
     report_path = reports / f"{name}.md"
     torchprof.write_report(report_path, markdown)
     tables = display_tables(report)

@@ -58,9 +58,7 @@ def profile_ranks(
     return RankTraces(result, [t for t in traces if t.exists()])
 
 
-def ranks_report_markdown(
-    config: WorkloadConfig, name: str, run: RankTraces, kernels_markdown: str
-) -> str:
+def ranks_report_markdown(config: WorkloadConfig, run: RankTraces, kernels_markdown: str) -> str:
     """``NAME.md`` of a multi-rank run: the config and the traces, then ``kernels_markdown``
     (:func:`profkit.analysis.kernel_report_markdown` of the traces read as ranks)."""
     import torch
