@@ -52,6 +52,16 @@ def test_the_table_has_an_efficiency_column() -> None:
     assert list(steps["efficiency"].round(2)) == [0.81, 0.45]
 
 
+def test_the_table_names_the_parallelism_even_when_there_is_one() -> None:
+    """With DDP rows alone the parallelism no longer varies, but a scaling figure means
+    nothing without it (one-process rows hold parallel null since 2026-11-23)."""
+    rows = [r for r in ROWS if r["parallel"] == "ddp" or r["nproc"] == 1]
+    rows = [{**r, "parallel": None} if r["nproc"] == 1 else r for r in rows]
+    frame = compare_lib.table(compare_lib.compare(rows, "nproc"))
+    steps = frame[frame["phase"] == "step"]
+    assert list(steps["parallel"]) == ["ddp"] and list(steps["efficiency"].round(2)) == [0.81]
+
+
 def test_one_gpu_rows_alone_have_nothing_to_compare() -> None:
     single = [r for r in ROWS if r["nproc"] == 1]
     with pytest.raises(BadInput, match=r"run two, e\.g\. profkit bench --nproc 1 2"):

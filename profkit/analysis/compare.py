@@ -263,7 +263,9 @@ def _without(cell: Mapping[str, Any], key: str) -> dict[str, Any]:
 def _shown_fixed(comparison: Comparison) -> list[str]:
     fixed = [f for f in CONFIG if f != comparison.field]
     varying = {f for f in fixed if len({str(b.fixed[f]) for b in comparison.blocks}) > 1}
-    return [f for f in fixed if f in _SHOWN or f in varying]
+    # Scaling says nothing without the parallelism it measured, even where there is one.
+    always = {"parallel"} if comparison.field == "nproc" else set()
+    return [f for f in fixed if f in _SHOWN or f in varying or f in always]
 
 
 def _time_or_status(cell: Mapping[str, Any]) -> float | str | None:
