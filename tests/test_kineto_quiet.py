@@ -93,3 +93,19 @@ def test_torch_warning_about_cycles_is_hidden() -> None:
         prof.start()  # outside the block torch's warning is torch's to give
         prof.stop()
     assert [w for w in caught if "clears events" in str(w.message)]
+
+
+def test_without_a_temporary_file_the_block_runs_as_it_is(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import tempfile
+
+    ran = []
+    saved, tempfile.tempdir = tempfile.tempdir, str(tmp_path / "gone")  # no such folder
+    try:
+        with kineto_quiet():
+            ran.append(True)
+            os.write(2, b"said\n")
+    finally:
+        tempfile.tempdir = saved
+    assert ran == [True] and capfd.readouterr().err == "said\n"

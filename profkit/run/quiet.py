@@ -39,14 +39,19 @@ def without_kineto_lines(text: bytes) -> bytes:
 
 @contextlib.contextmanager
 def kineto_quiet() -> Iterator[None]:
-    """Drop Kineto's log lines written to descriptor 2 inside the block; keep the rest."""
-    try:
-        saved = os.dup(2)
-    except OSError:  # no stderr to guard
-        yield
-        return
-    with tempfile.TemporaryFile() as caught, warnings.catch_warnings():
+    """Drop Kineto's log lines written to descriptor 2 inside the block; keep the rest.
+
+    Where that cannot be arranged (no descriptor 2, no temporary file), the block runs
+    as it is: the lines are noise, never a reason to fail a run."""
+    with warnings.catch_warnings(), contextlib.ExitStack() as stack:
         warnings.filterwarnings("ignore", message=CYCLE_WARNING)
+        try:
+            caught = stack.enter_context(tempfile.TemporaryFile())
+            saved = os.dup(2)
+        except OSError:
+            yield
+            return
+        stack.callback(os.close, saved)
         sys.stderr.flush()
         os.dup2(caught.fileno(), 2)
         try:
@@ -54,7 +59,6 @@ def kineto_quiet() -> Iterator[None]:
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
-            os.close(saved)
             caught.seek(0)
             kept = without_kineto_lines(caught.read())
             if kept:
