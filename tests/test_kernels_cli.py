@@ -59,6 +59,7 @@ def test_json_is_the_contract_and_nothing_else_on_stdout(small: Path) -> None:
 def test_markdown_and_csv_and_out_file(small: Path, tmp_path: Path) -> None:
     md = kernels(small, "--format", "md")
     assert md.exit_code == 0 and md.stdout.startswith(f"# Kernels of {small.name}")
+    assert "mode train, dtype fp32, compile no, attention naive" in md.stdout  # not False
     csv = kernels(small, "--format", "csv")
     assert csv.exit_code == 0 and csv.stdout.startswith(
         "table,phase,instances,kernels,memcpy,memset,kernel_time_ms,gpu_time_ms"

@@ -356,6 +356,10 @@ def test_torch_writes_one_trace_per_rank_and_kernels_reads_them_as_ranks(tmp_pat
     report = (tmp_path / "torch-tiny-ctx32-ddp2.md").read_text()
     assert report.startswith("# torch.profiler: tiny, ctx 32, fp32 (torch-tiny-ctx32-ddp2)\n")
     assert "ddp over 2 ranks, device cpu" in report and "3 profiled on every rank" in report
+    assert (  # the run as a sentence says it: no "compile False", no "threads None"
+        "Run: size tiny, ctx 32, batch 4, mode train, dtype fp32, compile no, attention naive, "
+        "warmup 2, steps 3, nproc 2, parallel ddp." in report
+    )
     assert all(f"`{t}`" in report for t in traces)
     assert "## Ranks" in report
     assert report.count("no GPU kernels were recorded") == 1  # both ranks say it: once

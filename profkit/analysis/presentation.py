@@ -173,12 +173,22 @@ def _source_line(report: KernelReport) -> str:
     )
     config: dict[str, Any] | None = source.get("config")
     if config:
-        run = ", ".join(f"{key} {config[key]}" for key in RUN_FIELDS if key in config)
+        shown = {key: config.get(key) for key in RUN_FIELDS}
+        if (shown.get("nproc") or 1) == 1:  # one process is not data parallel
+            shown.pop("parallel", None)
+        run = ", ".join(
+            f"{key} {_said(value)}" for key, value in shown.items() if value is not None
+        )
         line += f". Run: {run}."
     filters = [f"{k} `{source[k]}`" for k in ("phase", "range") if source.get(k)]
     if filters:
         line += f" Only activities in {' and '.join(filters)}."
     return line
+
+
+def _said(value: Any) -> Any:
+    """A config value as a sentence says it (``compile no``, not ``compile False``)."""
+    return ("yes" if value else "no") if isinstance(value, bool) else value
 
 
 def _percent(table: pd.DataFrame, column: str) -> pd.DataFrame:
