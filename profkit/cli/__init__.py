@@ -31,7 +31,13 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
+    from profkit.run import teardown
     from profkit.run.proc import install_terminate_as_interrupt
 
     install_terminate_as_interrupt()  # `kill PID` ends a sweep as Ctrl-C does, nothing lost
-    app()
+    try:
+        app()
+    except SystemExit as exc:  # how the app always ends (OneLineErrors.main)
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        teardown.leave(status)  # after torch.profiler on CUDA: no interpreter teardown
+        raise

@@ -8,4 +8,5 @@
 - ``tools``: finding Nsight Systems, its version, exporting its reports to SQLite.
 - ``doctor``: what this machine has and which commands can run here.
 - ``quiet``: torch.profiler's starts and stops without Kineto's log lines on stderr.
+- ``teardown``: ending the process without the interpreter's teardown after CUDA profiling.
 """

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from profkit import __version__
 from profkit.errors import BadInput, ProfkitError
 from profkit.files import output_dirs
+from profkit.run import teardown
 from profkit.run.quiet import Quietly, kineto_quiet
 from profkit.run.threads import choose_threads
 from profkit.run.trace_capture import timed_schedule
@@ -229,6 +230,7 @@ def _profiler(
     activities = [ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)
+        teardown.cuda_profiled()  # CUPTI's buffers: end without the teardown (run.teardown)
     return profile(
         activities=activities,
         schedule=timed_schedule(config.warmup, config.steps),  # as each rank's, --nproc N
