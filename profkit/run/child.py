@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from profkit.run import torchrun
+from profkit.run import teardown, torchrun
 from profkit.run.proc import child_env, die_with_parent, kill_tree, private_tempdir, watch_parent
 from profkit.run.threads import thread_env
 from profkit.run.torchrun import rank_snapshot_path
@@ -267,4 +267,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    teardown.leave(status)  # a rank that traced CUDA: its result is written, end here
+    sys.exit(status)

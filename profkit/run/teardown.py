@@ -7,9 +7,11 @@ written its traces and report and said so (upstream: pytorch/pytorch pull reques
 "Do not free activity buffers libcupti still holds in reset()"). A script that checks the
 status then fails a run that succeeded.
 
-So once a command has run torch.profiler on CUDA in profkit's own process
-(:func:`cuda_profiled`), :func:`leave` ends the process with ``os._exit`` after flushing
-stdout and stderr: the status is the command's, and the teardown that aborts never runs.
+So once a process has run torch.profiler on CUDA (:func:`cuda_profiled`: ``profkit
+torch`` in profkit's own process, or a rank's trace under ``--nproc``), :func:`leave`
+ends it with ``os._exit`` after flushing stdout and stderr, called by ``profkit.cli.main``
+and by the child's ``__main__`` once its result is written: the status is the command's
+(a rank's, which torchrun reads), and the teardown that aborts never runs.
 Everything profkit writes is closed (and the results DB committed) before a command
 returns, so nothing waits for that teardown.
 """

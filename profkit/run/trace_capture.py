@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit import __version__
+from profkit.run import teardown
 from profkit.run.quiet import kineto_quiet
 from profkit.workload.config import WorkloadConfig
 
@@ -81,6 +82,7 @@ class RankTracer:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
+            teardown.cuda_profiled()  # the child ends without the teardown (run.teardown)
         self.path = rank_trace_path(self.stem, rank)
         self.config = config.to_dict()
         self.profiler = profile(
