@@ -51,7 +51,6 @@ kernels (wall and CPU) and peak RSS of each, and the 2-rank export's ratio to ea
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import lzma
 import os
@@ -91,17 +90,15 @@ for table in sys.argv[2:]:
 """
 
 
-ORDER = "copy by copy"
-RANK0 = "rank 0 alone"  # how the rows are laid out (a build stamped otherwise is redone)
+ORDER = "copy by copy"  # how the rows are laid out (a build stamped otherwise is redone)
+RANK0 = "rank 0 alone"
 
 
-def build(
-    fixture: Path, copies: int, target: Path, only_process: int | None = None
-) -> dict[str, int]:
+def build(fixture: Path, copies: int, target: Path, rank: int | None = None) -> dict[str, int]:
     """Write ``target``: the fixture's export with its activity tables repeated ``copies``
-    times; ``only_process``: first drop every other process's rows (:func:`one_process`)."""
+    times; ``rank``: first drop every process's rows but that rank's (:func:`one_process`)."""
     stamp = target.with_suffix(".built.json")
-    wanted = {"copies": copies, "fixture": fixture.name, "order": ORDER, "only": only_process}
+    wanted = {"copies": copies, "fixture": fixture.name, "order": ORDER, "rank": rank}
     if target.exists() and stamp.exists():
         built = json.loads(stamp.read_text())
         if {key: built.get(key) for key in wanted} == wanted:
@@ -110,8 +107,8 @@ def build(
     with lzma.open(fixture) as src, target.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     conn = sqlite3.connect(target)
-    if only_process is not None:
-        one_process(conn, only_process)
+    if rank is not None:
+        one_process(conn, gpu_processes(conn)[rank])
     conn.executescript("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     lo, hi = _time_span(conn, tables)
@@ -145,15 +142,9 @@ def build(
     return rows
 
 
-def gpu_processes(fixture: Path) -> list[int]:
+def gpu_processes(conn: sqlite3.Connection) -> list[int]:
     """The processes of an export that own a CUDA context, in rank order (device, pid)."""
-    with lzma.open(fixture) as src, tempfile.NamedTemporaryFile(suffix=".sqlite") as plain:
-        shutil.copyfileobj(src, plain)
-        plain.flush()
-        with contextlib.closing(sqlite3.connect(plain.name)) as conn:
-            found = conn.execute(
-                "SELECT DISTINCT deviceId, processId FROM TARGET_INFO_CUDA_CONTEXT_INFO"
-            ).fetchall()
+    found = conn.execute("SELECT DISTINCT deviceId, processId FROM TARGET_INFO_CUDA_CONTEXT_INFO")
     return [pid for _, pid in sorted(found)]
 
 
@@ -280,15 +271,14 @@ def compare_ranks(copies: int, runs: int, scratch: Path) -> dict[str, object]:
     """The 2-rank export x``copies`` against the 1-rank one at about as many kernels, and
     against its own rank 0 alone at twice the copies (the same run's rows per kernel)."""
     one_copies = round(copies * fixture_kernels(RANKS_FIXTURE) / fixture_kernels(FIXTURE))
-    rank0 = gpu_processes(RANKS_FIXTURE)[0]
     exports = {
         "2 ranks": (RANKS_FIXTURE, copies, scratch / f"ranks2-x{copies}.sqlite", None),
         "1 rank": (FIXTURE, one_copies, scratch / f"ranks1-x{one_copies}.sqlite", None),
-        RANK0: (RANKS_FIXTURE, 2 * copies, scratch / f"rank0-x{2 * copies}.sqlite", rank0),
+        RANK0: (RANKS_FIXTURE, 2 * copies, scratch / f"rank0-x{2 * copies}.sqlite", 0),
     }
     kernels: dict[str, int] = {}
-    for label, (fixture, n, target, only) in exports.items():
-        rows = build(fixture, n, target, only)
+    for label, (fixture, n, target, rank) in exports.items():
+        rows = build(fixture, n, target, rank)
         kernels[label] = rows[KERNEL_TABLE]
         runtime = rows.get("CUPTI_ACTIVITY_KIND_RUNTIME", 0)
         print(f"{label}: {fixture.name} x{n}: {rows[KERNEL_TABLE]:,} kernels, "

@@ -272,10 +272,11 @@ def test_rank0_alone_reads_as_rank0_of_the_two(exports: dict[str, Path], tmp_pat
     import sqlite3
 
     scale = benchmark("kernels_scale")
-    pids = scale.gpu_processes(NSYS)
+    with sqlite3.connect(exports["x1"]) as conn:
+        pids = scale.gpu_processes(conn)
     assert len(pids) == 2
     alone = tmp_path / "rank0.sqlite"
-    rows = scale.build(NSYS, 1, alone, pids[0])
+    rows = scale.build(NSYS, 1, alone, rank=0)
     with sqlite3.connect(exports["x1"]) as conn:
         for table, column in (("KERNEL", "globalPid"), ("RUNTIME", "globalTid"),
                               ("MEMCPY", "globalPid")):  # fmt: skip

@@ -72,8 +72,7 @@ def bench(
         render_comparison(compare_lib.compare(rows, compare), fmt, out)
     else:
         render_rows(rows, fmt, out)
-    failed = [row for row in rows if row.get("status") == "error"]
-    if rows and len(failed) == len(rows):  # nothing measured: a script must not go on
+    if rows and all(row.get("status") == "error" for row in rows):  # nothing measured
         raise ProfkitError(
             f"every config failed ({len(rows)} with status error); the rows, with their "
             f"errors, are in {db}"

@@ -22,8 +22,8 @@ from profkit.errors import BadInput
 from profkit.files import check_not_written
 from profkit.formats import check_format
 from profkit.torchprof import profile as torchprof
-from profkit.torchprof.ranks import ONE_PROCESS_OPTIONS
 from profkit.torchprof.report import TABLE_DIGITS
+from profkit.torchprof.report import title as report_title
 from profkit.torchprof.result import TorchOptions
 from profkit.torchprof.tables import SORT_CHOICES
 from profkit.workload.config import WorkloadConfig
@@ -89,15 +89,15 @@ def torch_(
     if out is not None:
         check_not_written(out, torchprof.written_paths(config, name, out_dir))
     if config.nproc > 1:
-        used = (
-            record_shapes,
-            with_stack,
-            profile_memory,
-            sort is not None,
-            row_limit != ROW_LIMIT,
-            group_by_shape,
-        )  # in ONE_PROCESS_OPTIONS' order
-        typed = [flag for flag, on in zip(ONE_PROCESS_OPTIONS, used, strict=True) if on]
+        one_process_options = {  # they shape torch.profiler's table of one process
+            "--record-shapes": record_shapes,
+            "--with-stack": with_stack,
+            "--profile-memory": profile_memory,
+            "--sort": sort is not None,
+            "--row-limit": row_limit != ROW_LIMIT,
+            "--group-by-shape": group_by_shape,
+        }
+        typed = [flag for flag, used in one_process_options.items() if used]
         if typed:
             raise BadInput(
                 f"{', '.join(typed)}: torch.profiler's table of one process; with --nproc "
@@ -148,7 +148,7 @@ def _ranks(
     with err_console.status(f"torch.profiler on {config.nproc} ranks"):
         run = profile_ranks(config, name, artefacts)
         report = analyze_any(merge_rank_traces([load_trace(p) for p in run.traces]))
-    title = f"torch.profiler: {config.size}, ctx {config.ctx}, {config.dtype} ({name})"
+    title = report_title(config, name)
     markdown = ranks_report_markdown(config, run, kernel_report_markdown(report, title))
     report_path = reports / f"{name}.md"
     torchprof.write_report(report_path, markdown)

@@ -66,7 +66,8 @@ def kineto_quiet() -> Iterator[None]:
 
 
 class Quietly:
-    """A context manager (a torch.profiler) entered and exited under :func:`kineto_quiet`."""
+    """A torch.profiler whose enter, step and exit (where its schedule starts and stops
+    it) run under :func:`kineto_quiet`; ``inner`` is the profiler itself."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -74,6 +75,10 @@ class Quietly:
     def __enter__(self) -> Any:
         with kineto_quiet():
             return self.inner.__enter__()
+
+    def step(self) -> None:
+        with kineto_quiet():
+            self.inner.step()
 
     def __exit__(self, *exc: object) -> Any:
         with kineto_quiet():

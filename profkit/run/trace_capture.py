@@ -27,7 +27,7 @@ from typing import Any
 
 from profkit import __version__
 from profkit.run import teardown
-from profkit.run.quiet import kineto_quiet
+from profkit.run.quiet import Quietly
 from profkit.workload.config import WorkloadConfig
 
 RANK_SUFFIX = re.compile(r"-rank(?P<rank>\d+)\.json\.gz$")
@@ -90,20 +90,19 @@ class RankTracer:
             schedule=timed_schedule(config.warmup, config.steps),
             on_trace_ready=lambda _prof: self._write(rank),
         )
+        stepped = Quietly(self.profiler)  # Kineto's lines would crowd a failure's stderr tail
 
         def step_start(index: int) -> None:
-            with kineto_quiet():  # Kineto's start and stop lines would crowd a failure's tail
-                if index == 0:
-                    self.profiler.__enter__()
-                else:
-                    self.profiler.step()  # the previous step ended: the schedule moves on
+            if index == 0:
+                stepped.__enter__()
+            else:
+                stepped.step()  # the previous step ended: the schedule moves on
 
         def stop() -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            with kineto_quiet():
-                self.profiler.step()  # the last timed step ended: its cycle is saved
-                self.profiler.__exit__(None, None, None)
+            stepped.step()  # the last timed step ended: its cycle is saved
+            stepped.__exit__(None, None, None)
 
         return step_start, stop
 

@@ -36,7 +36,7 @@ from profkit import __version__
 from profkit.errors import BadInput, ProfkitError
 from profkit.files import output_dirs
 from profkit.run import teardown
-from profkit.run.quiet import Quietly, kineto_quiet
+from profkit.run.quiet import Quietly
 from profkit.run.threads import choose_threads
 from profkit.run.trace_capture import timed_schedule
 from profkit.torchprof.report import report_markdown
@@ -255,7 +255,8 @@ def _run_steps(
     total = config.warmup + config.steps
     step_ms: list[float] = []
     tagged = False
-    with Quietly(prof):  # entering starts the profiler with --warmup 0; exiting stops it
+    stepped = Quietly(prof)
+    with stepped:  # entering starts the profiler with --warmup 0; exiting stops it
         for index in range(total):
             if not tagged and prof.current_action != ProfilerAction.NONE:
                 # Only a started profiler keeps metadata; it lands in the trace JSON.
@@ -264,8 +265,7 @@ def _run_steps(
             times = workload.step()
             if index >= config.warmup:
                 step_ms.append(times.step_ms)
-            with kineto_quiet():  # where the schedule starts or stops the profiler
-                prof.step()
+            stepped.step()  # where the schedule starts or stops the profiler
             # With --with-stack torch's Python tracer records the callback's frames
             # too, and frames from rich's progress bar make key_averages() fail to
             # decode event names (torch 2.13): report progress only outside recording.

@@ -7,9 +7,9 @@ The traces are then read back together as the ranks of one run, and their kernel
 (per rank and for the job) is written as ``NAME.md`` beside the one-GPU run's report.
 
 torch.profiler's own ``key_averages`` table is a one-process view (and ``profkit torch``
-profiles in its own process there); the options that shape it (``--record-shapes``,
-``--with-stack``, ``--sort`` ...) are refused with ``--nproc`` rather than dropped:
-:data:`ONE_PROCESS_OPTIONS`.
+profiles in its own process there); the CLI refuses the options that shape it
+(``--record-shapes``, ``--with-stack``, ``--sort`` ...) with ``--nproc`` rather than
+dropping them.
 """
 
 from __future__ import annotations
@@ -18,22 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from profkit import __version__
 from profkit.errors import ProfkitError
 from profkit.run.child import run_child
 from profkit.run.trace_capture import rank_trace_path
 from profkit.torchprof.profile import trace_stem
+from profkit.torchprof.report import run_lines
 from profkit.workload.config import WorkloadConfig
-
-ONE_PROCESS_OPTIONS = (
-    "--record-shapes",
-    "--with-stack",
-    "--profile-memory",
-    "--sort",
-    "--row-limit",
-    "--group-by-shape",
-)
-"""``profkit torch`` options of the one-process ``key_averages`` tables: not for ranks."""
 
 
 @dataclass
@@ -60,21 +50,14 @@ def profile_ranks(
 
 def ranks_report_markdown(config: WorkloadConfig, run: RankTraces, kernels_markdown: str) -> str:
     """``NAME.md`` of a multi-rank run: the config and the traces, then ``kernels_markdown``
-    (:func:`profkit.analysis.kernel_report_markdown` of the traces read as ranks)."""
-    import torch
-
+    (:func:`profkit.analysis.kernel_report_markdown` of the traces read as ranks), whose
+    title it keeps."""
     title, _, body = kernels_markdown.partition("\n\n")
     traces = ", ".join(f"`{p}`" for p in run.traces)
     header = [
         title,
         "",
-        f"- config: size {config.size}, ctx {config.ctx}, batch {config.batch} per rank, "
-        f"dtype {config.dtype}, attention {config.attention}, "
-        f"compile {'yes' if config.compile else 'no'}, {config.parallel} over "
-        f"{config.nproc} ranks, device {run.result.get('device') or config.device}",
-        f"- steps: {config.warmup} warm-up (the last one the profiler's warm-up), "
-        f"{config.steps} profiled on every rank; torch {torch.__version__}, "
-        f"profkit {__version__}",
+        *run_lines(config, str(run.result.get("device") or config.device)),
         f"- traces, one per rank: {traces} (open each in https://ui.perfetto.dev; "
         "`profkit kernels` reads them together as the ranks of one run)",
     ]

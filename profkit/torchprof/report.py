@@ -7,6 +7,7 @@ import contextlib
 from profkit import __version__
 from profkit.formats import markdown_table
 from profkit.torchprof.result import MODE_TITLES, TorchProfile
+from profkit.workload.config import WorkloadConfig
 
 TABLE_DIGITS = 3
 
@@ -15,13 +16,9 @@ def report_markdown(result: TorchProfile) -> str:
     """``reports/NAME.md``: the config, then per run its totals, trace and table."""
     c = result.config
     lines = [
-        f"# torch.profiler: {c.size}, ctx {c.ctx}, {c.dtype} ({result.name})",
+        f"# {title(c, result.name)}",
         "",
-        f"- config: size {c.size}, ctx {c.ctx}, batch {c.batch}, dtype {c.dtype}, "
-        f"attention {c.attention}, compile {'yes' if c.compile else 'no'}, "
-        f"device {result.device}{_gpu_suffix(result.device)}",
-        f"- steps: {c.warmup} warm-up (the last one the profiler's warm-up), "
-        f"{c.steps} profiled; torch {_torch_version()}, profkit {__version__}",
+        *run_lines(c, f"{result.device}{_gpu_suffix(result.device)}"),
         f"- recorded: shapes {_yes(result.options.record_shapes or result.options.group_by_shape)}, "
         f"stacks {_yes(result.options.with_stack)}, memory {_yes(result.options.profile_memory)}",
     ]
@@ -49,6 +46,27 @@ def report_markdown(result: TorchProfile) -> str:
             markdown_table(table.display(result.options.row_limit), digits=TABLE_DIGITS),
         ]
     return "\n".join(lines) + "\n"
+
+
+def title(config: WorkloadConfig, name: str) -> str:
+    """The report's title: ``torch.profiler: small, ctx 128, fp32 (NAME)``."""
+    return f"torch.profiler: {config.size}, ctx {config.ctx}, {config.dtype} ({name})"
+
+
+def run_lines(config: WorkloadConfig, device: str) -> list[str]:
+    """The config and steps of a run as the report's first bullets (one process, or every
+    rank of ``config.nproc``)."""
+    c = config
+    ranks = c.nproc > 1
+    return [
+        f"- config: size {c.size}, ctx {c.ctx}, batch {c.batch}{' per rank' if ranks else ''}, "
+        f"dtype {c.dtype}, attention {c.attention}, compile {_yes(c.compile)}, "
+        + (f"{c.parallel} over {c.nproc} ranks, " if ranks else "")
+        + f"device {device}",
+        f"- steps: {c.warmup} warm-up (the last one the profiler's warm-up), "
+        f"{c.steps} profiled{' on every rank' if ranks else ''}; torch {_torch_version()}, "
+        f"profkit {__version__}",
+    ]
 
 
 def _yes(flag: bool) -> str:
