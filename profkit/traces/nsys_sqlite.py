@@ -184,8 +184,27 @@ def _meta(conn: sqlite3.Connection, tables: dict[str, list[str]], path: Path) ->
         meta["gpus"] = [str(r[0]) for r in conn.execute("SELECT name FROM TARGET_INFO_CUDA_DEVICE")]
     meta["gpu"] = ", ".join(dict.fromkeys(meta.get("gpus", []))) or None
     meta["thread_names"] = _thread_names(conn, tables)
+    meta.update(_host_and_start(conn, tables))
     meta["warnings"] = []
     return meta
+
+
+def _host_and_start(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> dict[str, Any]:
+    """The profiled host's name and the session's start (UTC, ns since the epoch), where
+    the export records them: what tells several nodes' reports apart and puts them on one
+    clock (:mod:`profkit.analysis.nodes`)."""
+    found: dict[str, Any] = {}
+    if {"name", "value"} <= set(tables.get("TARGET_INFO_SYSTEM_ENV", [])):
+        row = conn.execute(
+            "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1"
+        ).fetchone()
+        if row and row[0]:
+            found["host"] = str(row[0])
+    if "utcEpochNs" in tables.get("TARGET_INFO_SESSION_START_TIME", []):
+        row = conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+        if row and isinstance(row[0], int):
+            found["session_start_utc_ns"] = row[0]
+    return found
 
 
 def _thread_names(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> dict[int, str]:
