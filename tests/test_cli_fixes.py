@@ -51,10 +51,12 @@ def test_kernels_negative_tolerance_is_rejected_before_reading() -> None:
         )
 
 
-def test_kernels_help_says_two_paths_compare() -> None:
+def test_kernels_help_says_what_several_paths_do() -> None:
     result = invoke("kernels", "--help")
     assert result.exit_code == 0
-    assert "Two or more paths compare" in " ".join(result.stdout.split())
+    text = " ".join(result.stdout.split())
+    assert "several nodes' reports of one job" in text  # read as one job, per rank
+    assert "Other sets of traces are compared side by side" in text
 
 
 def test_kernels_unknown_phase_lists_only_phases_present(tmp_path: Path) -> None:

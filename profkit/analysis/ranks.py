@@ -79,11 +79,16 @@ class RankedReport(KernelReport):
     ranks: list[RankEntry] = field(default_factory=list)
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     world_size: int = 0
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    """Several nodes' reports read as one job: each node's file, host, ranks and clock
+    (:class:`profkit.analysis.nodes.NodeClock`); empty for one report."""
 
     def to_json(self) -> dict[str, Any]:
         base = super().to_json()
         base["ranks"] = [entry.to_json() for entry in self.ranks]
         base["job"] = job_summary(self.steps, self.world_size)
+        if self.nodes:
+            base["nodes"] = self.nodes
         return base
 
 
@@ -165,6 +170,7 @@ def analyze_ranks(
     report.ranks = chosen
     report.steps = step_table([e.steps for e in entries])
     report.world_size = max([p.get("world_size") or 0 for p in processes] + [len(processes)])
+    report.nodes = list(trace.meta.get("nodes") or [])
     return report
 
 
@@ -243,8 +249,9 @@ class _Whole:
 def _rank_entry(
     whole: _Whole, info: dict[str, Any], top: int, phase: str | None, range_: str | None
 ) -> RankEntry:
-    rows = np.flatnonzero(whole.pids == info["pid"])
-    range_rows = np.flatnonzero(whole.range_pids == info["pid"])
+    process = info.get("process", info["pid"])  # merged nodes: a key of its own
+    rows = np.flatnonzero(whole.pids == process)
+    range_rows = np.flatnonzero(whole.range_pids == process)
     ranges = whole.trace.ranges.iloc[range_rows].reset_index(drop=True)
     att = whole.attribution_of(rows, range_rows)
     # Range totals of the one attribution hold for the rank only where it is the rank's.
@@ -290,6 +297,8 @@ def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
         table = entry.report.phases[["phase", "kernels", "gpu_time_ms"]]
         phases += [{"rank": who["rank"], **r} for r in table.to_dict(orient="records")]
     tables = [(f"Ranks — world size {report.world_size}", pd.DataFrame(rows))]
+    if report.nodes:
+        tables.append(("Nodes — each report's clock against the first's", _node_table(report)))
     if collectives:
         tables.append(("NCCL kernels by collective, per rank", pd.DataFrame(collectives)))
     tables.append(("Phases per rank", pd.DataFrame(phases)))
@@ -297,6 +306,30 @@ def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
         title = "Steps across ranks — GPU span of each step; NCCL time waiting for the last rank"
         tables.append((title, report.steps))
     return tables
+
+
+def _node_table(report: RankedReport) -> pd.DataFrame:
+    """One row per node: its file, host, ranks and how its clock was aligned."""
+    rows = []
+    for node in report.nodes:
+        ranks = node["ranks"]
+        rows.append(
+            {
+                "node": node["path"],
+                "host": node["host"],
+                "ranks": f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
+                "session_start_ms": node["base_ms"],
+                "clock_offset_us": _us(node["offset_ms"]),
+                "spread_us": _us(node["spread_ms"]),
+                "collectives": node["pairs"],
+                "offset_taken_out": "yes" if node["applied"] else "no",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _us(ms: float | None) -> float | None:
+    return None if ms is None else ms * 1000
 
 
 def ranks_markdown(report: RankedReport) -> str:

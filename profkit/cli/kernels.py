@@ -9,6 +9,7 @@ import typer
 
 from profkit import analysis
 from profkit.analysis.attribution import PHASE_MODES, PhaseMode
+from profkit.analysis.nodes import is_node_set, merge_node_traces
 from profkit.analysis.ranks import RankedReport, rank_tables
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
@@ -24,8 +25,9 @@ PathArg = Annotated[
     list[Path],
     typer.Argument(
         help="Trace file(s): Nsight Systems .sqlite or .nsys-rep (exported with nsys and cached "
-        "beside it), or a torch.profiler Chrome trace .json[.gz]. Two or more paths compare "
-        "them (as with --compare).",
+        "beside it), or a torch.profiler Chrome trace .json[.gz]. Several paths: the per-rank "
+        "torch traces of one run, or several nodes' nsys reports of one job, are read as one "
+        "job; other sets are compared (as with --compare).",
         show_default=False,
     ),
 ]
@@ -63,7 +65,8 @@ CompareOpt = Annotated[
     typer.Option(
         "--compare",
         help="Several traces of one config (e.g. nsys .sqlite and torch .json.gz): phase "
-        "times per step side by side, each against the first. Implied by two or more paths.",
+        "times per step side by side, each against the first. Implied by two or more paths, "
+        "unless they are the ranks or nodes of one job.",
     ),
 ]
 RankOpt = Annotated[
@@ -106,7 +109,7 @@ def kernels(
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
-    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). A multi-GPU trace (one nsys report of torchrun, or the per-rank torch traces of one run) is reported per rank, with NCCL time and its overlap with compute (docs/MULTI_GPU.md). Steps without forward/backward/optimizer ranges get their phases inferred, marked (inferred); `--phases` forces one source. Other sets of traces are compared side by side (`--compare`).
+    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). A multi-GPU trace (one nsys report of torchrun, several nodes' reports of one job, or the per-rank torch traces of one run) is reported per rank, with NCCL time and its overlap with compute (docs/MULTI_GPU.md). Steps without forward/backward/optimizer ranges get their phases inferred, marked (inferred); `--phases` forces one source. Other sets of traces are compared side by side (`--compare`).
     """
     check_format(fmt)
     if not tolerance >= 0:  # also catches nan
@@ -117,10 +120,13 @@ def kernels(
     if len(paths) > 1 or compare:
         with read_progress(f"{len(paths)} traces") as progress:
             traces = load_traces(paths, nsys, progress)
+        merged = None
         if len(traces) > 1 and not compare and is_rank_set(traces):
-            report = analysis.analyze_any(
-                merge_rank_traces(traces), top, phase, range_, rank, _mode(phases)
-            )
+            merged = merge_rank_traces(traces)
+        elif len(traces) > 1 and not compare and is_node_set(traces):
+            merged = merge_node_traces(traces)
+        if merged is not None:
+            report = analysis.analyze_any(merged, top, phase, range_, rank, _mode(phases))
         else:
             if plot is not None:
                 raise BadInput(
