@@ -21,11 +21,13 @@ per-rank Chrome traces:
   found and whether it was applied.
 
 :func:`is_node_set` tells such a set from exports to compare: all nsys exports with NCCL
-kernels, captured at overlapping wall-clock times, no process given twice.
+kernels and traced launches, captured at overlapping wall-clock times, no process given
+twice (:func:`not_one_job` says which condition fails).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,20 +50,27 @@ from profkit.traces.schema import (
 FORMAT = "nsys-sqlite"
 DEVICE_STRIDE = 1 << 10
 """Merged device numbers: node *k*'s GPU *d* is ``k * DEVICE_STRIDE + d``."""
-MIN_PAIRS = 3  # matched collectives an offset estimate needs
-MIN_APPLIED_NS = 50_000
-"""Offsets below this (and below :data:`SPREAD_FACTOR` spreads) are left alone: one
-collective's ends on two ranks differ by up to ~20 µs on one host, so a smaller estimate
-cannot be told from that."""
+MIN_PAIRS = 8
+"""Collectives an offset estimate pairs at the least: with 3 or 4, a pairing off by some
+collectives fit as well as the true one in a few windows of the real 2-rank export."""
+AGREE_NS = 50_000
+"""Pairs whose end difference lies this close to the median agree; one collective's ends
+on two ranks of one host differ by up to ~20 µs, so offsets below this are left alone."""
+MAX_OFFSET_NS = 1_000_000_000
+"""How far from the session starts' alignment an offset is looked for: clocks that NTP
+keeps are ms apart; ones a second apart are not synchronised at all."""
+ANCHORS = 32  # collectives of the other node whose possible partners give the shifts
+TIE = 0.02  # scores this close are a tie
 SPREAD_FACTOR = 5
 
 
 @dataclass(frozen=True)
 class NodeClock:
     """How a node's times were put on the first node's clock (ms): the session starts'
-    difference (``base_ms``), then the offset its collectives show (``offset_ms``: the
-    median of its NCCL kernel ends minus the first node's, over ``pairs`` collectives,
-    ``spread_ms`` their median absolute deviation), ``applied`` where it was taken out."""
+    difference (``base_ms``), then the offset its collectives show (:class:`Offset`:
+    ``offset_ms``, the median of its NCCL kernel ends minus the first node's over the
+    ``agreeing`` of ``pairs`` collectives, ``spread_ms`` their median absolute deviation,
+    ``ambiguous``), ``applied`` where it was taken out."""
 
     path: str
     host: str | None
@@ -70,27 +79,62 @@ class NodeClock:
     offset_ms: float | None
     spread_ms: float | None
     pairs: int
+    agreeing: int
+    ambiguous: bool
     applied: bool
 
 
 def is_node_set(traces: list[Trace]) -> bool:
     """Whether these traces are the nodes of one job (see the module doc)."""
-    if len(traces) < 2 or any(t.meta.get("format") != FORMAT for t in traces):
-        return False
+    return len(traces) > 1 and not_one_job(traces) is None
+
+
+def not_one_job(traces: list[Trace]) -> str | None:
+    """Why these nsys exports are not the nodes of one job (None: they are); for traces of
+    other formats, that they are not nsys exports."""
+    labels = node_labels(traces)
+    if any(t.meta.get("format") != FORMAT for t in traces):
+        return "not all of them are Nsight Systems exports"
     windows = []
-    seen: set[tuple[Any, int]] = set()
-    for trace in traces:
+    seen: dict[tuple[Any, int], str] = {}
+    for trace, label in zip(traces, labels, strict=True):
         start = trace.meta.get("session_start_utc_ns")
-        nccl = _nccl(trace.kernels)
-        if start is None or not nccl.any() or trace.kernels.empty:
-            return False
+        if start is None:
+            return f"{label} records no session start (TARGET_INFO_SESSION_START_TIME)"
+        pids = _gpu_pids(trace)
+        if not pids:
+            return f"{label} has no GPU activity with a traced launch call"
+        if not is_nccl_trace(trace):
+            return f"{label} has no NCCL kernels"
         k = trace.kernels
         windows.append((start + int(k["start"].min()), start + int(k["end"].max())))
-        for pid in _gpu_pids(trace):
-            if (trace.meta.get("host"), pid) in seen:
-                return False  # the same process twice: one capture given twice
-            seen.add((trace.meta.get("host"), pid))
-    return max(w[0] for w in windows) < min(w[1] for w in windows)
+        for pid in pids:
+            who = (trace.meta.get("host"), pid)
+            if who in seen:
+                return f"{label} and {seen[who]} hold the same process ({who[0]}, pid {pid})"
+            seen[who] = label
+    if max(w[0] for w in windows) >= min(w[1] for w in windows):
+        return "their captures do not overlap in time"
+    return None
+
+
+def is_nccl_trace(trace: Trace) -> bool:
+    """Whether a trace holds NCCL kernels (a rank of a multi-GPU job)."""
+    return bool(_nccl(trace.kernels).any())
+
+
+def node_labels(traces: list[Trace]) -> list[str]:
+    """How each file is named in tables and notes: its name, or where two files share a
+    name (``d0/report.sqlite``, ``d1/report.sqlite``) its path below their common folder."""
+    paths = [Path(str(t.meta.get("path"))) for t in traces]
+    names = [p.name for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    try:
+        common = Path(os.path.commonpath([p.resolve() for p in paths]))
+    except ValueError:  # paths on different drives
+        return [str(p) for p in paths]
+    return [str(p.resolve().relative_to(common)) for p in paths]
 
 
 def merge_node_traces(traces: list[Trace]) -> Trace:
@@ -103,6 +147,7 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
     threads: dict[int, str] = {}
     reference = _no_ends()
     next_key = 1
+    labels = node_labels(traces)
     for node, trace in enumerate(traces):
         meta = trace.meta
         local = rank_processes(trace, kernel_processes(trace))
@@ -117,7 +162,9 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
         if node == 0:
             reference = ends
         numbered = list(range(len(ranks), len(ranks) + len(local)))
-        clock, shift = _clock(traces[0].meta, meta, reference, ends, numbered, node == 0)
+        clock, shift = _clock(
+            labels[node], traces[0].meta, meta, reference, ends, numbered, node == 0
+        )
         for column in ("start", "end", "launch_start"):
             k[column] = k[column] + shift
         r["start"], r["end"] = r["start"] + shift, r["end"] + shift
@@ -140,12 +187,12 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
     first = traces[0].meta
     meta = {
         **{key: v for key, v in first.items() if key not in ("thread_names", "warnings")},
-        "path": ", ".join(_path(t.meta) for t in traces),
+        "path": ", ".join(labels),
         "paths": [t.meta.get("path") for t in traces],
         "thread_names": threads,
         "ranks": ranks,
         "nodes": nodes,
-        "warnings": _warnings(traces, nodes),
+        "warnings": _warnings(traces, labels, nodes),
     }
     return Trace(
         kernels=conform(pd.concat(kernels, ignore_index=True), KERNEL_COLUMNS),
@@ -155,6 +202,7 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
 
 
 def _clock(
+    label: str,
     first: dict[str, Any],
     meta: dict[str, Any],
     reference: tuple[np.ndarray, np.ndarray],
@@ -166,57 +214,99 @@ def _clock(
     node's clock (``reference``: the first node's NCCL ends, ``ends``: this node's)."""
     base = int(meta["session_start_utc_ns"]) - int(first["session_start_utc_ns"])
     if is_first:
-        return NodeClock(_path(meta), meta.get("host"), ranks, 0.0, None, None, 0, False), 0
-    offset, spread, pairs = estimate_offset(reference, (ends[0], ends[1] + base))
-    applied = offset is not None and _resolved(offset, spread)
+        return NodeClock(label, meta.get("host"), ranks, 0.0, None, None, 0, 0, False, False), 0
+    found = estimate_offset(reference, (ends[0], ends[1] + base))
+    if found is None:
+        return NodeClock(
+            label, meta.get("host"), ranks, base / 1e6, None, None, 0, 0, False, False
+        ), base
+    trusted = not found.ambiguous  # an ambiguous offset is not shown, let alone applied
+    applied = _resolved(found)
     clock = NodeClock(
-        _path(meta), meta.get("host"), ranks, base / 1e6,
-        None if offset is None else offset / 1e6, None if spread is None else spread / 1e6,
-        pairs, applied,
+        label, meta.get("host"), ranks, base / 1e6,
+        found.ns / 1e6 if trusted else None, found.spread / 1e6 if trusted else None,
+        found.pairs, found.agreeing, found.ambiguous, applied,
     )  # fmt: skip
-    return clock, base - (offset if applied and offset is not None else 0)
+    return clock, base - (found.ns if applied else 0)
+
+
+@dataclass(frozen=True)
+class Offset:
+    """What the collectives say of one clock against another (ns): ``ns`` the median end
+    difference of the pairs that agree (``agreeing`` of ``pairs``), ``spread`` their median
+    absolute deviation; ``ambiguous`` where another pairing, at another offset, agrees as
+    well (collectives too evenly spaced to tell), and ``ns`` is then not to be trusted."""
+
+    ns: int
+    spread: int
+    pairs: int
+    agreeing: int
+    ambiguous: bool
 
 
 def estimate_offset(
     reference: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray, np.ndarray]
-) -> tuple[int | None, int | None, int]:
-    """How far ``other``'s clock runs ahead of ``reference``'s, in ns, from one rank's NCCL
-    kernels on each: ``(names, end times)`` in launch order. Every rank runs a
-    communicator's collectives in the same order, but the two captures may start at
-    different collectives, so each shift of one sequence against the other is tried; a
-    shift counts where at least half the shorter sequence pairs kernels of the same name.
-    Of the shifts whose end differences agree best (median absolute deviation within twice
-    the least), the one with the smallest offset is taken: the session starts already put
-    the clocks within NTP's error, far less than a step, so a shift by whole steps (which
-    repeat the same collectives) shows as an offset of a step. Returns (offset, spread,
-    pairs), (None, None, 0) where no shift pairs enough."""
+) -> Offset | None:
+    """How far ``other``'s clock runs ahead of ``reference``'s, from one rank's NCCL kernels
+    on each: ``(names, end times)`` in launch order; None where no pairing has enough
+    collectives.
+
+    Every rank runs a communicator's collectives in the same order and they end together,
+    but the two captures may start at different collectives, so the sequences are paired
+    at each shift that puts some collective's ends within :data:`MAX_OFFSET_NS` of each
+    other (the session starts have already aligned the clocks to about that), where at
+    least half of the shorter sequence, and :data:`MIN_PAIRS`, pair kernels of the same
+    name. A shift is scored by how many of its pairs end within :data:`AGREE_NS` of its
+    median difference: the true pairing agrees nearly everywhere, a pairing off by some
+    collectives breaks wherever their spacing changes (a step boundary, a bucket of
+    another size). Where two pairings at offsets more than ``AGREE_NS`` apart score within
+    :data:`TIE` of each other, the answer is ambiguous."""
     codes = pd.factorize(np.concatenate([reference[0], other[0]]))[0]
     ref_name, name = codes[: len(reference[0])], codes[len(reference[0]) :]
     ref_end, end = reference[1], other[1]
-    shorter = min(len(ref_end), len(end))
-    found = []
-    for shift in range(-(len(end) - 1), len(ref_end)):
+    need = max(MIN_PAIRS, (min(len(ref_end), len(end)) + 1) // 2)
+    scored = []
+    for shift in _shifts(ref_end, end):
         lo, hi = max(0, shift), min(len(ref_end), len(end) + shift)
-        if hi - lo < max(MIN_PAIRS, (shorter + 1) // 2):
+        if hi - lo < need:
             continue
         same = ref_name[lo:hi] == name[lo - shift : hi - shift]
-        if same.sum() < max(MIN_PAIRS, (shorter + 1) // 2):
+        if same.sum() < need:
             continue
         diff = end[lo - shift : hi - shift][same] - ref_end[lo:hi][same]
-        median = int(np.median(diff))
-        found.append((float(np.median(np.abs(diff - median))), median, int(same.sum())))
-    if not found:
-        return None, None, 0
-    best = min(spread for spread, _, _ in found)
-    spread, offset, pairs = min(
-        (f for f in found if f[0] <= 2 * best + 1), key=lambda f: (abs(f[1]), f[0])
-    )
-    return offset, int(spread), pairs
+        agree = np.abs(diff - int(np.median(diff))) <= AGREE_NS
+        scored.append((agree.mean(), diff[agree], int(same.sum())))
+    if not scored:
+        return None
+    share, diff, pairs = max(scored, key=lambda s: s[0])
+    ns = int(np.median(diff))
+    rivals = [
+        s for s in scored if s[0] >= share - TIE and abs(int(np.median(s[1])) - ns) > AGREE_NS
+    ]
+    spread = int(np.median(np.abs(diff - ns)))
+    return Offset(ns, spread, pairs, len(diff), ambiguous=bool(rivals))
 
 
-def _resolved(offset: int, spread: int | None) -> bool:
-    """Whether an offset is larger than the collectives' ends can be told apart by."""
-    return abs(offset) > max(MIN_APPLIED_NS, SPREAD_FACTOR * (spread or 0))
+def _shifts(ref_end: np.ndarray, end: np.ndarray) -> list[int]:
+    """The shifts (reference index minus other index) that put a collective's ends within
+    :data:`MAX_OFFSET_NS`, from up to :data:`ANCHORS` collectives of ``other``: the search
+    costs those, not every shift of two long sequences."""
+    if not len(ref_end) or not len(end):
+        return []
+    order = np.argsort(ref_end, kind="stable")
+    sorted_end = ref_end[order]
+    shifts: set[int] = set()
+    for j in np.unique(np.linspace(0, len(end) - 1, min(ANCHORS, len(end))).astype(np.int64)):
+        lo = np.searchsorted(sorted_end, end[j] - MAX_OFFSET_NS, side="left")
+        hi = np.searchsorted(sorted_end, end[j] + MAX_OFFSET_NS, side="right")
+        shifts.update((order[lo:hi] - j).tolist())
+    return sorted(shifts)
+
+
+def _resolved(found: Offset) -> bool:
+    """Whether an offset is one pairing's alone, and larger than the collectives' ends can
+    be told apart by."""
+    return not found.ambiguous and abs(found.ns) > max(AGREE_NS, SPREAD_FACTOR * found.spread)
 
 
 def _nccl(kernels: pd.DataFrame) -> np.ndarray:
@@ -258,19 +348,20 @@ def _rekeyed(threads: pd.Series, keys: dict[int, int]) -> pd.Series:
     return pd.Series(out, index=threads.index).where(known, pd.NA).astype(threads.dtype)
 
 
-def _path(meta: dict[str, Any]) -> str:
-    return Path(str(meta.get("path"))).name
-
-
-def _warnings(traces: list[Trace], clocks: list[dict[str, Any]]) -> list[str]:
+def _warnings(traces: list[Trace], labels: list[str], clocks: list[dict[str, Any]]) -> list[str]:
     """Each node's warnings (named by its file), then what the clocks showed."""
     said: list[str] = []
-    for trace in traces:
-        name = _path(trace.meta)
-        said += [f"{name}: {w}" for w in trace.meta.get("warnings") or []]
+    for trace, label in zip(traces, labels, strict=True):
+        said += [f"{label}: {w}" for w in trace.meta.get("warnings") or []]
     first = clocks[0]["path"]
     for clock in clocks[1:]:
-        if clock["offset_ms"] is None:
+        if clock["ambiguous"]:
+            said.append(
+                f"{clock['path']}: its collectives pair with {first}'s equally well at more "
+                "than one offset (too evenly spaced to tell), so its clock offset is unknown: "
+                "times across nodes are as the session starts put them"
+            )
+        elif clock["offset_ms"] is None:
             said.append(
                 f"{clock['path']}: no run of NCCL kernels pairs with {first}'s, so its clock "
                 "offset is unknown: times across nodes are as the session starts put them"
@@ -278,7 +369,7 @@ def _warnings(traces: list[Trace], clocks: list[dict[str, Any]]) -> list[str]:
         elif clock["applied"]:
             said.append(
                 f"{clock['path']}: its clock ran {clock['offset_ms']:+.3f} ms from {first}'s "
-                f"(the ends of {clock['pairs']} collectives, spread {clock['spread_ms']:.3f} "
-                "ms): taken out"
+                f"(the ends of {clock['agreeing']} of {clock['pairs']} paired collectives, "
+                f"spread {clock['spread_ms']:.3f} ms): taken out"
             )
     return said

@@ -321,11 +321,18 @@ def _node_table(report: RankedReport) -> pd.DataFrame:
                 "session_start_ms": node["base_ms"],
                 "clock_offset_us": _us(node["offset_ms"]),
                 "spread_us": _us(node["spread_ms"]),
-                "collectives": node["pairs"],
-                "offset_taken_out": "yes" if node["applied"] else "no",
+                "paired": node["pairs"],
+                "agreeing": node["agreeing"],
+                "offset_taken_out": _taken_out(node),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _taken_out(node: dict[str, Any]) -> str:
+    if node["applied"]:
+        return "yes"
+    return "no (ambiguous)" if node["ambiguous"] else "no"
 
 
 def _us(ms: float | None) -> float | None:

@@ -9,7 +9,7 @@ import typer
 
 from profkit import analysis
 from profkit.analysis.attribution import PHASE_MODES, PhaseMode
-from profkit.analysis.nodes import is_node_set, merge_node_traces
+from profkit.analysis.nodes import is_nccl_trace, is_node_set, merge_node_traces, not_one_job
 from profkit.analysis.ranks import RankedReport, rank_tables
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
@@ -120,11 +120,7 @@ def kernels(
     if len(paths) > 1 or compare:
         with read_progress(f"{len(paths)} traces") as progress:
             traces = load_traces(paths, nsys, progress)
-        merged = None
-        if len(traces) > 1 and not compare and is_rank_set(traces):
-            merged = merge_rank_traces(traces)
-        elif len(traces) > 1 and not compare and is_node_set(traces):
-            merged = merge_node_traces(traces)
+        merged = None if compare or len(traces) < 2 else _one_job(traces)
         if merged is not None:
             report = analysis.analyze_any(merged, top, phase, range_, rank, _mode(phases))
         else:
@@ -141,7 +137,7 @@ def kernels(
                 paths[0], top, phase, range_, nsys, rank, _mode(phases),
                 cache=False if no_cache else None, progress=progress,
             )  # fmt: skip
-    single = paths[0]
+    names = ", ".join(p.name for p in paths)
     if plot is not None:
         if not isinstance(report, RankedReport):
             raise BadInput("--plot draws the ranks of a multi-GPU trace; this one has one process")
@@ -150,7 +146,7 @@ def kernels(
         err_console.print(f"wrote {plot_ranks(report, plot)}", highlight=False)
     fmt = file_format(fmt, out)
     if fmt == "md":
-        text = analysis.kernel_report_markdown(report, title=f"Kernels of {single.name}")
+        text = analysis.kernel_report_markdown(report, title=f"Kernels of {names}")
         if out is None:
             print(text, end="")
         else:
@@ -164,6 +160,21 @@ def kernels(
     if fmt == "table":
         for note in report.notes:
             console.print(f"[dim]• {note}[/]", highlight=False)
+
+
+def _one_job(traces: list[Trace]) -> Trace | None:
+    """The traces merged where they are the ranks (Chrome) or nodes (nsys) of one job; else
+    None (they are compared), saying why where they are all multi-GPU nsys exports."""
+    if is_rank_set(traces):
+        return merge_rank_traces(traces)
+    if is_node_set(traces):
+        return merge_node_traces(traces)
+    if all(t.meta.get("format") == "nsys-sqlite" and is_nccl_trace(t) for t in traces):
+        err_console.print(
+            f"[dim]compared side by side, not read as one job: {not_one_job(traces)}[/]",
+            highlight=False,
+        )
+    return None
 
 
 def _compare(
