@@ -128,8 +128,10 @@ def watch_parent(cleanup: Path | None = None) -> None:
     # temporary directory first. Until this runs, the SIGKILL set before exec stands.
     direct = parent == os.getppid() and hasattr(signal, "sigtimedwait")
     if direct:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        # The death signal first: once SIGTERM shows as blocked (what a watcher of this
+        # process can see, as tests/test_kill.py does), the SIGKILL set before exec is gone.
         set_parent_death_signal(signal.SIGTERM)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
     def watch() -> None:
         while _alive(parent):
