@@ -9,6 +9,7 @@ found from the collectives and taken out. Expected offsets come from plain SQL.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import sqlite3
@@ -26,6 +27,7 @@ from profkit.analysis.nodes import (
     estimate_offset,
     is_node_set,
     merge_node_traces,
+    merge_ranks_of_hosts,
     not_one_job,
 )
 from profkit.analysis.ranks import RankedReport
@@ -278,3 +280,40 @@ def test_an_nsys_export_says_its_host_and_session_start(nodes: dict[str, Path]) 
         ).fetchone()
     meta = load_trace(nodes["whole"]).meta
     assert meta["session_start_utc_ns"] == start[0] and meta["host"] == host[0] == "vm"
+
+
+def _chrome_nccl_ends(path: Path) -> np.ndarray:
+    """A rank's NCCL kernel ends (ns) from its raw Chrome trace, in GPU order."""
+    with gzip.open(path) as f:
+        trace = json.load(f)
+    base = trace["baseTimeNanoseconds"]
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    nccl = sorted((e for e in kernels if e["name"].startswith("nccl")), key=lambda e: e["ts"])
+    return np.array([base + round((e["ts"] + e["dur"]) * 1000) for e in nccl], dtype=np.int64)
+
+
+def test_per_rank_torch_traces_of_two_hosts_are_put_on_one_clock(data_dir: Path) -> None:
+    """The real per-rank torch traces, rank 1 said to be another host whose clock runs
+    3 ms ahead: the offset its NCCL ends show is taken out; one host is merged as it is."""
+    paths = [data_dir / f"torch-h200x2-small-ddp2-rank{r}.json.gz" for r in (0, 1)]
+    one_host = analyze_any(merge_ranks_of_hosts([load_trace(p) for p in paths]))
+    assert isinstance(one_host, RankedReport) and one_host.nodes == []
+    rank0, rank1 = (load_trace(p) for p in paths)
+    rank1.meta["profkit"] = {**rank1.meta["profkit"], "host": "node1"}
+    for column in ("start", "end", "launch_start"):
+        rank1.kernels[column] = rank1.kernels[column] + SHIFT_NS
+    rank1.ranges["start"] += SHIFT_NS
+    rank1.ranges["end"] += SHIFT_NS
+    report = analyze_any(merge_ranks_of_hosts([rank0, rank1]))
+    assert isinstance(report, RankedReport)
+    first, second = report.nodes
+    assert (first["host"], second["host"]) == ("vm", "node1")
+    expected = _agreeing_median(
+        _chrome_nccl_ends(paths[1]) + SHIFT_NS - _chrome_nccl_ends(paths[0])
+    )
+    assert second["offset_ms"] == pytest.approx(expected / 1e6, abs=1e-5)
+    assert (second["pairs"], second["agreeing"], second["applied"]) == (19, 19, True)
+    mine = [{k: v for k, v in e.to_json().items() if k != "host"} for e in report.ranks]
+    theirs = [{k: v for k, v in e.to_json().items() if k != "host"} for e in one_host.ranks]
+    assert mine == theirs
+    assert report.steps["step_ms"].tolist() == one_host.steps["step_ms"].tolist()

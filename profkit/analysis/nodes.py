@@ -20,6 +20,9 @@ per-rank Chrome traces:
   than what those ends can resolve, taken out. ``meta["nodes"]`` says, per node, what was
   found and whether it was applied.
 
+:func:`merge_ranks_of_hosts` does the same for per-rank Chrome traces whose profkit header
+names several hosts (they count from the epoch: only the hosts' offset is estimated).
+
 :func:`is_node_set` tells such a set from exports to compare: all nsys exports with NCCL
 kernels and traced launches, captured at overlapping wall-clock times, no process given
 twice (:func:`not_one_job` says which condition fails).
@@ -37,6 +40,7 @@ import pandas as pd
 
 from profkit.analysis.comm import is_nccl
 from profkit.analysis.ranks import kernel_processes, rank_processes
+from profkit.traces.ranks import merge_rank_traces, rank_info
 from profkit.traces.schema import (
     KERNEL_COLUMNS,
     PROCESS_MASK,
@@ -201,6 +205,53 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
     )
 
 
+def merge_ranks_of_hosts(traces: list[Trace]) -> Trace:
+    """Per-rank Chrome traces of one run merged (:func:`profkit.traces.ranks.
+    merge_rank_traces`), each host's put on the clock of the host of the lowest rank.
+
+    Chrome traces count from the epoch (``baseTimeNanoseconds``), so the ranks of one host
+    share its clock and those of several hosts differ by what NTP leaves: each further
+    host's offset is estimated from its lowest rank's NCCL kernel ends against the first
+    host's (:func:`estimate_offset`) and taken out where resolved, as for nodes' nsys
+    exports; ``meta["nodes"]`` then lists the hosts. One host, or a trace that names none
+    (profkit's header does): merged as they are.
+    """
+    infos = [rank_info(t) or {} for t in traces]
+    hosts = [i.get("host") for i in infos]
+    if None in hosts or len(set(hosts)) < 2:
+        return merge_rank_traces(traces)
+    order = sorted(range(len(traces)), key=lambda i: int(infos[i]["rank"]))
+    by_host: dict[str, list[int]] = {}
+    for i in order:
+        by_host.setdefault(str(hosts[i]), []).append(i)
+    labels = node_labels(traces)
+    reference = _nccl_ends(traces[order[0]])
+    clocks, shifted = [], list(traces)
+    for index, (host, members) in enumerate(by_host.items()):
+        ranks = sorted(int(infos[i]["rank"]) for i in members)
+        label = ", ".join(labels[i] for i in members)
+        found = None if index == 0 else estimate_offset(reference, _nccl_ends(traces[members[0]]))
+        clock = _found_clock(label, host, ranks, 0, found)
+        clocks.append(clock)
+        if clock.applied and found is not None:
+            for i in members:
+                shifted[i] = _shifted(traces[i], -found.ns)
+    merged = merge_rank_traces(shifted)
+    nodes = [asdict(c) for c in clocks]
+    merged.meta["nodes"] = nodes
+    merged.meta["warnings"] = list(merged.meta.get("warnings") or []) + _clock_notes(nodes)
+    return merged
+
+
+def _shifted(trace: Trace, ns: int) -> Trace:
+    """A copy of ``trace`` with every time moved by ``ns``."""
+    k, r = trace.kernels.copy(), trace.ranges.copy()
+    for column in ("start", "end", "launch_start"):
+        k[column] = k[column] + ns
+    r["start"], r["end"] = r["start"] + ns, r["end"] + ns
+    return Trace(kernels=k, ranges=r, meta=trace.meta)
+
+
 def _clock(
     label: str,
     first: dict[str, Any],
@@ -216,18 +267,23 @@ def _clock(
     if is_first:
         return NodeClock(label, meta.get("host"), ranks, 0.0, None, None, 0, 0, False, False), 0
     found = estimate_offset(reference, (ends[0], ends[1] + base))
+    clock = _found_clock(label, meta.get("host"), ranks, base, found)
+    return clock, base - (found.ns if clock.applied and found is not None else 0)
+
+
+def _found_clock(
+    label: str, host: str | None, ranks: list[int], base: int, found: Offset | None
+) -> NodeClock:
+    """The :class:`NodeClock` of what :func:`estimate_offset` found (None: nothing paired);
+    an ambiguous offset is neither shown nor applied."""
     if found is None:
-        return NodeClock(
-            label, meta.get("host"), ranks, base / 1e6, None, None, 0, 0, False, False
-        ), base
-    trusted = not found.ambiguous  # an ambiguous offset is not shown, let alone applied
-    applied = _resolved(found)
-    clock = NodeClock(
-        label, meta.get("host"), ranks, base / 1e6,
+        return NodeClock(label, host, ranks, base / 1e6, None, None, 0, 0, False, False)
+    trusted = not found.ambiguous
+    return NodeClock(
+        label, host, ranks, base / 1e6,
         found.ns / 1e6 if trusted else None, found.spread / 1e6 if trusted else None,
-        found.pairs, found.agreeing, found.ambiguous, applied,
+        found.pairs, found.agreeing, found.ambiguous, _resolved(found),
     )  # fmt: skip
-    return clock, base - (found.ns if applied else 0)
 
 
 @dataclass(frozen=True)
@@ -314,11 +370,14 @@ def _nccl(kernels: pd.DataFrame) -> np.ndarray:
     return is_kernel & is_nccl(kernels["name"])
 
 
-def _nccl_ends(trace: Trace, pid: int) -> tuple[np.ndarray, np.ndarray]:
-    """One process's NCCL kernels in launch order: names and end times."""
+def _nccl_ends(trace: Trace, pid: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One process's NCCL kernels in launch order: names and end times (``pid`` None: the
+    trace is one process's)."""
     k = trace.kernels
     thread = k["launch_thread"].to_numpy(dtype=np.int64, na_value=-1)
-    mine = _nccl(k) & (thread >= 0) & (((thread >> PROCESS_SHIFT) & PROCESS_MASK) == pid)
+    mine = _nccl(k) & (thread >= 0)
+    if pid is not None:
+        mine &= ((thread >> PROCESS_SHIFT) & PROCESS_MASK) == pid
     rows = k[mine].sort_values(["launch_start", "start"], kind="stable")
     return rows["name"].to_numpy(dtype=object), rows["end"].to_numpy(np.int64)
 
@@ -353,6 +412,12 @@ def _warnings(traces: list[Trace], labels: list[str], clocks: list[dict[str, Any
     said: list[str] = []
     for trace, label in zip(traces, labels, strict=True):
         said += [f"{label}: {w}" for w in trace.meta.get("warnings") or []]
+    return said + _clock_notes(clocks)
+
+
+def _clock_notes(clocks: list[dict[str, Any]]) -> list[str]:
+    """What the clocks of the nodes (or hosts) after the first showed."""
+    said: list[str] = []
     first = clocks[0]["path"]
     for clock in clocks[1:]:
         if clock["ambiguous"]:

@@ -9,7 +9,13 @@ import typer
 
 from profkit import analysis
 from profkit.analysis.attribution import PHASE_MODES, PhaseMode
-from profkit.analysis.nodes import is_nccl_trace, is_node_set, merge_node_traces, not_one_job
+from profkit.analysis.nodes import (
+    is_nccl_trace,
+    is_node_set,
+    merge_node_traces,
+    merge_ranks_of_hosts,
+    not_one_job,
+)
 from profkit.analysis.ranks import RankedReport, rank_tables
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
@@ -19,7 +25,7 @@ from profkit.formats import check_format, file_format, write_text
 from profkit.memory.plot import check_image_path
 from profkit.traces import Trace
 from profkit.traces.load import load_traces
-from profkit.traces.ranks import is_rank_set, merge_rank_traces
+from profkit.traces.ranks import is_rank_set
 
 PathArg = Annotated[
     list[Path],
@@ -166,7 +172,7 @@ def _one_job(traces: list[Trace]) -> Trace | None:
     """The traces merged where they are the ranks (Chrome) or nodes (nsys) of one job; else
     None (they are compared), saying why where they are all multi-GPU nsys exports."""
     if is_rank_set(traces):
-        return merge_rank_traces(traces)
+        return merge_ranks_of_hosts(traces)
     if is_node_set(traces):
         return merge_node_traces(traces)
     if all(t.meta.get("format") == "nsys-sqlite" and is_nccl_trace(t) for t in traces):
