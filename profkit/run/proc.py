@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import math
 import os
 import re
@@ -54,11 +53,18 @@ _TEMP_NAME = re.compile(r"^profkit-(?:[a-z]+-)?(\d+)-")
 
 
 def _load_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, from the libraries this process has loaded already.
+
+    Not through ``ctypes.util.find_library``: that runs ``ldconfig -p`` in a subprocess,
+    and while a process spawns one, every signal is blocked in it for a moment. A child
+    importing this module then showed SIGTERM blocked before :func:`watch_parent` had armed
+    anything, and a parent killed at that moment left its temporary directory behind
+    (tests/test_kill.py, about one run in 20).
+    """
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl  # type: ignore[no-any-return]
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
     except (OSError, AttributeError):
         return None
 
