@@ -156,11 +156,11 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
         meta = trace.meta
         local = rank_processes(trace, kernel_processes(trace))
         # Every process its own key, the ranks' first (in rank order), after the last node's.
-        keys = {int(info["pid"]): 0 for info in local}
-        k, r = trace.kernels.copy(), trace.ranges.copy()
-        for pid in _pids(k["launch_thread"]).tolist() + _pids(r["thread"]).tolist():
-            keys.setdefault(int(pid), 0)
-        keys = {pid: next_key + i for i, pid in enumerate(keys)}
+        pids = [int(info["pid"]) for info in local]
+        pids += (
+            _pids(trace.kernels["launch_thread"]).tolist() + _pids(trace.ranges["thread"]).tolist()
+        )
+        keys = {int(pid): next_key + i for i, pid in enumerate(dict.fromkeys(pids))}
         next_key += len(keys)
         ends = _nccl_ends(trace, local[0]["pid"]) if local else _no_ends()
         if node == 0:
@@ -169,9 +169,8 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
         clock, shift = _clock(
             labels[node], traces[0].meta, meta, reference, ends, numbered, node == 0
         )
-        for column in ("start", "end", "launch_start"):
-            k[column] = k[column] + shift
-        r["start"], r["end"] = r["start"] + shift, r["end"] + shift
+        moved = _shifted(trace, shift)  # copies: the caller's trace stays as it was
+        k, r = moved.kernels, moved.ranges
         k["launch_thread"] = _rekeyed(k["launch_thread"], keys)
         r["thread"] = _rekeyed(r["thread"], keys)
         k["device"] = k["device"] + node * DEVICE_STRIDE

@@ -11,7 +11,6 @@ from profkit import analysis
 from profkit.analysis.attribution import PHASE_MODES, PhaseMode
 from profkit.analysis.nodes import (
     is_nccl_trace,
-    is_node_set,
     merge_node_traces,
     merge_ranks_of_hosts,
     not_one_job,
@@ -173,12 +172,12 @@ def _one_job(traces: list[Trace]) -> Trace | None:
     None (they are compared), saying why where they are all multi-GPU nsys exports."""
     if is_rank_set(traces):
         return merge_ranks_of_hosts(traces)
-    if is_node_set(traces):
+    why = not_one_job(traces)
+    if why is None:
         return merge_node_traces(traces)
     if all(t.meta.get("format") == "nsys-sqlite" and is_nccl_trace(t) for t in traces):
         err_console.print(
-            f"[dim]compared side by side, not read as one job: {not_one_job(traces)}[/]",
-            highlight=False,
+            f"[dim]compared side by side, not read as one job: {why}[/]", highlight=False
         )
     return None
 
