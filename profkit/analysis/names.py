@@ -12,6 +12,7 @@ looked at once.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -36,6 +37,7 @@ _CUBLAS_NOISE = re.compile(
 _WRAPPERS = ("gpu_kernel_impl_nocast<", "gpu_kernel_impl<")
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a report shortens the same names per rank and table
 def short_kernel_name(name: str, max_chars: int = MAX_CHARS) -> str:
     """A short, readable form of a kernel name (plain names are kept as they are)."""
     text = name.strip()
