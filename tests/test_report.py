@@ -383,6 +383,33 @@ def test_per_rank_torch_traces_are_one_part_with_lanes(ranks_report: tuple[Path,
     assert_png(picture)
 
 
+def test_per_rank_torch_traces_of_two_hosts_are_put_on_one_clock(tmp_path: Path) -> None:
+    """Rank 1 written as if by another host whose clock runs 3 ms ahead: the report reads
+    the ranks as `profkit kernels` does, the offset taken out and the hosts listed."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for rank in (0, 1):
+        name = f"torch-h200x2-small-ddp2-rank{rank}.json.gz"
+        doc = json.loads(gzip.decompress((DATA / name).read_bytes()))
+        if rank == 1:
+            doc["profkit"]["host"] = "node1"
+            doc["baseTimeNanoseconds"] += 3_000_000
+        (profiles / name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    out = tmp_path / "reports" / "REPORT.md"
+    build_report(profiles, None, out)
+    torch = section(out.read_text(), "torch.profiler traces")
+    assert "· 2 ranks · 1 captured step each ·" in torch
+    assert "| 1 | node1 | 1 |" in torch  # the rank table names each rank's host
+    row = re.search(
+        r"\n\| torch-h200x2-small-ddp2-rank1\.json\.gz \| node1 \| 1 \| [\d.,]+ \| ([-\d.,]+) \|"
+        r"[^\n]* \| yes \|",
+        torch,
+    )
+    assert row is not None, torch
+    # µs; the two GPUs' own clocks differ by a few µs (tests/test_nodes.py has the exact value)
+    assert float(row.group(1).replace(",", "")) == pytest.approx(3000, abs=20)
+
+
 # --- bad input -------------------------------------------------------------------------
 
 

@@ -100,15 +100,17 @@ def torch_section(inv: Inventory, out_dir: Path, pictures: Pictures) -> Section:
 
 def _read(paths: list[Path]) -> Any:
     """The kernel report of one trace, as `profkit kernels` reads it (cache too), or of
-    the per-rank traces of one run; None when these traces are not the ranks of one run."""
+    the per-rank traces of one run (several hosts' on one clock, as `profkit kernels` puts
+    them); None when these traces are not the ranks of one run."""
     from profkit.analysis import analyze_any, kernels
+    from profkit.analysis.nodes import merge_ranks_of_hosts
     from profkit.traces import load_trace
-    from profkit.traces.ranks import is_rank_set, merge_rank_traces
+    from profkit.traces.ranks import is_rank_set
 
     if len(paths) == 1:
         return kernels(paths[0], top=TOP_KERNELS)
     traces = [load_trace(p) for p in paths]
-    return analyze_any(merge_rank_traces(traces), TOP_KERNELS) if is_rank_set(traces) else None
+    return analyze_any(merge_ranks_of_hosts(traces), TOP_KERNELS) if is_rank_set(traces) else None
 
 
 def _trace_part(stem: str, paths: list[Path], out_dir: Path, pictures: Pictures) -> str:
@@ -161,12 +163,15 @@ def _ranks_part(report: RankedReport, stem: str, out_dir: Path, pictures: Pictur
     from profkit.analysis.ranks import rank_tables
     from profkit.report.rank_plots import plot_ranks
 
-    (caption, table), *_ = rank_tables(report)
+    (caption, table), *rest = rank_tables(report)
     lines = [
         f"{caption}: NCCL kernels, and how much of their time compute hides (docs/MULTI_GPU.md). "
         "The tables after the picture are of all ranks together (instances: every rank's "
         "phase ranges).\n\n" + markdown_table(table)
     ]
+    if report.nodes:  # several hosts: how each one's clock was put on the first's
+        (nodes_caption, nodes), *_ = rest
+        lines.append(f"{nodes_caption}:\n\n" + markdown_table(nodes))
     name = f"ranks-{stem}.png"
     try:
         plot_ranks(report, out_dir / name)
