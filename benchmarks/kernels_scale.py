@@ -92,13 +92,28 @@ for table in sys.argv[2:]:
 
 ORDER = "copy by copy"  # how the rows are laid out (a build stamped otherwise is redone)
 RANK0 = "rank 0 alone"
+# A world of more ranks than the fixture's: each group of copies runs as other processes
+# on other GPUs, this far apart in pid (the pid field of globalPid/globalTid is 24 bits).
+PID_STEP = 100_000
+PID_BITS = 24
+CONTEXTS = "TARGET_INFO_CUDA_CONTEXT_INFO"
 
 
-def build(fixture: Path, copies: int, target: Path, rank: int | None = None) -> dict[str, int]:
+def build(
+    fixture: Path, copies: int, target: Path, rank: int | None = None, world: int | None = None
+) -> dict[str, int]:
     """Write ``target``: the fixture's export with its activity tables repeated ``copies``
-    times; ``rank``: first drop every process's rows but that rank's (:func:`one_process`)."""
+    times; ``rank``: first drop every process's rows but that rank's (:func:`one_process`).
+
+    ``world``: a multiple of the fixture's ranks. The copies then run side by side as
+    ``world / ranks`` groups, as the ranks of a larger job do: copy ``i`` is group ``i %
+    groups`` (its processes, threads and GPUs renumbered apart, the contexts table told of
+    them) at time slot ``i // groups``. The kernels are as many as for ``world=None``, split
+    over more ranks."""
     stamp = target.with_suffix(".built.json")
     wanted = {"copies": copies, "fixture": fixture.name, "order": ORDER, "rank": rank}
+    if world is not None:
+        wanted["world"] = world
     if target.exists() and stamp.exists():
         built = json.loads(stamp.read_text())
         if {key: built.get(key) for key in wanted} == wanted:
@@ -109,6 +124,10 @@ def build(fixture: Path, copies: int, target: Path, rank: int | None = None) -> 
     conn = sqlite3.connect(target)
     if rank is not None:
         one_process(conn, gpu_processes(conn)[rank])
+    devices = len(gpu_processes(conn))
+    groups = 1 if world is None else world // devices
+    if groups * devices != (world or devices):
+        raise SystemExit(f"--world {world} is not a multiple of the fixture's {devices} ranks")
     conn.executescript("PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;")
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     lo, hi = _time_span(conn, tables)
@@ -119,7 +138,7 @@ def build(fixture: Path, copies: int, target: Path, rank: int | None = None) -> 
         if table not in tables:
             continue
         columns = [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')]
-        shifted = [_shifted(c, shift, corr_shift) for c in columns]
+        shifted = [_shifted(c, shift, corr_shift, groups, devices) for c in columns]
         conn.execute(f'CREATE TEMP TABLE original AS SELECT * FROM "{table}"')
         # Copy after copy, each in the original's row order, as an export stores its rows
         # (by time, so by correlation id within a process): CROSS JOIN makes the copies
@@ -134,6 +153,8 @@ def build(fixture: Path, copies: int, target: Path, rank: int | None = None) -> 
             )
         conn.execute("DROP TABLE original")
         rows[table] = conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+    if groups > 1:
+        _more_contexts(conn, groups, devices)
     conn.commit()
     if copies <= 1000:  # a 5 GB file gains nothing from a rewrite: the copies are appended
         conn.execute("VACUUM")
@@ -168,12 +189,31 @@ def one_process(conn: sqlite3.Connection, pid: int) -> None:
     conn.commit()
 
 
-def _shifted(column: str, shift: int, corr_shift: int) -> str:
+def _shifted(column: str, shift: int, corr_shift: int, groups: int = 1, devices: int = 1) -> str:
+    """Copy ``i``'s value of ``column``: later in time and correlation ids by its slot, and
+    (``groups`` > 1) in another group's processes and GPUs."""
+    slot = "i" if groups == 1 else f"(i / {groups})"  # integer division in SQLite
     if column in ("start", "end"):
-        return f"{column} + i * {shift}"
+        return f"{column} + {slot} * {shift}"
     if column == "correlationId":
-        return f"correlationId + i * {corr_shift}"
+        return f"correlationId + {slot} * {corr_shift}"
+    if groups > 1 and column in ("globalPid", "globalTid"):
+        return f"{column} + (i % {groups}) * {PID_STEP << PID_BITS}"
+    if groups > 1 and column == "deviceId":
+        return f"deviceId + (i % {groups}) * {devices}"
     return column
+
+
+def _more_contexts(conn: sqlite3.Connection, groups: int, devices: int) -> None:
+    """The contexts of every group's processes, on their GPUs (where ranks are found)."""
+    columns = [r[1] for r in conn.execute(f"PRAGMA table_info({CONTEXTS})")]
+    moved = {"processId": f"processId + g * {PID_STEP}", "deviceId": f"deviceId + g * {devices}"}
+    conn.execute(
+        f"WITH RECURSIVE grp(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM grp WHERE g < "
+        f"{groups - 1}) INSERT INTO {CONTEXTS} ({', '.join(columns)}) "
+        f"SELECT {', '.join(moved.get(c, c) for c in columns)} FROM grp CROSS JOIN "
+        f"(SELECT * FROM {CONTEXTS})"
+    )
 
 
 def _time_span(conn: sqlite3.Connection, tables: set[str]) -> tuple[int, int]:
@@ -469,12 +509,12 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     scratch = workdir if args.keep else Path(tempfile.mkdtemp(prefix="kscale-db-"))
     if args.ranks:
-        result = {
+        ranks = {
             "load_before": os.getloadavg(),
             **compare_ranks(args.ranks, args.runs[0], scratch),
         }
-        result["load_after"] = os.getloadavg()
-        (workdir / "kernels_ranks.json").write_text(json.dumps(result, indent=2))
+        ranks["load_after"] = os.getloadavg()
+        (workdir / "kernels_ranks.json").write_text(json.dumps(ranks, indent=2))
         print(f"wrote {workdir / 'kernels_ranks.json'}")
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -18,6 +18,7 @@ import math
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,17 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     replicated = folder / "ranks2-x3.sqlite"
     scale.build(NSYS, 3, replicated)
     return {"x1": plain, "x3": replicated}
+
+
+def _script(name: str, *args: str) -> Callable[[Path], subprocess.CompletedProcess[str]]:
+    """A runner of ``benchmarks/NAME.py PATH ARGS...`` in a fresh interpreter."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+
+    def run(path: Path) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, str(script), str(path), *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+    return run
 
 
 def _close(a: Any, b: Any, where: str = "") -> None:
@@ -215,11 +227,7 @@ def test_the_stages_script_times_ranks_one_process_and_says_what_it_cannot(
 ) -> None:
     """benchmarks/ranks_stages.py: wall and CPU per stage for 2 ranks and for one process
     (it crashed on one: no layout); one line and exit status 2 for a missing file."""
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ranks_stages.py"
-
-    def run(path: Path) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, str(script), str(path)]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    run = _script("ranks_stages")
 
     two = run(exports["x1"])
     assert two.returncode == 0, two.stderr
@@ -242,11 +250,7 @@ def test_the_read_timeline_script_times_each_step_and_says_what_it_cannot(
     """benchmarks/read_timeline.py: each step of the read with its thread, count, wall, CPU
     and span (every table's chunks, the calls, the activities, the ranges); one line and
     exit status 2 for a file that is not an export."""
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "read_timeline.py"
-
-    def run(path: Path) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, str(script), str(path), "--runs", "2"]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    run = _script("read_timeline", "--runs", "2")
 
     done = run(exports["x1"])
     assert done.returncode == 0, done.stderr
@@ -296,3 +300,50 @@ def test_rank0_alone_reads_as_rank0_of_the_two(exports: dict[str, Path], tmp_pat
     assert [(p["phase"], p["kernels"]) for p in one["phases"]] == [
         (p["phase"], p["kernels"]) for p in rank0["phases"]
     ]
+
+
+def test_a_world_of_four_ranks_is_the_two_side_by_side(
+    exports: dict[str, Path], tmp_path: Path
+) -> None:
+    """kernels_scale.build's ``world`` (benchmarks/ranks_world.py): two copies of the 2-rank
+    export side by side as four ranks, each on a GPU and in processes of its own, as many
+    kernels as two copies one after the other; each rank has its original's numbers."""
+    import sqlite3
+
+    scale = benchmark("kernels_scale")
+    with sqlite3.connect(exports["x1"]) as conn:
+        pids = scale.gpu_processes(conn)
+        kernels = conn.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    four = tmp_path / "world4.sqlite"
+    rows = scale.build(NSYS, 2, four, world=4)
+    assert rows["CUPTI_ACTIVITY_KIND_KERNEL"] == 2 * kernels
+    got = analysis.kernels(four, cache=False).to_json()
+    two = analysis.kernels(exports["x1"], cache=False).to_json()["ranks"]
+    step = scale.PID_STEP
+    assert [(r["rank"], r["device"], r["pid"]) for r in got["ranks"]] == [
+        (0, 0, pids[0]), (1, 1, pids[1]), (2, 2, pids[0] + step), (3, 3, pids[1] + step)
+    ]  # fmt: skip
+    for entry in got["ranks"]:
+        original = two[entry["rank"] % 2]
+        for key in ("kernels", "kernel_time_ms", "gpu_time_ms", "comm", "phases"):
+            assert entry[key] == original[key], (entry["rank"], key)
+    assert got["job"]["world_size"] == 4
+
+
+def test_the_read_floor_script_times_the_readers_queries(
+    exports: dict[str, Path], tmp_path: Path
+) -> None:
+    """benchmarks/read_floor.py: the kernel query of one process, of several, and the
+    cheapest with a start, on the reader's own SQL; one line and exit status 2 for an
+    export of one process."""
+    run = _script("read_floor", "--runs", "1")
+
+    done = run(exports["x1"])
+    assert done.returncode == 0, done.stderr
+    assert "12,360 kernel rows, 1 chunks" in done.stdout
+    for label in ("one process", "several processes", "with start, no process"):
+        assert re.search(rf"  {label} +\d+ ms per M rows +\d+\.\d\dx", done.stdout), label
+    single = unpack(SMALL_FP32, tmp_path)
+    one = run(single)
+    assert one.returncode == 2
+    assert one.stderr.strip() == f"error: {single}: one CUDA process: give a multi-rank export"
