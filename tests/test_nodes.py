@@ -207,7 +207,12 @@ def test_what_is_not_one_job_is_compared(
     node0, node1 = load_trace(nodes["node0"]), load_trace(nodes["node1"])
     assert is_node_set([node0, node1])
     assert not is_node_set([node0])
-    assert not is_node_set([node0, load_trace(nodes["node0"])])  # one capture twice
+    assert not is_node_set([node0, load_trace(nodes["node0"])])  # one file twice
+    assert not_one_job([node0, load_trace(nodes["node0"])]) == f"{nodes['node0']} is given twice"
+    copy = tmp_path / "copy.sqlite"  # one capture under two names
+    shutil.copy(nodes["node0"], copy)
+    reason = not_one_job([node0, load_trace(copy)])
+    assert reason is not None and reason.startswith(f"{nodes['node0'].name} and copy.sqlite hold")
     later = load_trace(nodes["node1"])
     later.meta["session_start_utc_ns"] += 3600 * 10**9  # an hour later: another run
     assert not is_node_set([node0, later])

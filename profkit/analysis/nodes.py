@@ -99,6 +99,12 @@ def not_one_job(traces: list[Trace]) -> str | None:
     labels = node_labels(traces)
     if any(t.meta.get("format") != FORMAT for t in traces):
         return "not all of them are Nsight Systems exports"
+    files: dict[Path, str] = {}
+    for trace, label in zip(traces, labels, strict=True):
+        path = Path(str(trace.meta.get("path"))).resolve()
+        if path in files:
+            return f"{files[path]} is given twice"
+        files[path] = label
     windows = []
     seen: dict[tuple[Any, int], str] = {}
     for trace, label in zip(traces, labels, strict=True):
@@ -115,7 +121,7 @@ def not_one_job(traces: list[Trace]) -> str | None:
         for pid in pids:
             who = (trace.meta.get("host"), pid)
             if who in seen:
-                return f"{label} and {seen[who]} hold the same process ({who[0]}, pid {pid})"
+                return f"{seen[who]} and {label} hold the same process ({who[0]}, pid {pid})"
             seen[who] = label
     if max(w[0] for w in windows) >= min(w[1] for w in windows):
         return "their captures do not overlap in time"
@@ -138,7 +144,9 @@ def node_labels(traces: list[Trace]) -> list[str]:
         common = Path(os.path.commonpath([p.resolve() for p in paths]))
     except ValueError:  # paths on different drives
         return [str(p) for p in paths]
-    return [str(p.resolve().relative_to(common)) for p in paths]
+    below = [str(p.resolve().relative_to(common)) for p in paths]
+    # One file given twice (or under two names) has no path below the common folder.
+    return below if len(set(below)) == len(below) else [str(p) for p in paths]
 
 
 def merge_node_traces(traces: list[Trace]) -> Trace:
