@@ -163,6 +163,16 @@ def build(
     return rows
 
 
+def stamp(load_before: tuple[float, float, float]) -> dict[str, object]:
+    """When and where a run was measured, for its JSON: date, CPUs, load before and after."""
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+    }
+
+
 def gpu_processes(conn: sqlite3.Connection) -> list[int]:
     """The processes of an export that own a CUDA context, in rank order (device, pid)."""
     found = conn.execute("SELECT DISTINCT deviceId, processId FROM TARGET_INFO_CUDA_CONTEXT_INFO")
@@ -187,6 +197,28 @@ def one_process(conn: sqlite3.Connection, pid: int) -> None:
             if "processId" in columns:
                 conn.execute(f'DELETE FROM "{table}" WHERE processId != ?', (pid,))
     conn.commit()
+
+
+def another_node(src: Path, dst: Path, step: int = PID_STEP, shift_ns: int = 0) -> Path:
+    """A copy of export ``src`` as another node's of the same job: every process id moved
+    by ``step`` (``globalPid`` / ``globalTid`` hold it in bits 24-47; the target tables name
+    it ``processId``, ``PROCESSES`` ``pid``), every activity, API call and NVTX time moved
+    by ``shift_ns`` (a clock that far ahead; the recorded session start kept)."""
+    shutil.copy(src, dst)
+    with sqlite3.connect(dst) as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for table in tables:
+            columns = {r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')}
+            moved = [f'"{c}" = "{c}" + {step << PID_BITS}' for c in ("globalPid", "globalTid")
+                     if c in columns]  # fmt: skip
+            moved += [f'"{c}" = "{c}" + {step}' for c in ("processId",) if c in columns]
+            if table == "PROCESSES":
+                moved.append(f"pid = pid + {step}")
+            if shift_ns and table.startswith(("CUPTI_ACTIVITY_KIND_", "NVTX_EVENTS")):
+                moved += [f'"{c}" = "{c}" + {shift_ns}' for c in ("start", "end") if c in columns]
+            if moved:
+                conn.execute(f'UPDATE "{table}" SET {", ".join(moved)}')
+    return dst
 
 
 def _shifted(column: str, shift: int, corr_shift: int, groups: int = 1, devices: int = 1) -> str:

@@ -27,10 +27,9 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from kernels_scale import KERNEL_TABLE, RANKS_FIXTURE, ROOT, build, timed
+from kernels_scale import KERNEL_TABLE, RANKS_FIXTURE, ROOT, build, stamp, timed
 
 
 def main() -> int:
@@ -59,10 +58,7 @@ def main() -> int:
                     "--no-cache"]  # fmt: skip
             runs[label].append(timed(argv, ROOT))
     result: dict[str, object] = {
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "cpus": os.cpu_count(),
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
+        **stamp(load_before),
         "kernels": kernels,
         "runs": runs,
     }

@@ -1,6 +1,9 @@
-"""Checks shared by the tests of the chunked analysis and of the cache."""
+"""Checks shared by the tests of the chunked analysis, the cache and the streamed ranks."""
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import pandas as pd
 
@@ -17,3 +20,24 @@ def assert_same_report(a: KernelReport, b: KernelReport) -> None:
     assert a.totals == b.totals
     assert a.notes == b.notes
     assert a.source == b.source
+
+
+def close_json(a: Any, b: Any, where: str = "") -> None:
+    """JSON values equal, floats to 1e-12 relative (std is summed in another order)."""
+    if isinstance(b, dict):
+        assert isinstance(a, dict) and list(a) == list(b), where
+        for key in b:
+            close_json(a[key], b[key], f"{where}.{key}")
+    elif isinstance(b, list):
+        assert isinstance(a, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            close_json(x, y, f"{where}[{i}]")
+    elif isinstance(b, float) and not isinstance(a, bool):
+        assert isinstance(a, float) and math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15), where
+    else:
+        assert a == b and type(a) is type(b), where
+
+
+def option_id(options: dict[str, Any]) -> str:
+    """A parametrized test's id for a set of keyword options (``all`` for none)."""
+    return ",".join(f"{k}={v}" for k, v in options.items()) or "all"

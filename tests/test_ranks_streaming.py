@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import lzma
-import math
 import re
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import pandas as pd
 import pytest
 from bench_scripts import benchmark
 from nsys_data import SMALL_FP32, unpack
-from report_checks import assert_same_report
+from report_checks import assert_same_report, close_json, option_id
 from typer.testing import CliRunner
 
 import profkit.analysis as analysis
@@ -76,22 +75,6 @@ def _script(name: str, *args: str) -> Callable[[Path], subprocess.CompletedProce
     return run
 
 
-def _close(a: Any, b: Any, where: str = "") -> None:
-    """JSON values equal, floats to 1e-12 relative (std is summed in another order)."""
-    if isinstance(b, dict):
-        assert isinstance(a, dict) and list(a) == list(b), where
-        for key in b:
-            _close(a[key], b[key], f"{where}.{key}")
-    elif isinstance(b, list):
-        assert isinstance(a, list) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _close(x, y, f"{where}[{i}]")
-    elif isinstance(b, float) and not isinstance(a, bool):
-        assert isinstance(a, float) and math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15), where
-    else:
-        assert a == b and type(a) is type(b), where
-
-
 def _streamed(path: Path, options: dict[str, Any]) -> RankedReport:
     cols = read_nsys_columns(path)
     layout = ranks_of(cols)
@@ -107,9 +90,7 @@ def _streamed(path: Path, options: dict[str, Any]) -> RankedReport:
 
 
 @pytest.mark.parametrize("which", ["x1", "x3"])
-@pytest.mark.parametrize(
-    "options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "all"
-)
+@pytest.mark.parametrize("options", OPTIONS, ids=option_id)
 def test_columns_give_the_full_tables_report(
     exports: dict[str, Path], which: str, options: dict[str, Any]
 ) -> None:
@@ -125,7 +106,7 @@ def test_columns_give_the_full_tables_report(
         assert mine.totals == theirs.totals
     pd.testing.assert_frame_equal(got.steps, want.steps, check_exact=True)
     assert got.world_size == want.world_size
-    _close(got.to_json(), want.to_json())
+    close_json(got.to_json(), want.to_json())
 
 
 @pytest.mark.parametrize("options", ERRORS, ids=lambda o: ",".join(o))
@@ -188,7 +169,7 @@ def test_the_command_streams_and_prints_what_the_full_tables_print(
         streamed = [run(argv) for argv in argvs]
     monkeypatch.setattr(analysis, "_ranks_streamed", lambda *args: None)
     full = [run(argv) for argv in argvs]
-    _close(json.loads(streamed[0]), json.loads(full[0]))
+    close_json(json.loads(streamed[0]), json.loads(full[0]))
     for mine, theirs in zip(streamed[1:], full[1:], strict=True):
         assert _rounded(mine) == _rounded(theirs)
 

@@ -93,33 +93,63 @@ def is_node_set(traces: list[Trace]) -> bool:
     return len(traces) > 1 and not_one_job(traces) is None
 
 
+@dataclass(frozen=True)
+class NodeFacts:
+    """What of one export tells whether a set of them is the nodes of one job (from its
+    full tables, :meth:`of_trace`, or its compact columns)."""
+
+    path: str
+    nsys: bool
+    host: str | None
+    session_start_utc_ns: int | None
+    gpu_pids: list[int]
+    """Processes with a traced launch of GPU work, in pid order."""
+    nccl: bool
+    window: tuple[int, int]
+    """The first activity's start and the last one's end (ns from the session start)."""
+
+    @classmethod
+    def of_trace(cls, trace: Trace) -> NodeFacts:
+        meta, k = trace.meta, trace.kernels
+        window = (int(k["start"].min()), int(k["end"].max())) if len(k) else (0, 0)
+        start = meta.get("session_start_utc_ns")
+        return cls(
+            str(meta.get("path")), meta.get("format") == FORMAT, meta.get("host"),
+            None if start is None else int(start), sorted(_gpu_pids(trace)),
+            is_nccl_trace(trace), window,
+        )  # fmt: skip
+
+
 def not_one_job(traces: list[Trace]) -> str | None:
     """Why these nsys exports are not the nodes of one job (None: they are); for traces of
     other formats, that they are not nsys exports."""
-    labels = node_labels(traces)
-    if any(t.meta.get("format") != FORMAT for t in traces):
+    return why_not_one_job([NodeFacts.of_trace(t) for t in traces])
+
+
+def why_not_one_job(facts: list[NodeFacts]) -> str | None:
+    """:func:`not_one_job` from each export's :class:`NodeFacts`."""
+    labels = path_labels([f.path for f in facts])
+    if not all(f.nsys for f in facts):
         return "not all of them are Nsight Systems exports"
     files: dict[Path, str] = {}
-    for trace, label in zip(traces, labels, strict=True):
-        path = Path(str(trace.meta.get("path"))).resolve()
+    for fact, label in zip(facts, labels, strict=True):
+        path = Path(fact.path).resolve()
         if path in files:
             return f"{files[path]} is given twice"
         files[path] = label
     windows = []
     seen: dict[tuple[Any, int], str] = {}
-    for trace, label in zip(traces, labels, strict=True):
-        start = trace.meta.get("session_start_utc_ns")
+    for fact, label in zip(facts, labels, strict=True):
+        start = fact.session_start_utc_ns
         if start is None:
             return f"{label} records no session start (TARGET_INFO_SESSION_START_TIME)"
-        pids = _gpu_pids(trace)
-        if not pids:
+        if not fact.gpu_pids:
             return f"{label} has no GPU activity with a traced launch call"
-        if not is_nccl_trace(trace):
+        if not fact.nccl:
             return f"{label} has no NCCL kernels"
-        k = trace.kernels
-        windows.append((start + int(k["start"].min()), start + int(k["end"].max())))
-        for pid in pids:
-            who = (trace.meta.get("host"), pid)
+        windows.append((start + fact.window[0], start + fact.window[1]))
+        for pid in fact.gpu_pids:
+            who = (fact.host, pid)
             if who in seen:
                 return f"{seen[who]} and {label} hold the same process ({who[0]}, pid {pid})"
             seen[who] = label
@@ -134,9 +164,14 @@ def is_nccl_trace(trace: Trace) -> bool:
 
 
 def node_labels(traces: list[Trace]) -> list[str]:
-    """How each file is named in tables and notes: its name, or where two files share a
-    name (``d0/report.sqlite``, ``d1/report.sqlite``) its path below their common folder."""
-    paths = [Path(str(t.meta.get("path"))) for t in traces]
+    """How each file is named in tables and notes (:func:`path_labels`)."""
+    return path_labels([str(t.meta.get("path")) for t in traces])
+
+
+def path_labels(given: list[str]) -> list[str]:
+    """Each file's name, or where two files share a name (``d0/report.sqlite``,
+    ``d1/report.sqlite``) its path below their common folder."""
+    paths = [Path(p) for p in given]
     names = [p.name for p in paths]
     if len(set(names)) == len(names):
         return names
@@ -203,7 +238,7 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
         "thread_names": threads,
         "ranks": ranks,
         "nodes": nodes,
-        "warnings": _warnings(traces, labels, nodes),
+        "warnings": _warnings_of([t.meta for t in traces], labels, nodes),
     }
     return Trace(
         kernels=conform(pd.concat(kernels, ignore_index=True), KERNEL_COLUMNS),
@@ -414,11 +449,13 @@ def _rekeyed(threads: pd.Series, keys: dict[int, int]) -> pd.Series:
     return pd.Series(out, index=threads.index).where(known, pd.NA).astype(threads.dtype)
 
 
-def _warnings(traces: list[Trace], labels: list[str], clocks: list[dict[str, Any]]) -> list[str]:
+def _warnings_of(
+    metas: list[dict[str, Any]], labels: list[str], clocks: list[dict[str, Any]]
+) -> list[str]:
     """Each node's warnings (named by its file), then what the clocks showed."""
     said: list[str] = []
-    for trace, label in zip(traces, labels, strict=True):
-        said += [f"{label}: {w}" for w in trace.meta.get("warnings") or []]
+    for meta, label in zip(metas, labels, strict=True):
+        said += [f"{label}: {w}" for w in meta.get("warnings") or []]
     return said + _clock_notes(clocks)
 
 

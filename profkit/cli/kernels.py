@@ -10,12 +10,16 @@ import typer
 from profkit import analysis
 from profkit.analysis.attribution import PHASE_MODES, PhaseMode
 from profkit.analysis.nodes import (
+    NodeFacts,
     is_nccl_trace,
     merge_node_traces,
     merge_ranks_of_hosts,
     not_one_job,
+    why_not_one_job,
 )
 from profkit.analysis.ranks import RankedReport, rank_tables
+from profkit.analysis.report import KernelReport
+from profkit.analysis.stream_nodes import analyze_node_columns, node_facts
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console, read_progress
@@ -23,7 +27,8 @@ from profkit.errors import BadInput
 from profkit.formats import check_format, file_format, write_text
 from profkit.memory.plot import check_image_path
 from profkit.traces import Trace
-from profkit.traces.load import load_traces
+from profkit.traces.load import load_columns_of, load_traces
+from profkit.traces.nsys_stream import keeps_start_times
 from profkit.traces.ranks import is_rank_set
 
 PathArg = Annotated[
@@ -122,7 +127,10 @@ def kernels(
     if plot is not None:
         check_image_path(plot)
     paths = list(path)
-    if len(paths) > 1 or compare:
+    report: KernelReport | None = None
+    if len(paths) > 1 and not compare:
+        report = _nodes_streamed(paths, nsys, no_cache, top, phase, range_, rank, _mode(phases))
+    if report is None and (len(paths) > 1 or compare):
         with read_progress(f"{len(paths)} traces") as progress:
             traces = load_traces(paths, nsys, progress)
         merged = None if compare or len(traces) < 2 else _one_job(traces)
@@ -136,7 +144,7 @@ def kernels(
                 )
             _compare(paths, traces, top, phase, range_, tolerance, fmt, out, phases)
             return
-    else:
+    elif report is None:
         with read_progress(paths[0].name) as progress:
             report = analysis.kernels(
                 paths[0], top, phase, range_, nsys, rank, _mode(phases),
@@ -165,6 +173,29 @@ def kernels(
     if fmt == "table":
         for note in report.notes:
             console.print(f"[dim]• {note}[/]", highlight=False)
+
+
+def _nodes_streamed(
+    paths: list[Path],
+    nsys: str | None,
+    no_cache: bool,
+    top: int,
+    phase: str | None,
+    range_: str | None,
+    rank: int | None,
+    phases: PhaseMode,
+) -> RankedReport | None:
+    """Several nodes' multi-GPU exports of one job, read as compact columns (each through
+    the cache) and analysed in bounded memory; None where the full tables must read them:
+    other files, a node of one GPU, inferred phases, or what the columns cannot settle."""
+    if phases == "inferred" or not all(keeps_start_times(p) for p in paths):
+        return None
+    with read_progress(f"{len(paths)} traces") as progress:
+        columns = load_columns_of(paths, nsys, False if no_cache else None, progress)
+    facts = [node_facts(c) for c in columns]
+    if any(f is None for f in facts) or why_not_one_job(cast(list[NodeFacts], facts)):
+        return None
+    return analyze_node_columns(columns, top, phase, range_, rank)
 
 
 def _one_job(traces: list[Trace]) -> Trace | None:

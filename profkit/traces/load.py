@@ -23,6 +23,7 @@ import os
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from profkit.errors import BadInput, MissingTool
 from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input
@@ -41,6 +42,7 @@ from profkit.traces.nsys_stream import read_nsys_columns, shape_reader
 from profkit.traces.schema import Trace, check_time_span
 
 Reader = Callable[[Path], Trace]
+T = TypeVar("T")
 
 READERS: dict[str, Reader] = {
     ".sqlite": read_nsys_sqlite,
@@ -136,25 +138,42 @@ def load_traces(
 ) -> list[Trace]:
     """:func:`load_trace` of each path, with one ``progress`` over all of them in bytes of
     the files on disk (a file whose reader reports nothing counts when it is done)."""
+    return _each(paths, lambda path, inner: load_trace(path, nsys, inner), progress)
+
+
+def load_columns_of(
+    paths: list[Path],
+    nsys: str | os.PathLike[str] | None = None,
+    cache: bool | None = None,
+    progress: Progress | None = None,
+) -> list[ActivityColumns]:
+    """:func:`load_columns` of each path, with one ``progress`` over all of them in bytes
+    of the files on disk (an export's rows counted as its share of its file's bytes)."""
+    return _each(paths, lambda path, inner: load_columns(path, nsys, cache, inner), progress)
+
+
+def _each(
+    paths: list[Path], read: Callable[[Path, Progress | None], T], progress: Progress | None
+) -> list[T]:
     sizes = [_checked(p).stat().st_size for p in paths]  # every path checked before reading
     total = sum(sizes)
-    traces = []
+    done = []
     for index, path in enumerate(paths):
         before = sum(sizes[:index])
-        inner = None if progress is None else _offset(progress, before, total)
-        traces.append(load_trace(path, nsys, inner))
+        inner = None if progress is None else _offset(progress, before, sizes[index], total)
+        done.append(read(path, inner))
         if progress is not None:
             progress(before + sizes[index], total, "bytes")
-    return traces
+    return done
 
 
-def _offset(progress: Progress, before: int, total: int) -> Progress:
+def _offset(progress: Progress, before: int, size: int, total: int) -> Progress:
     """``progress`` of one file as a part of all: its bytes after the ``before`` of those
-    read earlier (a reader counting other things than bytes is not heard)."""
+    read earlier, or its rows as that share of its ``size`` in bytes."""
 
-    def report(done: int, _size: int, unit: ProgressUnit = "rows", /) -> None:
-        if unit == "bytes":
-            progress(min(before + done, total), total, "bytes")
+    def report(done: int, of: int, unit: ProgressUnit = "rows", /) -> None:
+        part = done if unit == "bytes" else size * done // max(of, 1)
+        progress(min(before + part, total), total, "bytes")
 
     return report
 

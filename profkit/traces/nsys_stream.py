@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profkit.errors import BadInput
 from profkit.sidecar import read_sidecar
 from profkit.traces import _sqlite
 from profkit.traces.columns import (
@@ -721,6 +722,28 @@ def _where(launch_ids: list[int], launch_only: bool, process: int | None) -> str
         where = f"nameId IN ({ids})" if launch_only else f"nameId NOT IN ({ids})"
     # With correlation ids alone as keys, calls of other processes must not match.
     return where if process is None else f"{where} AND {TID_PID_BITS} = {process}"
+
+
+def keeps_start_times(path: Path) -> bool:
+    """Whether :func:`read_nsys_columns` keeps each activity's start for the plain SQLite
+    export at ``path``: where its activities may belong to several CUDA processes. A look
+    at its contexts table, no scan; False for a file it cannot say that of."""
+    try:
+        with path.open("rb") as handle:
+            if not handle.read(len(_sqlite.SQLITE_MAGIC)).startswith(_sqlite.SQLITE_MAGIC):
+                return False
+        conn = _sqlite.open_readonly(path)
+    except (OSError, BadInput):
+        return False
+    try:
+        tables = _sqlite.table_columns(conn)
+        if KERNEL_TABLE not in tables or "globalPid" not in tables[KERNEL_TABLE]:
+            return False
+        return _single_cuda_process(conn, tables, Codec.of(conn, tables)) is None
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
 
 
 def _single_cuda_process(

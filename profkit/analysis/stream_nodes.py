@@ -1,0 +1,269 @@
+"""Several nodes' Nsight Systems exports read as one job from their compact columns.
+
+:func:`.nodes.merge_node_traces` joins the nodes' full tables (twelve columns an activity,
+text included); :func:`merge_node_columns` joins their :class:`ActivityColumns` (a few bytes
+an activity, each node's read chunk by chunk and through the cache), so a job of many nodes
+and millions of kernels is read in the memory its columns take, and its ranked report comes
+from the streaming analysis (:func:`.stream_ranks.analyze_rank_columns`). The merge is the
+same as the full tables':
+
+- each node's ranks are numbered as :func:`.stream_ranks.ranks_of` numbers one export's,
+  the nodes one after the other in the order given;
+- every process gets a key of its own in the merged thread ids (pids of two hosts can be
+  equal), the ranks' first in rank order, and every node's GPUs are numbered after the
+  nodes' before it; the report shows each rank's real pid, host and GPU;
+- each node's times are put on the first node's clock by the session starts, then by the
+  offset its first rank's NCCL kernel ends show (:func:`.nodes.estimate_offset`).
+
+:func:`analyze_node_columns` gives the report, or None where the columns cannot: a node of
+one process (its columns keep no start times), a node whose ranks a tie would decide, or
+more threads or GPUs than the columns' 16-bit codes hold. The caller then reads the full
+tables, as for anything :func:`.stream_ranks.ranks_of` leaves to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.analysis.comm import is_nccl
+from profkit.analysis.nodes import (
+    NodeClock,
+    NodeFacts,
+    _clock,
+    _no_ends,
+    _warnings_of,
+    path_labels,
+)
+from profkit.analysis.ranks import RankedReport
+from profkit.analysis.stream_rank_tables import NotStreamable
+from profkit.analysis.stream_ranks import Layout, analyze_rank_columns, ranks_of
+from profkit.traces.columns import (
+    DEVICE,
+    MAX_THREADS,
+    NO_SHAPE,
+    START,
+    ActivityColumns,
+    ShapeReader,
+)
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, THREAD_MASK
+
+ARRAYS = ("name", "duration", "launch_start", "launch_thread", START, DEVICE)
+DEVICE_LIMIT = np.iinfo(np.int16).max
+
+
+def node_facts(cols: ActivityColumns) -> NodeFacts | None:
+    """:class:`.nodes.NodeFacts` of one export's columns; None for columns without start
+    times (one process's: its capture window is not in them)."""
+    meta = cols.meta
+    if START not in cols.arrays:
+        return None
+    cols.load([*ARRAYS[:4], START])
+    start = meta.get("session_start_utc_ns")
+    return NodeFacts(
+        str(meta.get("path")), meta.get("format") == "nsys-sqlite", meta.get("host"),
+        None if start is None else int(start), sorted(_pid_of(cols, _launched(cols)).tolist()),
+        bool(_nccl_names(cols).any()), _window(cols),
+    )  # fmt: skip
+
+
+def analyze_node_columns(
+    nodes: list[ActivityColumns],
+    top: int = 20,
+    phase: str | None = None,
+    range_: str | None = None,
+    rank: int | None = None,
+) -> RankedReport | None:
+    """The ranked report of the nodes of one job (:func:`.nodes.why_not_one_job` says
+    they are) from their columns; None where the full tables must give it."""
+    merged = merge_node_columns(nodes)
+    if merged is None:
+        return None
+    cols, layout, real = merged
+    try:
+        report = analyze_rank_columns(cols, layout, top, phase, range_, rank)
+    except NotStreamable:
+        return None
+    for entry in report.ranks:  # the merged keys gave the analysis its processes
+        entry.info.update(real[entry.info["rank"]])
+    report.nodes = list(cols.meta["nodes"])
+    return report
+
+
+def merge_node_columns(
+    nodes: list[ActivityColumns],
+) -> tuple[ActivityColumns, Layout, list[dict[str, Any]]] | None:
+    """The nodes' columns as one export's, its ranks, and each rank's real pid, host and
+    GPU (the layout's ``pid`` is its merged process key); None where the columns cannot
+    be merged (see the module doc)."""
+    layouts = []
+    for cols in nodes:
+        if START not in cols.arrays or cols.meta.get("ranks"):
+            return None
+        cols.load(list(ARRAYS))
+        layout = ranks_of(cols)
+        if layout is None:
+            return None
+        layouts.append(layout)
+    # GPUs numbered apart, node after node (ranks_of orders ranks by GPU), in 16 bits.
+    stride = max(int(c.arrays[DEVICE].max(initial=0)) for c in nodes) + 1
+    if len(nodes) * stride > DEVICE_LIMIT:
+        return None
+    if sum(len(c.threads) for c in nodes) > MAX_THREADS:
+        return None
+    labels = path_labels([str(c.meta.get("path")) for c in nodes])
+    first = nodes[0].meta
+    reference = _no_ends()
+    parts: list[dict[str, np.ndarray]] = []
+    threads: list[np.ndarray] = []
+    ranges: list[pd.DataFrame] = []
+    clocks: list[NodeClock] = []
+    real: list[dict[str, Any]] = []
+    names: dict[str, int] = {}
+    kinds: list[str] = []
+    thread_names: dict[int, str] = {}
+    next_key, ranks_before = 1, 0
+    for node, (cols, layout) in enumerate(zip(nodes, layouts, strict=True)):
+        meta = cols.meta
+        pids = [int(info["pid"]) for info in layout.info]
+        pids += _pids(cols.threads).tolist() + _pids(cols.ranges["thread"].to_numpy()).tolist()
+        keys = {pid: next_key + i for i, pid in enumerate(dict.fromkeys(pids))}
+        next_key += len(keys)
+        ends = _nccl_ends(cols, int(layout.info[0]["pid"]))
+        if node == 0:
+            reference = ends
+        numbered = list(range(ranks_before, ranks_before + len(layout.info)))
+        clock, shift = _clock(labels[node], first, meta, reference, ends, numbered, node == 0)
+        clocks.append(clock)
+        for info in layout.info:
+            real.append({"pid": info["pid"], "host": meta.get("host"), "device": info["device"],
+                         "process": keys[int(info["pid"])]})  # fmt: skip
+        ranks_before += len(layout.info)
+        code = np.array([names.setdefault(n, len(names)) for n in cols.names], dtype=np.int32)
+        known = len(kinds)  # the names first seen in this node, in their order
+        kinds += [k for n, k in zip(cols.names, cols.kinds, strict=True) if names[n] >= known]
+        parts.append(_moved(cols, code, shift, node * stride, sum(len(t) for t in threads)))
+        threads.append(_rekeyed(np.asarray(cols.threads, dtype=np.int64), keys))
+        moved = cols.ranges.copy()
+        moved["start"], moved["end"] = moved["start"] + shift, moved["end"] + shift
+        moved["thread"] = _rekeyed(moved["thread"].to_numpy(np.int64), keys)
+        ranges.append(moved)
+        for tid, name in (meta.get("thread_names") or {}).items():
+            pid = (int(tid) >> PROCESS_SHIFT) & PROCESS_MASK
+            if pid in keys:
+                thread_names[(keys[pid] << PROCESS_SHIFT) | (int(tid) & THREAD_MASK)] = name
+    nodes_json = [asdict(c) for c in clocks]
+    merged = ActivityColumns(
+        arrays={name: np.concatenate([p[name] for p in parts]) for name in ARRAYS},
+        names=list(names),
+        kinds=kinds,
+        shapes=[],
+        threads=np.concatenate(threads),
+        ranges=pd.concat(ranges, ignore_index=True),
+        meta={
+            **{key: v for key, v in first.items() if key not in ("thread_names", "warnings")},
+            "path": ", ".join(labels),
+            "paths": [c.meta.get("path") for c in nodes],
+            "thread_names": thread_names,
+            "nodes": nodes_json,
+            "warnings": _warnings_of([c.meta for c in nodes], labels, nodes_json),
+        },
+        read_shapes=_shapes_of(nodes),
+    )
+    layout = ranks_of(merged)
+    if layout is None or [i["pid"] for i in layout.info] != [r["process"] for r in real]:
+        return None  # the merged columns would number the ranks otherwise
+    for info in layout.info:
+        info["world_size"] = len(real)
+    return merged, layout, real
+
+
+def _moved(
+    cols: ActivityColumns, code: np.ndarray, shift: int, devices_before: int, threads_before: int
+) -> dict[str, np.ndarray]:
+    """One node's arrays as the merged columns keep them: names recoded, times on the first
+    node's clock, launch threads coded after the nodes before, GPUs after theirs."""
+    a = cols.arrays
+    launch = a["launch_start"]
+    thread = a["launch_thread"]
+    return {
+        "name": code[a["name"]],
+        "duration": a["duration"],
+        "launch_start": np.where(launch >= 0, launch + shift, launch),
+        "launch_thread": np.where(thread >= 0, thread + threads_before, thread).astype(np.int16),
+        START: a[START] + shift,
+        DEVICE: (a[DEVICE].astype(np.int32) + devices_before).astype(np.int16),
+    }
+
+
+def _shapes_of(nodes: list[ActivityColumns]) -> ShapeReader:
+    """Shapes of merged activities: each node's, asked of that node's columns."""
+    bounds = np.cumsum([0] + [len(c) for c in nodes])
+
+    def read(index: np.ndarray) -> list[tuple[str, str]]:
+        shapes = [NO_SHAPE] * len(index)
+        node = np.searchsorted(bounds, index, side="right") - 1
+        for n, cols in enumerate(nodes):
+            at = np.flatnonzero(node == n)
+            if len(at):
+                found = cols.shapes_at(index[at] - bounds[n])
+                for i, shape in zip(at.tolist(), found, strict=True):
+                    shapes[i] = shape
+        return shapes
+
+    return read
+
+
+def _rekeyed(threads: np.ndarray, keys: dict[int, int]) -> np.ndarray:
+    """Thread ids with their process bits replaced by the process's merged key (-1 kept)."""
+    known = threads >= 0
+    pids = np.array(sorted(keys), dtype=np.int64)
+    to = np.array([keys[p] for p in pids.tolist()], dtype=np.int64)
+    key = to[np.searchsorted(pids, (threads[known] >> PROCESS_SHIFT) & PROCESS_MASK)]
+    out = threads.copy()
+    out[known] = (key << PROCESS_SHIFT) | (threads[known] & THREAD_MASK)
+    return out
+
+
+def _pids(threads: np.ndarray) -> np.ndarray:
+    values = np.asarray(threads, dtype=np.int64)
+    return np.unique((values[values >= 0] >> PROCESS_SHIFT) & PROCESS_MASK)
+
+
+def _launched(cols: ActivityColumns) -> np.ndarray:
+    """The thread codes that launched GPU work."""
+    thread = cols.arrays["launch_thread"]
+    return np.unique(thread[thread >= 0])
+
+
+def _pid_of(cols: ActivityColumns, codes: np.ndarray) -> np.ndarray:
+    return np.unique((np.asarray(cols.threads, np.int64)[codes] >> PROCESS_SHIFT) & PROCESS_MASK)
+
+
+def _nccl_names(cols: ActivityColumns) -> np.ndarray:
+    """Per name code: whether it is an NCCL kernel."""
+    kernel = np.array([k == "kernel" for k in cols.kinds], dtype=bool)
+    return kernel & is_nccl(np.array(cols.names, dtype=object))
+
+
+def _window(cols: ActivityColumns) -> tuple[int, int]:
+    if not len(cols):
+        return 0, 0
+    start = cols.arrays[START]
+    return int(start.min()), int((start + cols.arrays["duration"]).max())
+
+
+def _nccl_ends(cols: ActivityColumns, pid: int) -> tuple[np.ndarray, np.ndarray]:
+    """Process ``pid``'s NCCL kernels in launch order: names and end times."""
+    a = cols.arrays
+    thread = a["launch_thread"].astype(np.int64)
+    thread_pid = (np.append(np.asarray(cols.threads, np.int64), -1) >> PROCESS_SHIFT) & PROCESS_MASK
+    mine = _nccl_names(cols)[a["name"]] & (thread >= 0) & (thread_pid[thread] == pid)
+    rows = np.flatnonzero(mine)
+    order = np.lexsort((a[START][rows], a["launch_start"][rows]))  # stable: launch, then start
+    rows = rows[order]
+    names = np.array(cols.names, dtype=object)[a["name"][rows]]
+    return names, a[START][rows] + a["duration"][rows]

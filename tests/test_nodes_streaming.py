@@ -1,0 +1,181 @@
+"""Several nodes' multi-GPU exports read as one job from their compact columns
+(profkit.analysis.stream_nodes), in bounded memory, as the full tables read them.
+
+No multi-host capture exists here, so a second node is made from the real 2-GPU export
+(``kernels_scale.another_node``): the same rows with every process id moved by 100,000
+(another host's processes), and in one variant every time 3 ms later (a clock ahead). Read as a 2-node, 4-rank job, the
+streamed report must equal the full tables' (``merge_node_traces``) everywhere, with every
+option; the CLI takes the streamed path for such sets and the full tables otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench_scripts import benchmark
+from nsys_data import SMALL_FP32, unpack
+from report_checks import close_json, option_id
+from typer.testing import CliRunner
+
+import profkit.cli.kernels as cli_kernels
+from profkit.analysis import analyze_any
+from profkit.analysis.nodes import merge_node_traces, not_one_job, why_not_one_job
+from profkit.analysis.ranks import RankedReport
+from profkit.analysis.stream_nodes import analyze_node_columns, node_facts
+from profkit.cli import app
+from profkit.errors import BadInput
+from profkit.traces.load import load_columns, load_columns_of, load_traces
+from profkit.traces.nsys_stream import keeps_start_times
+
+DDP2 = "nsys-2025.3-h200x2-small-ddp2"
+PID_STEP = 100_000  # kernels_scale.PID_STEP: another node's processes
+SHIFT_NS = 3_000_000
+OPTIONS = [
+    {},
+    {"phase": "backward"},
+    {"range_": "computing softmax"},
+    {"top": 0},
+    {"rank": 3},
+    {"rank": 2, "phase": "optimizer"},
+]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    scale = benchmark("kernels_scale")
+    folder = tmp_path_factory.mktemp("nodes-streaming")
+    node0 = unpack(DDP2, folder).rename(folder / "node0.sqlite")
+    return {
+        "node0": node0,
+        "node1": scale.another_node(node0, folder / "node1.sqlite"),
+        "node1-ahead": scale.another_node(node0, folder / "node1-ahead.sqlite", shift_ns=SHIFT_NS),
+    }
+
+
+def _full(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
+    top, phase = options.get("top", 20), options.get("phase")
+    merged = merge_node_traces(load_traces(paths))
+    report = analyze_any(merged, top, phase, options.get("range_"), options.get("rank"))
+    return json.loads(json.dumps(report.to_json(), default=str))
+
+
+def _streamed(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
+    columns = [load_columns(p, cache=False) for p in paths]
+    report = analyze_node_columns(columns, **options)
+    assert isinstance(report, RankedReport)
+    return json.loads(json.dumps(report.to_json(), default=str))
+
+
+@pytest.mark.parametrize("second", ["node1", "node1-ahead"])
+@pytest.mark.parametrize("options", OPTIONS, ids=option_id)
+def test_the_columns_give_the_full_tables_report(
+    nodes: dict[str, Path], second: str, options: dict[str, Any]
+) -> None:
+    paths = [nodes["node0"], nodes[second]]
+    close_json(_streamed(paths, options), _full(paths, options))
+
+
+def test_four_ranks_two_hosts_pids_and_the_clock(nodes: dict[str, Path]) -> None:
+    """Ranks numbered node by node, each with its real pid and GPU; node 1's 3 ms found
+    from its 57 collectives and taken out, so its ranks' numbers are node 0's."""
+    got = _streamed([nodes["node0"], nodes["node1-ahead"]], {})
+    with sqlite3.connect(nodes["node0"]) as conn:
+        pids = [r[0] for r in conn.execute(
+            "SELECT processId FROM TARGET_INFO_CUDA_CONTEXT_INFO ORDER BY deviceId")]  # fmt: skip
+    assert [(r["rank"], r["pid"], r["device"]) for r in got["ranks"]] == [
+        (0, pids[0], 0), (1, pids[1], 1), (2, pids[0] + PID_STEP, 0), (3, pids[1] + PID_STEP, 1)
+    ]  # fmt: skip
+    second = got["nodes"][1]
+    assert (second["ranks"], second["pairs"], second["agreeing"]) == ([2, 3], 57, 57)
+    assert second["offset_ms"] == pytest.approx(SHIFT_NS / 1e6) and second["applied"]
+    for entry in got["ranks"][2:]:
+        twin = got["ranks"][entry["rank"] - 2]
+        assert {k: v for k, v in entry.items() if k not in ("rank", "pid")} == {
+            k: v for k, v in twin.items() if k not in ("rank", "pid")
+        }
+
+
+def test_the_cli_streams_node_sets_and_prints_what_the_full_tables_print(
+    nodes: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = [str(nodes["node0"]), str(nodes["node1-ahead"])]
+    expected = {}
+    for fmt in ("json", "md", "csv"):
+        result = runner.invoke(app, ["kernels", *paths, "--no-cache", "--format", fmt])
+        assert result.exit_code == 0, result.output
+        expected[fmt] = result.stdout
+    close_json(json.loads(expected["json"]), _full([Path(p) for p in paths], {}))
+
+    def refuse(*_: Any) -> None:
+        raise AssertionError("the full tables were read")
+
+    monkeypatch.setattr(cli_kernels, "merge_node_traces", refuse)
+    monkeypatch.setattr(cli_kernels, "load_traces", refuse)
+    for fmt, text in expected.items():
+        result = runner.invoke(app, ["kernels", *paths, "--no-cache", "--format", fmt])
+        assert result.exit_code == 0, result.output
+        assert result.stdout == text
+    bad = runner.invoke(app, ["kernels", *paths, "--no-cache", "--rank", "4"])
+    assert bad.exit_code == 2
+    assert bad.stderr.strip().splitlines() == ["error: no rank 4 in this trace; ranks: 0, 1, 2, 3"]
+
+
+def test_what_the_columns_cannot_read_goes_to_the_full_tables(
+    nodes: dict[str, Path], tmp_path: Path
+) -> None:
+    """One GPU per node keeps no start times in its columns; the same file twice is not
+    one job: the CLI reads the full tables for both, and says why for the second."""
+    single = unpack(SMALL_FP32, tmp_path)
+    assert keeps_start_times(nodes["node0"]) and not keeps_start_times(single)
+    assert not keeps_start_times(tmp_path / "none.sqlite")
+    assert node_facts(load_columns(single, cache=False)) is None
+    twice = [nodes["node0"], nodes["node0"]]
+    facts = [node_facts(c) for c in load_columns_of(twice, cache=False)]
+    assert why_not_one_job(facts) == not_one_job(load_traces(twice))  # type: ignore[arg-type]
+    assert why_not_one_job(facts) == f"{nodes['node0']} is given twice"  # type: ignore[arg-type]
+    result = runner.invoke(app, ["kernels", *map(str, twice), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert "not read as one job: " + f"{nodes['node0']} is given twice" in result.stderr
+
+
+def test_several_exports_share_one_progress_in_bytes(nodes: dict[str, Path]) -> None:
+    heard: list[tuple[int, int, str]] = []
+    paths = [nodes["node0"], nodes["node1"]]
+    load_columns_of(paths, cache=False, progress=lambda d, t, u="rows": heard.append((d, t, u)))
+    total = sum(p.stat().st_size for p in paths)
+    assert {t for _, t, _ in heard} == {total} and {u for _, _, u in heard} == {"bytes"}
+    done = [d for d, _, _ in heard]
+    assert done == sorted(done) and done[-1] == total
+    assert paths[0].stat().st_size in done  # the first file ends where the second starts
+    assert any(0 < d < paths[0].stat().st_size for d in done)  # rows heard within a file
+
+
+def test_a_missing_node_file_is_one_line(nodes: dict[str, Path], tmp_path: Path) -> None:
+    result = runner.invoke(app, ["kernels", str(nodes["node0"]), str(tmp_path / "node9.sqlite")])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: no such file: {tmp_path / 'node9.sqlite'}"
+    ]
+    with pytest.raises(BadInput):
+        load_columns_of([nodes["node0"], tmp_path / "node9.sqlite"], cache=False)
+
+
+def test_the_nodes_scale_script_times_both_reads_and_checks_they_agree(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "nodes_scale.py"
+    argv = [sys.executable, str(script), "--copies", "1", "--runs", "1", "--workdir", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "2 nodes x 12,360 kernels (2 ranks each)" in done.stdout
+    for label in ("columns", "full tables"):
+        assert re.search(rf"{label} +wall +\d+\.\d\d s .*peak RSS \d+\.\d\d GiB", done.stdout)
+    assert "same totals, ranks and nodes: True" in done.stdout
+    written = json.loads((tmp_path / "nodes_scale.json").read_text())
+    assert written["same"] and written["kernels"] == 24_720
