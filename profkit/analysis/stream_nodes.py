@@ -45,6 +45,7 @@ from profkit.traces.columns import (
     DEVICE,
     MAX_THREADS,
     NO_SHAPE,
+    SHAPE,
     START,
     ActivityColumns,
     ShapeReader,
@@ -98,7 +99,8 @@ def merge_node_columns(
 ) -> tuple[ActivityColumns, Layout, list[dict[str, Any]]] | None:
     """The nodes' columns as one export's, its ranks, and each rank's real pid, host and
     GPU (the layout's ``pid`` is its merged process key); None where the columns cannot
-    be merged (see the module doc)."""
+    be merged (see the module doc). The nodes' arrays are given up to the merged columns
+    (each node keeps only what reads its shapes), so memory holds them once."""
     layouts = []
     for cols in nodes:
         if START not in cols.arrays or cols.meta.get("ranks"):
@@ -173,6 +175,8 @@ def merge_node_columns(
         },
         read_shapes=_shapes_of(nodes),
     )
+    for cols in nodes:  # their arrays live on in the merged ones: free the nodes' copies
+        cols.arrays = {SHAPE: cols.arrays[SHAPE]} if SHAPE in cols.arrays else {}
     layout = ranks_of(merged)
     if layout is None or [i["pid"] for i in layout.info] != [r["process"] for r in real]:
         return None  # the merged columns would number the ranks otherwise
