@@ -70,7 +70,16 @@ def merge_results(
             result = {**died, "status": died.get("status", "error")}
             result["error"] = f"rank {rank} wrote no result: {died.get('error')}"
         ranks.append({"rank": rank, **result})
-    worst = max(ranks, key=lambda r: STATUS_ORDER.index(r.get("status", "error")))
+    # The worst status; among ranks of that status, one that said why (torchrun tears the
+    # other ranks down when one fails, so a rank may die before writing its own failure).
+    worst = max(
+        ranks,
+        key=lambda r: (
+            STATUS_ORDER.index(r.get("status", "error")),
+            results[r["rank"]] is not None,
+            -r["rank"],
+        ),
+    )
     first = ranks[0]
     merged: dict[str, Any] = {
         "config": config.to_dict(),
