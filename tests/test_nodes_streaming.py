@@ -11,6 +11,7 @@ option; the CLI takes the streamed path for such sets and the full tables otherw
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -179,3 +180,48 @@ def test_the_nodes_scale_script_times_both_reads_and_checks_they_agree(tmp_path:
     assert "same totals, ranks and nodes: True" in done.stdout
     written = json.loads((tmp_path / "nodes_scale.json").read_text())
     assert written["same"] and written["kernels"] == 24_720
+
+
+def test_a_node_that_began_before_the_first_keeps_its_launches(
+    nodes: dict[str, Path], tmp_path: Path
+) -> None:
+    """The first node's capture began 20 ms after the second's (its first 20 ms of rows
+    are not in it): the second node's times come before the first's session start, and
+    must not read as unknown launches. Its ranks are the same in either order of files."""
+    scale = benchmark("kernels_scale")
+    late = scale.another_node(nodes["node0"], tmp_path / "late.sqlite", 2 * PID_STEP, -20_000_000)
+    with sqlite3.connect(late) as conn:
+        for table in ("KERNEL", "MEMCPY", "MEMSET", "RUNTIME"):
+            conn.execute(f"DELETE FROM CUPTI_ACTIVITY_KIND_{table} WHERE start < 0")
+        conn.execute("UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = utcEpochNs + 20000000")
+    first, second = [late, nodes["node1"]], [nodes["node1"], late]
+    got = _streamed(first, {})
+    close_json(got, _full(first, {}))
+    other = _streamed(second, {})
+    assert got["nodes"][1]["base_ms"] == pytest.approx(-20.0)
+    for mine, theirs in zip(got["ranks"][2:], other["ranks"][:2], strict=True):
+        keep = ("kernels", "kernel_time_ms", "gpu_time_ms", "phases", "comm")
+        assert {k: mine[k] for k in keep} == {k: theirs[k] for k in keep}
+    phases = {p["phase"]: p["kernels"] for p in got["ranks"][2]["phases"]}
+    assert "unattributed" not in phases or phases["unattributed"] == 0
+
+
+def test_consumed_nodes_give_the_same_report_and_their_arrays_up(nodes: dict[str, Path]) -> None:
+    paths = [nodes["node0"], nodes["node1"]]
+    kept = [load_columns(p, cache=False) for p in paths]
+    first = analyze_node_columns(kept)
+    assert first is not None and all(len(c) for c in kept)  # not consumed: still whole
+    again = analyze_node_columns(kept)
+    assert again is not None and again.to_json() == first.to_json()
+    given = [load_columns(p, cache=False) for p in paths]
+    consumed = analyze_node_columns(given, consume=True)
+    assert consumed is not None and consumed.to_json() == first.to_json()
+    assert all("name" not in c.arrays for c in given)
+
+
+def test_a_fifo_among_the_nodes_is_one_line(nodes: dict[str, Path], tmp_path: Path) -> None:
+    fifo = tmp_path / "node1.sqlite"
+    os.mkfifo(fifo)
+    result = runner.invoke(app, ["kernels", str(nodes["node0"]), str(fifo)])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [f"error: {fifo} is a FIFO, not a regular file"]

@@ -195,6 +195,8 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
     reference = _no_ends()
     next_key = 1
     labels = node_labels(traces)
+    placed: list[tuple[Trace, list[dict[str, Any]], dict[int, int], list[int]]] = []
+    shifts: list[int] = []
     for node, trace in enumerate(traces):
         meta = trace.meta
         local = rank_processes(trace, kernel_processes(trace))
@@ -208,10 +210,18 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
         ends = _nccl_ends(trace, local[0]["pid"]) if local else _no_ends()
         if node == 0:
             reference = ends
-        numbered = list(range(len(ranks), len(ranks) + len(local)))
+        before = sum(len(p[1]) for p in placed)
+        numbered = list(range(before, before + len(local)))
         clock, shift = _clock(
             labels[node], traces[0].meta, meta, reference, ends, numbered, node == 0
         )
+        clocks.append(clock)
+        shifts.append(shift)
+        placed.append((trace, local, keys, numbered))
+    for node, ((trace, local, keys, numbered), shift) in enumerate(
+        zip(placed, lifted(shifts), strict=True)
+    ):
+        meta = trace.meta
         moved = _shifted(trace, shift)  # copies: the caller's trace stays as it was
         k, r = moved.kernels, moved.ranges
         k["launch_thread"] = _rekeyed(k["launch_thread"], keys)
@@ -220,7 +230,6 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
         for info, rank in zip(local, numbered, strict=True):
             ranks.append({**info, "rank": rank, "process": keys[int(info["pid"])],
                           "host": meta.get("host"), "path": meta.get("path")})  # fmt: skip
-        clocks.append(clock)
         for tid, name in (meta.get("thread_names") or {}).items():
             pid = (int(tid) >> PROCESS_SHIFT) & PROCESS_MASK
             if pid in keys:
@@ -283,6 +292,14 @@ def merge_ranks_of_hosts(traces: list[Trace]) -> Trace:
     merged.meta["nodes"] = nodes
     merged.meta["warnings"] = list(merged.meta.get("warnings") or []) + _clock_notes(nodes)
     return merged
+
+
+def lifted(shifts: list[int]) -> list[int]:
+    """Each node's shift onto the first node's clock, all raised by one amount where some
+    are negative (a node whose session began before the first's), so that no time goes
+    below 0: an unknown launch reads as a negative time, and a known one must not."""
+    lift = max(0, -min(shifts, default=0))
+    return [shift + lift for shift in shifts]
 
 
 def _shifted(trace: Trace, ns: int) -> Trace:

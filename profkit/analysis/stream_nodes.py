@@ -36,6 +36,7 @@ from profkit.analysis.nodes import (
     _clock,
     _no_ends,
     _warnings_of,
+    lifted,
     path_labels,
 )
 from profkit.analysis.ranks import RankedReport
@@ -77,10 +78,12 @@ def analyze_node_columns(
     phase: str | None = None,
     range_: str | None = None,
     rank: int | None = None,
+    consume: bool = False,
 ) -> RankedReport | None:
     """The ranked report of the nodes of one job (:func:`.nodes.why_not_one_job` says
-    they are) from their columns; None where the full tables must give it."""
-    merged = merge_node_columns(nodes)
+    they are) from their columns; None where the full tables must give it. ``consume``:
+    the nodes' arrays are given up as they are merged (:func:`merge_node_columns`)."""
+    merged = merge_node_columns(nodes, consume)
     if merged is None:
         return None
     cols, layout, real = merged
@@ -95,12 +98,13 @@ def analyze_node_columns(
 
 
 def merge_node_columns(
-    nodes: list[ActivityColumns],
+    nodes: list[ActivityColumns], consume: bool = False
 ) -> tuple[ActivityColumns, Layout, list[dict[str, Any]]] | None:
     """The nodes' columns as one export's, its ranks, and each rank's real pid, host and
     GPU (the layout's ``pid`` is its merged process key); None where the columns cannot
-    be merged (see the module doc). The nodes' arrays are given up to the merged columns
-    (each node keeps only what reads its shapes), so memory holds them once."""
+    be merged (see the module doc). ``consume``: each node's arrays are given up as soon
+    as they are copied into the merged ones (the node keeps only what reads its shapes),
+    so memory holds them about once; the nodes' columns are of no further use then."""
     layouts = []
     for cols in nodes:
         if START not in cols.arrays or cols.meta.get("ranks"):
@@ -119,15 +123,11 @@ def merge_node_columns(
     labels = path_labels([str(c.meta.get("path")) for c in nodes])
     first = nodes[0].meta
     reference = _no_ends()
-    parts: list[dict[str, np.ndarray]] = []
-    threads: list[np.ndarray] = []
-    ranges: list[pd.DataFrame] = []
     clocks: list[NodeClock] = []
+    shifts: list[int] = []
+    keys_of: list[dict[int, int]] = []
     real: list[dict[str, Any]] = []
-    names: dict[str, int] = {}
-    kinds: list[str] = []
-    thread_names: dict[int, str] = {}
-    next_key, ranks_before = 1, 0
+    next_key = 1
     for node, (cols, layout) in enumerate(zip(nodes, layouts, strict=True)):
         meta = cols.meta
         pids = [int(info["pid"]) for info in layout.info]
@@ -137,46 +137,26 @@ def merge_node_columns(
         ends = _nccl_ends(cols, int(layout.info[0]["pid"]))
         if node == 0:
             reference = ends
-        numbered = list(range(ranks_before, ranks_before + len(layout.info)))
+        numbered = list(range(len(real), len(real) + len(layout.info)))
         clock, shift = _clock(labels[node], first, meta, reference, ends, numbered, node == 0)
         clocks.append(clock)
+        shifts.append(shift)
+        keys_of.append(keys)
         for info in layout.info:
             real.append({"pid": info["pid"], "host": meta.get("host"), "device": info["device"],
                          "process": keys[int(info["pid"])]})  # fmt: skip
-        ranks_before += len(layout.info)
-        code = np.array([names.setdefault(n, len(names)) for n in cols.names], dtype=np.int32)
-        known = len(kinds)  # the names first seen in this node, in their order
-        kinds += [k for n, k in zip(cols.names, cols.kinds, strict=True) if names[n] >= known]
-        parts.append(_moved(cols, code, shift, node * stride, sum(len(t) for t in threads)))
-        threads.append(_rekeyed(np.asarray(cols.threads, dtype=np.int64), keys))
-        moved = cols.ranges.copy()
-        moved["start"], moved["end"] = moved["start"] + shift, moved["end"] + shift
-        moved["thread"] = _rekeyed(moved["thread"].to_numpy(np.int64), keys)
-        ranges.append(moved)
-        for tid, name in (meta.get("thread_names") or {}).items():
-            pid = (int(tid) >> PROCESS_SHIFT) & PROCESS_MASK
-            if pid in keys:
-                thread_names[(keys[pid] << PROCESS_SHIFT) | (int(tid) & THREAD_MASK)] = name
     nodes_json = [asdict(c) for c in clocks]
-    merged = ActivityColumns(
-        arrays={name: np.concatenate([p[name] for p in parts]) for name in ARRAYS},
-        names=list(names),
-        kinds=kinds,
-        shapes=[],
-        threads=np.concatenate(threads),
-        ranges=pd.concat(ranges, ignore_index=True),
-        meta={
-            **{key: v for key, v in first.items() if key not in ("thread_names", "warnings")},
-            "path": ", ".join(labels),
-            "paths": [c.meta.get("path") for c in nodes],
-            "thread_names": thread_names,
-            "nodes": nodes_json,
-            "warnings": _warnings_of([c.meta for c in nodes], labels, nodes_json),
-        },
-        read_shapes=_shapes_of(nodes),
-    )
-    for cols in nodes:  # their arrays live on in the merged ones: free the nodes' copies
-        cols.arrays = {SHAPE: cols.arrays[SHAPE]} if SHAPE in cols.arrays else {}
+    meta = {
+        **{key: v for key, v in first.items() if key not in ("thread_names", "warnings")},
+        "path": ", ".join(labels),
+        "paths": [c.meta.get("path") for c in nodes],
+        "thread_names": _thread_names(nodes, keys_of),
+        "nodes": nodes_json,
+        "warnings": _warnings_of([c.meta for c in nodes], labels, nodes_json),
+    }
+    read_shapes = _shapes_of(nodes)
+    merged = _joined(nodes, keys_of, lifted(shifts), stride, consume)
+    merged.meta, merged.read_shapes = meta, read_shapes
     layout = ranks_of(merged)
     if layout is None or [i["pid"] for i in layout.info] != [r["process"] for r in real]:
         return None  # the merged columns would number the ranks otherwise
@@ -185,22 +165,63 @@ def merge_node_columns(
     return merged, layout, real
 
 
-def _moved(
-    cols: ActivityColumns, code: np.ndarray, shift: int, devices_before: int, threads_before: int
-) -> dict[str, np.ndarray]:
-    """One node's arrays as the merged columns keep them: names recoded, times on the first
-    node's clock, launch threads coded after the nodes before, GPUs after theirs."""
-    a = cols.arrays
-    launch = a["launch_start"]
-    thread = a["launch_thread"]
-    return {
-        "name": code[a["name"]],
-        "duration": a["duration"],
-        "launch_start": np.where(launch >= 0, launch + shift, launch),
-        "launch_thread": np.where(thread >= 0, thread + threads_before, thread).astype(np.int16),
-        START: a[START] + shift,
-        DEVICE: (a[DEVICE].astype(np.int32) + devices_before).astype(np.int16),
-    }
+def _joined(
+    nodes: list[ActivityColumns],
+    keys_of: list[dict[int, int]],
+    shifts: list[int],
+    stride: int,
+    consume: bool,
+) -> ActivityColumns:
+    """The nodes' activities, threads and ranges in one set of columns, each node's written
+    into arrays of the whole length (given up after, with ``consume``)."""
+    total = sum(len(c) for c in nodes)
+    arrays = {name: np.empty(total, dtype=nodes[0].arrays[name].dtype) for name in ARRAYS}
+    names: dict[str, int] = {}
+    kinds: list[str] = []
+    threads: list[np.ndarray] = []
+    ranges: list[pd.DataFrame] = []
+    at = 0
+    for node, (cols, keys, shift) in enumerate(zip(nodes, keys_of, shifts, strict=True)):
+        code = np.array([names.setdefault(n, len(names)) for n in cols.names], dtype=np.int32)
+        known = len(kinds)  # the names first seen in this node, in their order
+        kinds += [k for n, k in zip(cols.names, cols.kinds, strict=True) if names[n] >= known]
+        rows = slice(at, at + len(cols))
+        a = cols.arrays
+        launch, thread = a["launch_start"], a["launch_thread"]
+        arrays["name"][rows] = code[a["name"]]
+        arrays["duration"][rows] = a["duration"]
+        arrays["launch_start"][rows] = np.where(launch >= 0, launch + shift, launch)
+        before = sum(len(t) for t in threads)  # launch threads coded after the nodes before
+        arrays["launch_thread"][rows] = np.where(thread >= 0, thread + before, thread)
+        arrays[START][rows] = a[START] + shift
+        arrays[DEVICE][rows] = a[DEVICE].astype(np.int32) + node * stride  # GPUs apart
+        at += len(cols)
+        threads.append(_rekeyed(np.asarray(cols.threads, dtype=np.int64), keys))
+        moved = cols.ranges.copy()
+        moved["start"], moved["end"] = moved["start"] + shift, moved["end"] + shift
+        moved["thread"] = _rekeyed(moved["thread"].to_numpy(np.int64), keys)
+        ranges.append(moved)
+        if consume:  # copied: free the node's arrays (what reads its shapes stays)
+            cols.arrays = {SHAPE: a[SHAPE]} if SHAPE in a else {}
+    return ActivityColumns(
+        arrays=arrays,
+        names=list(names),
+        kinds=kinds,
+        shapes=[],
+        threads=np.concatenate(threads),
+        ranges=pd.concat(ranges, ignore_index=True),
+    )
+
+
+def _thread_names(nodes: list[ActivityColumns], keys_of: list[dict[int, int]]) -> dict[int, str]:
+    """The nodes' thread names, by merged thread id."""
+    found: dict[int, str] = {}
+    for cols, keys in zip(nodes, keys_of, strict=True):
+        for tid, name in (cols.meta.get("thread_names") or {}).items():
+            pid = (int(tid) >> PROCESS_SHIFT) & PROCESS_MASK
+            if pid in keys:
+                found[(keys[pid] << PROCESS_SHIFT) | (int(tid) & THREAD_MASK)] = name
+    return found
 
 
 def _shapes_of(nodes: list[ActivityColumns]) -> ShapeReader:

@@ -190,12 +190,15 @@ def _nodes_streamed(
     other files, a node of one GPU, inferred phases, or what the columns cannot settle."""
     if phases == "inferred" or not all(keeps_start_times(p) for p in paths):
         return None
-    with read_progress(f"{len(paths)} traces") as progress:
-        columns = load_columns_of(paths, nsys, False if no_cache else None, progress)
+    try:
+        with read_progress(f"{len(paths)} traces") as progress:
+            columns = load_columns_of(paths, nsys, False if no_cache else None, progress)
+    except BadInput:  # the full tables' read says what is wrong (or reads what these cannot)
+        return None
     facts = [node_facts(c) for c in columns]
     if any(f is None for f in facts) or why_not_one_job(cast(list[NodeFacts], facts)):
         return None
-    return analyze_node_columns(columns, top, phase, range_, rank)
+    return analyze_node_columns(columns, top, phase, range_, rank, consume=True)
 
 
 def _one_job(traces: list[Trace]) -> Trace | None:

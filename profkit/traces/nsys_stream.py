@@ -728,6 +728,8 @@ def keeps_start_times(path: Path) -> bool:
     """Whether :func:`read_nsys_columns` keeps each activity's start for the plain SQLite
     export at ``path``: where its activities may belong to several CUDA processes. A look
     at its contexts table, no scan; False for a file it cannot say that of."""
+    if not path.is_file():  # a FIFO would block the read below; the reader names it
+        return False
     try:
         with path.open("rb") as handle:
             if not handle.read(len(_sqlite.SQLITE_MAGIC)).startswith(_sqlite.SQLITE_MAGIC):
