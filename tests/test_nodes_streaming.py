@@ -105,7 +105,7 @@ def test_four_ranks_two_hosts_pids_and_the_clock(nodes: dict[str, Path]) -> None
 
 
 def test_the_cli_streams_node_sets_and_prints_what_the_full_tables_print(
-    nodes: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    nodes: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     paths = [str(nodes["node0"]), str(nodes["node1-ahead"])]
     expected = {}
@@ -124,6 +124,10 @@ def test_the_cli_streams_node_sets_and_prints_what_the_full_tables_print(
         result = runner.invoke(app, ["kernels", *paths, "--no-cache", "--format", fmt])
         assert result.exit_code == 0, result.output
         assert result.stdout == text
+    picture = tmp_path / "lanes.png"
+    drawn = runner.invoke(app, ["kernels", *paths, "--no-cache", "--plot", str(picture)])
+    assert drawn.exit_code == 0, drawn.output
+    assert picture.read_bytes().startswith(b"\x89PNG")
     bad = runner.invoke(app, ["kernels", *paths, "--no-cache", "--rank", "4"])
     assert bad.exit_code == 2
     assert bad.stderr.strip().splitlines() == ["error: no rank 4 in this trace; ranks: 0, 1, 2, 3"]
