@@ -191,7 +191,6 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
     ranges: list[pd.DataFrame] = []
     ranks: list[dict[str, Any]] = []
     clocks: list[NodeClock] = []
-    threads: dict[int, str] = {}
     reference = _no_ends()
     next_key = 1
     labels = node_labels(traces)
@@ -230,10 +229,6 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
         for info, rank in zip(local, numbered, strict=True):
             ranks.append({**info, "rank": rank, "process": keys[int(info["pid"])],
                           "host": meta.get("host"), "path": meta.get("path")})  # fmt: skip
-        for tid, name in (meta.get("thread_names") or {}).items():
-            pid = (int(tid) >> PROCESS_SHIFT) & PROCESS_MASK
-            if pid in keys:
-                threads[(keys[pid] << PROCESS_SHIFT) | (int(tid) & THREAD_MASK)] = name
         kernels.append(k)
         ranges.append(r)
     for info in ranks:
@@ -244,7 +239,7 @@ def merge_node_traces(traces: list[Trace]) -> Trace:
         **{key: v for key, v in first.items() if key not in ("thread_names", "warnings")},
         "path": ", ".join(labels),
         "paths": [t.meta.get("path") for t in traces],
-        "thread_names": threads,
+        "thread_names": merged_thread_names([t.meta for t in traces], [p[2] for p in placed]),
         "ranks": ranks,
         "nodes": nodes,
         "warnings": _warnings_of([t.meta for t in traces], labels, nodes),
@@ -450,20 +445,44 @@ def _gpu_pids(trace: Trace) -> set[int]:
 
 
 def _pids(threads: pd.Series) -> np.ndarray:
-    values = threads.to_numpy(dtype=np.int64, na_value=-1)
-    return np.unique((values[values >= 0] >> PROCESS_SHIFT) & PROCESS_MASK)
+    return process_ids(threads.to_numpy(dtype=np.int64, na_value=-1))
+
+
+def process_ids(threads: np.ndarray) -> np.ndarray:
+    """The distinct processes of global thread ids (-1, no thread, left out)."""
+    return np.unique((threads[threads >= 0] >> PROCESS_SHIFT) & PROCESS_MASK)
 
 
 def _rekeyed(threads: pd.Series, keys: dict[int, int]) -> pd.Series:
-    """Thread ids with their process bits replaced by the process's merged key (NA kept)."""
+    """:func:`rekeyed_ids` of a column of thread ids (NA kept)."""
     values = threads.to_numpy(dtype=np.int64, na_value=-1)
-    known = values >= 0
-    pids = np.array(sorted(keys), dtype=np.int64)  # every process of the node is a key
+    out = rekeyed_ids(values, keys)
+    return pd.Series(out, index=threads.index).where(values >= 0, pd.NA).astype(threads.dtype)
+
+
+def rekeyed_ids(threads: np.ndarray, keys: dict[int, int]) -> np.ndarray:
+    """Thread ids with their process bits replaced by the process's merged key (-1 kept;
+    every process of the node is a key)."""
+    known = threads >= 0
+    pids = np.array(sorted(keys), dtype=np.int64)
     to = np.array([keys[p] for p in pids.tolist()], dtype=np.int64)
-    key = to[np.searchsorted(pids, (values[known] >> PROCESS_SHIFT) & PROCESS_MASK)]
-    out = values.copy()
-    out[known] = (key << PROCESS_SHIFT) | (values[known] & THREAD_MASK)
-    return pd.Series(out, index=threads.index).where(known, pd.NA).astype(threads.dtype)
+    key = to[np.searchsorted(pids, (threads[known] >> PROCESS_SHIFT) & PROCESS_MASK)]
+    out = threads.copy()
+    out[known] = (key << PROCESS_SHIFT) | (threads[known] & THREAD_MASK)
+    return out
+
+
+def merged_thread_names(
+    metas: list[dict[str, Any]], keys_of: list[dict[int, int]]
+) -> dict[int, str]:
+    """The nodes' thread names (``meta["thread_names"]``), by merged thread id."""
+    found: dict[int, str] = {}
+    for meta, keys in zip(metas, keys_of, strict=True):
+        for tid, name in (meta.get("thread_names") or {}).items():
+            pid = (int(tid) >> PROCESS_SHIFT) & PROCESS_MASK
+            if pid in keys:
+                found[(keys[pid] << PROCESS_SHIFT) | (int(tid) & THREAD_MASK)] = name
+    return found
 
 
 def _warnings_of(

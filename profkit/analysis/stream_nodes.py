@@ -37,7 +37,10 @@ from profkit.analysis.nodes import (
     _no_ends,
     _warnings_of,
     lifted,
+    merged_thread_names,
     path_labels,
+    process_ids,
+    rekeyed_ids,
 )
 from profkit.analysis.ranks import RankedReport
 from profkit.analysis.stream_rank_tables import NotStreamable
@@ -51,7 +54,7 @@ from profkit.traces.columns import (
     ActivityColumns,
     ShapeReader,
 )
-from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, THREAD_MASK
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 ARRAYS = ("name", "duration", "launch_start", "launch_thread", START, DEVICE)
 DEVICE_LIMIT = np.iinfo(np.int16).max
@@ -67,7 +70,7 @@ def node_facts(cols: ActivityColumns) -> NodeFacts | None:
     start = meta.get("session_start_utc_ns")
     return NodeFacts(
         str(meta.get("path")), meta.get("format") == "nsys-sqlite", meta.get("host"),
-        None if start is None else int(start), sorted(_pid_of(cols, _launched(cols)).tolist()),
+        None if start is None else int(start), sorted(process_ids(_launching(cols)).tolist()),
         bool(_nccl_names(cols).any()), _window(cols),
     )  # fmt: skip
 
@@ -107,12 +110,10 @@ def merge_node_columns(
     so memory holds them about once; the nodes' columns are of no further use then."""
     layouts = []
     for cols in nodes:
-        if START not in cols.arrays or cols.meta.get("ranks"):
-            return None
-        cols.load(list(ARRAYS))
-        layout = ranks_of(cols)
+        layout = ranks_of(cols)  # None also for columns without starts, or Chrome ranks
         if layout is None:
             return None
+        cols.load(list(ARRAYS))
         layouts.append(layout)
     # GPUs numbered apart, node after node (ranks_of orders ranks by GPU), in 16 bits.
     stride = max(int(c.arrays[DEVICE].max(initial=0)) for c in nodes) + 1
@@ -131,7 +132,10 @@ def merge_node_columns(
     for node, (cols, layout) in enumerate(zip(nodes, layouts, strict=True)):
         meta = cols.meta
         pids = [int(info["pid"]) for info in layout.info]
-        pids += _pids(cols.threads).tolist() + _pids(cols.ranges["thread"].to_numpy()).tolist()
+        threads = np.asarray(cols.threads, np.int64)
+        pids += (
+            process_ids(threads).tolist() + process_ids(cols.ranges["thread"].to_numpy()).tolist()
+        )
         keys = {pid: next_key + i for i, pid in enumerate(dict.fromkeys(pids))}
         next_key += len(keys)
         ends = _nccl_ends(cols, int(layout.info[0]["pid"]))
@@ -150,7 +154,7 @@ def merge_node_columns(
         **{key: v for key, v in first.items() if key not in ("thread_names", "warnings")},
         "path": ", ".join(labels),
         "paths": [c.meta.get("path") for c in nodes],
-        "thread_names": _thread_names(nodes, keys_of),
+        "thread_names": merged_thread_names([c.meta for c in nodes], keys_of),
         "nodes": nodes_json,
         "warnings": _warnings_of([c.meta for c in nodes], labels, nodes_json),
     }
@@ -196,10 +200,10 @@ def _joined(
         arrays[START][rows] = a[START] + shift
         arrays[DEVICE][rows] = a[DEVICE].astype(np.int32) + node * stride  # GPUs apart
         at += len(cols)
-        threads.append(_rekeyed(np.asarray(cols.threads, dtype=np.int64), keys))
+        threads.append(rekeyed_ids(np.asarray(cols.threads, dtype=np.int64), keys))
         moved = cols.ranges.copy()
         moved["start"], moved["end"] = moved["start"] + shift, moved["end"] + shift
-        moved["thread"] = _rekeyed(moved["thread"].to_numpy(np.int64), keys)
+        moved["thread"] = rekeyed_ids(moved["thread"].to_numpy(np.int64), keys)
         ranges.append(moved)
         if consume:  # copied: free the node's arrays (what reads its shapes stays)
             cols.arrays = {SHAPE: a[SHAPE]} if SHAPE in a else {}
@@ -211,17 +215,6 @@ def _joined(
         threads=np.concatenate(threads),
         ranges=pd.concat(ranges, ignore_index=True),
     )
-
-
-def _thread_names(nodes: list[ActivityColumns], keys_of: list[dict[int, int]]) -> dict[int, str]:
-    """The nodes' thread names, by merged thread id."""
-    found: dict[int, str] = {}
-    for cols, keys in zip(nodes, keys_of, strict=True):
-        for tid, name in (cols.meta.get("thread_names") or {}).items():
-            pid = (int(tid) >> PROCESS_SHIFT) & PROCESS_MASK
-            if pid in keys:
-                found[(keys[pid] << PROCESS_SHIFT) | (int(tid) & THREAD_MASK)] = name
-    return found
 
 
 def _shapes_of(nodes: list[ActivityColumns]) -> ShapeReader:
@@ -242,30 +235,9 @@ def _shapes_of(nodes: list[ActivityColumns]) -> ShapeReader:
     return read
 
 
-def _rekeyed(threads: np.ndarray, keys: dict[int, int]) -> np.ndarray:
-    """Thread ids with their process bits replaced by the process's merged key (-1 kept)."""
-    known = threads >= 0
-    pids = np.array(sorted(keys), dtype=np.int64)
-    to = np.array([keys[p] for p in pids.tolist()], dtype=np.int64)
-    key = to[np.searchsorted(pids, (threads[known] >> PROCESS_SHIFT) & PROCESS_MASK)]
-    out = threads.copy()
-    out[known] = (key << PROCESS_SHIFT) | (threads[known] & THREAD_MASK)
-    return out
-
-
-def _pids(threads: np.ndarray) -> np.ndarray:
-    values = np.asarray(threads, dtype=np.int64)
-    return np.unique((values[values >= 0] >> PROCESS_SHIFT) & PROCESS_MASK)
-
-
-def _launched(cols: ActivityColumns) -> np.ndarray:
-    """The thread codes that launched GPU work."""
-    thread = cols.arrays["launch_thread"]
-    return np.unique(thread[thread >= 0])
-
-
-def _pid_of(cols: ActivityColumns, codes: np.ndarray) -> np.ndarray:
-    return np.unique((np.asarray(cols.threads, np.int64)[codes] >> PROCESS_SHIFT) & PROCESS_MASK)
+def _launching(cols: ActivityColumns) -> np.ndarray:
+    """Global ids of the threads that launched GPU work."""
+    return cols.launch_threads(np.unique(cols.arrays["launch_thread"]))
 
 
 def _nccl_names(cols: ActivityColumns) -> np.ndarray:
@@ -284,9 +256,9 @@ def _window(cols: ActivityColumns) -> tuple[int, int]:
 def _nccl_ends(cols: ActivityColumns, pid: int) -> tuple[np.ndarray, np.ndarray]:
     """Process ``pid``'s NCCL kernels in launch order: names and end times."""
     a = cols.arrays
-    thread = a["launch_thread"].astype(np.int64)
-    thread_pid = (np.append(np.asarray(cols.threads, np.int64), -1) >> PROCESS_SHIFT) & PROCESS_MASK
-    mine = _nccl_names(cols)[a["name"]] & (thread >= 0) & (thread_pid[thread] == pid)
+    thread = cols.launch_threads(a["launch_thread"])
+    mine = _nccl_names(cols)[a["name"]] & (thread >= 0)
+    mine &= ((thread >> PROCESS_SHIFT) & PROCESS_MASK) == pid
     rows = np.flatnonzero(mine)
     order = np.lexsort((a[START][rows], a["launch_start"][rows]))  # stable: launch, then start
     rows = rows[order]
