@@ -51,6 +51,7 @@ kernels (wall and CPU) and peak RSS of each, and the 2-rank export's ratio to ea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import lzma
 import os
@@ -266,14 +267,16 @@ def _max_correlation(conn: sqlite3.Connection, tables: set[str]) -> int:
     return max(f for f in found if f is not None)
 
 
-def timed(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[str, float]:
-    """Run ``argv`` to completion; wall seconds, CPU seconds and peak RSS of that process."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(
-        argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
-    )
-    assert proc.stderr is not None
-    _, status, usage = os.wait4(proc.pid, 0)
+def timed(
+    argv: list[str], cwd: Path, env: dict[str, str] | None = None, stdout: Path | None = None
+) -> dict[str, float]:
+    """Run ``argv`` to completion; wall seconds, CPU seconds and peak RSS of that process.
+    Its output goes to the file ``stdout`` if given, else nowhere."""
+    with open(stdout, "wb") if stdout else contextlib.nullcontext(subprocess.DEVNULL) as out:
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.PIPE, env=env)
+        assert proc.stderr is not None
+        _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     stderr = proc.stderr.read().decode(errors="replace")
     if status != 0:
