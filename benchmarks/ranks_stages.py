@@ -190,13 +190,13 @@ def stream(export: Path) -> int:
 def stream_one_process(export: Path, cols: Any) -> int:
     """The one-process streaming path's stages (``analysis.streaming``), for an export of
     one CUDA process (no ranks); one line and exit status 2 for one it does not take."""
-    from profkit.analysis import _streamable, stream_stats, streaming
+    from profkit.analysis import _one_process, stream_stats, streaming
     from profkit.formats import dumps
 
-    if not _streamable(cols, None, "auto"):
+    if not _one_process(cols):
         print(
-            f"{export}: no ranks the streaming path takes (one CUDA process without phase "
-            "ranges, CUDA graphs, or a tie of launch counts): try --path full",
+            f"{export}: no ranks the streaming path takes (CUDA graphs, or a tie of launch "
+            "counts): try --path full",
             file=sys.stderr,
         )
         return 2

@@ -29,7 +29,7 @@ from nsys_data import (
 )
 from report_checks import assert_same_report
 
-from profkit.analysis import _streamable, analyze
+from profkit.analysis import _one_process, analyze
 from profkit.analysis.streaming import analyze_columns
 from profkit.traces import load_trace
 from profkit.traces.columns import ActivityColumns, from_trace
@@ -132,9 +132,8 @@ def test_synthetic_edge_cases_give_the_same_columns_and_report(tmp_path: Path, b
     )
     pd.testing.assert_frame_equal(streamed.ranges, tables.ranges)
     if build is _two_processes_one_correlation_id:
-        # Process 200 marked no phase: the full tables infer its phases, which the streaming
-        # analysis cannot, so profkit kernels never streams a trace of several processes.
-        assert not _streamable(streamed, None, "auto")
+        # Two processes: the one-process analysis is not theirs (ranks are).
+        assert not _one_process(streamed)
         return
     assert_same_report(analyze_columns(streamed), analyze(load_trace(path)))
 
@@ -155,8 +154,8 @@ def test_a_phase_is_its_share_of_the_whole_trace_sums(
     phases = [p for p in plan.phase_names if p in analyze(trace).phases["phase"].tolist()]
     shares = {p: analyze_columns(columns, phase=p) for p in phases}
 
-    def mixed_slots(cols: ActivityColumns, domain: str | None = None) -> object:
-        found = stream_attribution.plan_of(cols, domain)
+    def mixed_slots(cols: ActivityColumns, domain: str | None = None, mode: str = "auto") -> object:
+        found = stream_attribution.plan_of(cols, domain, mode)  # type: ignore[arg-type]
         found.slot_phase = None  # as where several processes share a slot
         return found
 

@@ -150,7 +150,7 @@ def attribute(
     if phases not in PHASE_MODES:
         raise ValueError(f"phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
     launches = Launches.of(kernels)
-    inferred = infer_phases(kernels, ranges, hints, launches)
+    inferred = infer_phases(launches, ranges, hints)
     if phase_domain is None:
         phase_domain = default_phase_domain(ranges)
     annotated = _Annotated.of(ranges, phase_domain, launches, inferred, phases != "inferred")
@@ -240,7 +240,7 @@ class _Annotated:
         r_thread = ranges["thread"].to_numpy(dtype=np.int64)
         lanes = Lanes(r_thread, [r_start, r_end, launches.time])
         in_domain = (ranges["domain"].fillna("").astype(str) == phase_domain).to_numpy()
-        phase_rows, owners = _phase_rows(ranges, in_domain & use_phases, lanes, inferred)
+        phase_rows, owners = phase_range_rows(ranges, in_domain & use_phases, lanes, inferred)
         owners = {**inferred.main_threads, **owners}  # ranges' owner first, else main thread
         phases = phase_intervals(ranges, phase_rows, lanes)
         is_phase, phase_rows, p_start, p_end = (
@@ -282,7 +282,7 @@ class _Annotated:
         )
 
 
-def _phase_rows(
+def phase_range_rows(
     ranges: pd.DataFrame, in_domain: np.ndarray, lanes: Lanes, inferred: InferredPhases
 ) -> tuple[np.ndarray, dict[int, int]]:
     """Rows of the phase ranges, and each process's owner thread (most known-phase time).
@@ -406,14 +406,21 @@ def inferred_spans(
 def inference_note(att: Attribution, rows: np.ndarray, meta: Mapping[str, Any]) -> list[str]:
     """A sentence on the inferred phases among ``rows`` (none when all were annotated)."""
     inferred = int(att.inferred[rows].sum())
+    return inference_sentence(inferred, att.phase_source, att.inference.autograd_threads, meta)
+
+
+def inference_sentence(
+    inferred: int, source: str, autograd_threads: np.ndarray, meta: Mapping[str, Any]
+) -> list[str]:
+    """The note on ``inferred`` activities whose phases were inferred (none for 0)."""
     if not inferred:
         return []
     names = TraceHints.of(meta).thread_names
-    threads = att.inference.autograd_threads.tolist()
+    threads = autograd_threads.tolist()
     workers = ", ".join(dict.fromkeys(names.get(t, f"thread {t}") for t in threads))
     which = (
         "every step has no forward/backward/optimizer range"
-        if att.phase_source == "inferred"
+        if source == "inferred"
         else f"{inferred:,} GPU activities lie in steps without phase ranges"
     )
     backward = (

@@ -27,9 +27,9 @@ two tables (one rank's rows, say) given the same :class:`TraceHints`.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -39,6 +39,9 @@ from profkit.analysis.intervals import Lanes, inside_any
 from profkit.analysis.names import factorize, matching
 from profkit.traces.schema import PROCESS_SHIFT
 from profkit.workload.names import PHASES
+
+if TYPE_CHECKING:
+    from profkit.traces.columns import ActivityColumns
 
 AUTOGRAD_THREAD = re.compile(r"pt_autograd_\d+")
 PROFILER_STEP = re.compile(r"ProfilerStep#\d+")
@@ -76,20 +79,35 @@ class TraceHints:
 
 @dataclass
 class Launches:
-    """The activities whose launch call is in the trace: rows, launch times, threads."""
+    """The activities whose launch call is in the trace: rows, launch times, threads, names."""
 
     count: int
-    """All activities (rows of the kernels table), launched or not."""
+    """All activities (rows of the kernels table, or of the columns), launched or not."""
     rows: np.ndarray
     time: np.ndarray
     thread: np.ndarray
+    name: np.ndarray
+    """Per launch: index into ``names``."""
+    names: Sequence[str]
 
     @classmethod
     def of(cls, kernels: pd.DataFrame) -> Launches:
+        """The launches of a reader's kernels table."""
         launch = kernels["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
         thread = kernels["launch_thread"].to_numpy(dtype=np.int64, na_value=-1)
         rows = np.flatnonzero((launch >= 0) & kernels["launch_start"].notna().to_numpy())
-        return cls(len(kernels), rows, launch[rows], thread[rows])
+        codes, uniques = factorize(kernels["name"].iloc[rows])
+        names = [str(n) for n in uniques]
+        return cls(len(kernels), rows, launch[rows], thread[rows], codes, names)
+
+    @classmethod
+    def of_columns(cls, cols: ActivityColumns) -> Launches:
+        """The launches of compact columns (their name codes index ``cols.names``)."""
+        launch = cols.arrays["launch_start"]
+        rows = np.flatnonzero(launch >= 0)
+        thread = cols.launch_threads(cols.arrays["launch_thread"][rows])
+        name = cols.arrays["name"][rows]
+        return cls(len(cols), rows, launch[rows], thread, name, cols.names)
 
 
 @dataclass
@@ -98,14 +116,29 @@ class InferredPhases:
 
     phase: np.ndarray
     """Per activity: index into ``PHASES`` (forward, backward, optimizer), -1 if unlaunched."""
-    instance: np.ndarray
+    instance: np.ndarray | None
     """Per activity: which phase instance (one forward, one backward pass...) holds it;
-    -1 for none (unlaunched, or the forward-like tail after the last backward pass)."""
+    -1 for none (unlaunched, or the forward-like tail after the last backward pass). None
+    where only :attr:`spans` were kept."""
     main_threads: dict[int, int]
     """Process -> the thread that drives its steps (most launches, autograd's aside)."""
     autograd_threads: np.ndarray
     _lanes: Lanes
     _step_starts: np.ndarray
+    spans: InstanceSpans
+    """The launch span of every phase instance in each step it reaches."""
+    step_phases: np.ndarray
+    """(step, phase, launches) for each step and ``PHASES`` index that has launches."""
+
+    @property
+    def step_lanes(self) -> Lanes:
+        """The (process, time) lanes that step keys are packed on."""
+        return self._lanes
+
+    @property
+    def step_starts(self) -> np.ndarray:
+        """The key at which each step starts, sorted."""
+        return self._step_starts
 
     def step_of(self, thread: np.ndarray, time: np.ndarray) -> np.ndarray:
         """Step number of each (thread, time); steps of two processes never share one."""
@@ -113,18 +146,69 @@ class InferredPhases:
         return np.searchsorted(self._step_starts, keys, side="right")
 
 
-def infer_phases(
-    kernels: pd.DataFrame,
-    ranges: pd.DataFrame,
-    hints: TraceHints | None = None,
-    launches: Launches | None = None,
-) -> InferredPhases:
-    """Forward, backward or optimizer for every launched activity (see the module doc).
+@dataclass
+class InstanceSpans:
+    """Per (phase instance, step) that holds launches: the instance's phase (``PHASES``
+    index), its first and last launch time there. A few rows per step, whatever the
+    activities: what an instance's wall time needs once steps are chosen."""
 
-    ``launches`` (``Launches.of(kernels)``) saves re-reading the launch columns.
-    """
+    instance: np.ndarray
+    step: np.ndarray
+    phase: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+
+    @classmethod
+    def of(
+        cls, instance: np.ndarray, step: np.ndarray, phase: np.ndarray, time: np.ndarray
+    ) -> InstanceSpans:
+        """From one entry per launch (instance ``NO_PHASE``: in no instance)."""
+        keep = np.flatnonzero(instance != NO_PHASE)
+        group = instance[keep] * (int(step.max(initial=0)) + 1) + step[keep]
+        order = np.argsort(group, kind="stable")
+        group = group[order]
+        starts = np.flatnonzero(np.append(True, group[1:] != group[:-1])) if len(group) else keep
+        rows = keep[order]
+        times = time[rows]
+        return cls(
+            instance=instance[rows[starts]],
+            step=step[rows[starts]],
+            phase=phase[rows[starts]],
+            first=np.minimum.reduceat(times, starts) if len(starts) else times,
+            last=np.maximum.reduceat(times, starts) if len(starts) else times,
+        )
+
+    def per_phase(
+        self, steps: np.ndarray | None, names: Sequence[str]
+    ) -> dict[str, tuple[int, int]]:
+        """Per phase name (``names[PHASES index]``): instances and summed spans (ns) over the
+        launches in ``steps`` (None: every step)."""
+        rows = (
+            np.arange(len(self.instance))
+            if steps is None
+            else np.flatnonzero(np.isin(self.step, steps))
+        )
+        if not len(rows):
+            return {}
+        instance = self.instance[rows]
+        order = np.argsort(instance, kind="stable")
+        instance = instance[order]
+        starts = np.flatnonzero(np.append(True, instance[1:] != instance[:-1]))
+        first = np.minimum.reduceat(self.first[rows][order], starts)
+        last = np.maximum.reduceat(self.last[rows][order], starts)
+        phase = self.phase[rows][order][starts]
+        found: dict[str, tuple[int, int]] = {}
+        for code in np.unique(phase).tolist():
+            mine = phase == code
+            found[names[code]] = (int(mine.sum()), int((last[mine] - first[mine]).sum()))
+        return found
+
+
+def infer_phases(
+    launches: Launches, ranges: pd.DataFrame, hints: TraceHints | None = None
+) -> InferredPhases:
+    """Forward, backward or optimizer for every launched activity (see the module doc)."""
     hints = hints or TraceHints()
-    launches = launches or Launches.of(kernels)
     process = launches.thread >> PROCESS_SHIFT
     step_thread, step_time = _profiler_steps(ranges, hints)
     # Every time a step is asked for (launches, ranges, step starts) must fit the lanes.
@@ -138,7 +222,7 @@ def infer_phases(
     is_autograd = np.isin(launches.thread, autograd)
     main_threads = _main_threads(launches.thread[~is_autograd])
     is_main = (launches.thread == lookup(main_threads, process)) & ~is_autograd
-    optimizer, seed = kernel_roles(kernels["name"], launches.rows, is_main)
+    optimizer, seed = kernel_roles(launches, is_main)
     marks = optimizer | (is_main & _in_optimizer_step(ranges, launches))
     passes = _Passes.of(key[is_autograd], key[is_main], lanes)
     phase, gap, split = passes.phases(key, is_autograd, is_main, marks, seed)
@@ -153,8 +237,10 @@ def infer_phases(
     )
     per_activity = np.full(launches.count, NO_PHASE, dtype=np.int64)
     per_activity[launches.rows] = phase
+    of_launch = passes.instances(phase, gap)
     instance = np.full(launches.count, NO_PHASE, dtype=np.int64)
-    instance[launches.rows] = passes.instances(phase, gap)
+    instance[launches.rows] = of_launch
+    step = np.searchsorted(step_starts, key, side="right")
     return InferredPhases(
         phase=per_activity,
         instance=instance,
@@ -162,7 +248,19 @@ def infer_phases(
         autograd_threads=autograd,
         _lanes=lanes,
         _step_starts=step_starts,
+        spans=InstanceSpans.of(of_launch, step, phase, launches.time),
+        step_phases=step_phase_counts(step, phase),
     )
+
+
+def step_phase_counts(step: np.ndarray, phase: np.ndarray) -> np.ndarray:
+    """(step, phase, launches) rows for the (step, phase) pairs of launches given."""
+    if not len(step):
+        return np.zeros((0, 3), dtype=np.int64)
+    counts = np.bincount(step * len(PHASES) + phase)  # steps are few: no sort
+    pair = np.flatnonzero(counts)
+    count = counts[pair]
+    return np.stack([pair // len(PHASES), pair % len(PHASES), count], axis=1).astype(np.int64)
 
 
 @dataclass
@@ -240,23 +338,25 @@ class _Passes:
         return np.where(trailing, NO_PHASE, gap * len(PHASES) + phase)
 
 
-def kernel_roles(
-    names: pd.Series, rows: np.ndarray, is_main: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def kernel_roles(launches: Launches, is_main: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per launch: an optimizer kernel? a fill (the gradient seed's ``FillFunctor``)?
 
-    Only the main thread's launches are looked at (the others are never either); names
-    are factorised so each distinct name is matched once.
+    Only the main thread's launches are looked at (the others are never either); each
+    distinct name is matched once.
     """
-    optimizer = np.zeros(len(rows), dtype=bool)
-    fill = np.zeros(len(rows), dtype=bool)
-    main_rows = rows[is_main]
-    if not len(main_rows):
+    optimizer = np.zeros(len(launches.rows), dtype=bool)
+    fill = np.zeros(len(launches.rows), dtype=bool)
+    if not is_main.any():
         return optimizer, fill
-    codes, uniques = factorize(names.iloc[main_rows])
-    text = [str(n) for n in uniques]
-    optimizer[is_main] = np.array([categorize(n) == "optimizer" for n in text])[codes]
-    fill[is_main] = np.array([SEED_FILL in n for n in text])[codes]
+    present = np.unique(launches.name[is_main])
+    is_optimizer = np.zeros(len(launches.names), dtype=bool)
+    is_fill = np.zeros(len(launches.names), dtype=bool)
+    for code in present.tolist():
+        name = str(launches.names[code])
+        is_optimizer[code] = categorize(name) == "optimizer"
+        is_fill[code] = SEED_FILL in name
+    optimizer[is_main] = is_optimizer[launches.name[is_main]]
+    fill[is_main] = is_fill[launches.name[is_main]]
     return optimizer, fill
 
 

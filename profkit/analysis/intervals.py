@@ -22,6 +22,13 @@ class Lanes:
         if (len(self.lanes) + 2) * self.span >= 2**62:
             raise ValueError("trace too long to pack thread and time into one key")
 
+    @classmethod
+    def restored(cls, lanes: np.ndarray, base: int, span: int) -> Lanes:
+        """The lanes whose ``lanes``, ``base`` and ``span`` were kept."""
+        made = cls.__new__(cls)
+        made.lanes, made.base, made.span = np.asarray(lanes, dtype=np.int64), int(base), int(span)
+        return made
+
     def codes(self, lane: np.ndarray) -> np.ndarray:
         """Dense code per lane id; lanes not given at construction share the last code."""
         index = np.searchsorted(self.lanes, lane)

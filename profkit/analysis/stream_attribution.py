@@ -22,24 +22,49 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from profkit.analysis import stream_tables as tables
-from profkit.analysis.attribution import UNATTRIBUTED, _outermost, _owners, phase_intervals
+from profkit.analysis.attribution import (
+    PHASE_MODES,
+    PhaseMode,
+    default_phase_domain,
+    ordered_phase_names,
+    phase_intervals,
+    phase_range_rows,
+    phase_source,
+)
 from profkit.analysis.chunked import map_chunks
+from profkit.analysis.inference import (
+    InferredPhases,
+    InstanceSpans,
+    Launches,
+    TraceHints,
+    infer_phases,
+)
 from profkit.analysis.intervals import Lanes, stab
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns, Derived
 from profkit.traces.schema import PROCESS_SHIFT
+from profkit.workload.names import PHASES
 
 KEPT_AS = "attribution"
-VERSION = 1  # bumped whenever what the arrays mean changes
+INFERENCE_AS = "inference"
+VERSION = 2  # bumped whenever what the arrays mean changes (2: inferred phases)
 MAX_PROJECTED = 1 << 23  # projected phase bounds at most (each lane × each phase bound)
-ARRAYS = {"phase": np.int16, "same": np.int16, "self_slot": np.int32, "owner_slot": np.int32}
+ARRAYS = {
+    "phase": np.int16,
+    "same": np.int16,
+    "self_slot": np.int32,
+    "owner_slot": np.int32,
+    "inferred": np.uint8,  # 1 where the phase was inferred, not read from a range
+}
 
 
 @dataclass
 class Plan:
-    """What attribution needs from the ranges alone (see :func:`.attribution.attribute`)."""
+    """What attribution needs from the ranges and the inferred phases (see
+    :func:`.attribution.attribute`)."""
 
     lanes: Lanes
     domain: str
@@ -54,6 +79,15 @@ class Plan:
     bounds: np.ndarray
     """Every range start and end key, sorted: they cut the keys into slots; with the
     phases' bounds projected onto every lane, when that makes each slot one phase's."""
+    inference: InferredPhases
+    mode: PhaseMode
+    inferred_steps: np.ndarray
+    """The steps whose launches take inferred phases (sorted)."""
+    remap: np.ndarray
+    """Per ``PHASES`` index, its index in ``phase_names``."""
+    phase_source: str
+    inferred_spans: dict[str, tuple[int, int]]
+    """Per inferred phase name: instances and summed launch spans (ns)."""
     slot_phase: np.ndarray | None = None
     """The phase of every point in each slot (then -1 for slot -1), where one phase holds
     them all (:func:`_projected_phases`); the sums check it as they go."""
@@ -74,37 +108,133 @@ class Plan:
         inside[-1] = False
         return inside
 
+    def phase_spans(self, ranges: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+        """Per phase name: instances and wall ns (its ranges', plus inferred launch spans)."""
+        instances, wall = tables.range_spans(ranges[self.is_phase])
+        extra = pd.DataFrame.from_dict(
+            self.inferred_spans, orient="index", columns=["instances", "wall"]
+        )
+        instances = instances.add(extra["instances"], fill_value=0).astype(np.int64)
+        return instances, wall.add(extra["wall"], fill_value=0)
 
-def plan_of(cols: ActivityColumns, phase_domain: str | None = None) -> Plan:
-    """The phases (outermost ranges of each process's owner thread) and the slot bounds."""
+
+def plan_of(
+    cols: ActivityColumns, phase_domain: str | None = None, phases: PhaseMode = "auto"
+) -> Plan:
+    """The phases (annotated where a step has phase ranges, inferred elsewhere: the rule of
+    :func:`.attribution.attribute`) and the slot bounds."""
+    if phases not in PHASE_MODES:
+        raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
     r = cols.ranges
     r_start, r_end = r["start"].to_numpy(np.int64), r["end"].to_numpy(np.int64)
     r_thread = r["thread"].to_numpy(np.int64)
-    domains = r["domain"].fillna("").astype(str)
     if phase_domain is None:
-        phase_domain = "" if (domains == "").any() or domains.empty else domains.mode().iloc[0]
+        phase_domain = default_phase_domain(r)
+    inference = inferred_phases(cols)
     known = cols.launch_bounds()
     lanes = Lanes(r_thread, [r_start, r_end, np.array(known if known else [], dtype=np.int64)])
-    # Only traces whose steps carry phase ranges come here (analysis.kernels checks), so the
-    # outermost ranges of the owner thread are the phases, as attribute() finds them there.
-    candidates = _outermost(r, (domains == phase_domain).to_numpy(), lanes)
-    owners = _owners(r_thread[candidates], r_end[candidates] - r_start[candidates])
-    phase_rows = candidates[np.isin(r_thread[candidates], list(owners.values()))]
-    phases = phase_intervals(r, phase_rows, lanes)
-    is_phase, p_start, p_end = phases.is_phase, phases.start, phases.end
-    phase_names, phase_code = phases.names, phases.code
-    phase_names.append(UNATTRIBUTED)
+    in_domain = (r["domain"].fillna("").astype(str) == phase_domain).to_numpy()
+    phase_rows, range_owners = phase_range_rows(r, in_domain & (phases != "inferred"), lanes,
+                                                inference)  # fmt: skip
+    owners = {**inference.main_threads, **range_owners}  # ranges' owner first, else main thread
+    intervals = phase_intervals(r, phase_rows, lanes)
+    step_phases = inference.step_phases
+    if phases == "auto":
+        annotated_steps = inference.step_of(r_thread[intervals.rows], r_start[intervals.rows])
+        uses = ~np.isin(step_phases[:, 0], annotated_steps)
+    else:
+        uses = np.full(len(step_phases), phases == "inferred")
+    phase_names, remap = ordered_phase_names(intervals.names, step_phases[uses, 1])
+    phase_code = intervals.code
     phase_code[-1] = len(phase_names) - 1
     if len(phase_names) > np.iinfo(np.int16).max:
         raise BadInput(f"{len(phase_names):,} distinct phase names: profkit reads at most 32,767")
+    inferred_names = [phase_names[i] if i >= 0 else p for i, p in zip(remap, PHASES, strict=False)]
+    inferred_steps = np.unique(step_phases[uses, 0])
     range_start, range_end = lanes.key(r_thread, r_start), lanes.key(r_thread, r_end)
-    projected = _projected_phases(cols, lanes, owners, p_start, p_end)
+    projected = None
+    if not uses.any():
+        projected = _projected_phases(cols, lanes, owners, intervals.start, intervals.end)
     keys = [range_start, range_end] + ([] if projected is None else [projected])
-    plan = Plan(lanes, phase_domain, owners, phase_names, phase_code, p_start, p_end,
-                is_phase, range_start, range_end, _sorted_unique(np.concatenate(keys)))  # fmt: skip
+    plan = Plan(
+        lanes=lanes,
+        domain=phase_domain,
+        owners=owners,
+        phase_names=phase_names,
+        phase_code=phase_code,
+        p_start=intervals.start,
+        p_end=intervals.end,
+        is_phase=intervals.is_phase,
+        range_start=range_start,
+        range_end=range_end,
+        bounds=_sorted_unique(np.concatenate(keys)),
+        inference=inference,
+        mode=phases,
+        inferred_steps=inferred_steps,
+        remap=remap,
+        phase_source=phase_source(uses, bool(intervals.names), phases),
+        inferred_spans=inference.spans.per_phase(inferred_steps, inferred_names)
+        if uses.any()
+        else {},
+    )
     if projected is not None:
         plan.slot_phase = _slot_phases(plan)
     return plan
+
+
+def inferred_phases(cols: ActivityColumns) -> InferredPhases:
+    """The columns' inferred phases (:func:`.inference.infer_phases`), kept with them: a
+    later query reads the per-activity phases and the step structure back."""
+    identity = {"version": INFERENCE_VERSION, "rows": len(cols)}
+    kept = cols.derived.get(INFERENCE_AS)
+    if kept is not None and kept.meta.get("identity") == identity:
+        restored = _restored_inference(kept)
+        if restored is not None:
+            return restored
+    found = infer_phases(Launches.of_columns(cols), cols.ranges, TraceHints.of(cols.meta))
+    found.phase = found.phase.astype(np.int8)
+    found.instance = None  # the spans say what the tables need of instances
+    cols.remember(INFERENCE_AS, _kept_inference(found, identity))
+    return found
+
+
+INFERENCE_VERSION = 1
+_SPANS = ("instance", "step", "phase", "first", "last")
+
+
+def _kept_inference(found: InferredPhases, identity: dict[str, Any]) -> Derived:
+    lanes = found.step_lanes
+    processes = np.array(sorted(found.main_threads), dtype=np.int64)
+    arrays = {
+        "phase": found.phase,
+        "lanes": lanes.lanes,
+        "step_starts": found.step_starts,
+        "autograd_threads": found.autograd_threads.astype(np.int64),
+        "main_processes": processes,
+        "main_threads": np.array([found.main_threads[p] for p in processes.tolist()], np.int64),
+        "step_phases": found.step_phases,
+        **{f"spans.{name}": getattr(found.spans, name) for name in _SPANS},
+    }
+    return Derived(arrays, {"identity": identity, "base": lanes.base, "span": lanes.span})
+
+
+def _restored_inference(kept: Derived) -> InferredPhases | None:
+    a = kept.arrays
+    try:
+        return InferredPhases(
+            phase=a["phase"],
+            instance=None,
+            main_threads=dict(
+                zip(a["main_processes"].tolist(), a["main_threads"].tolist(), strict=True)
+            ),
+            autograd_threads=np.asarray(a["autograd_threads"]),
+            _lanes=Lanes.restored(a["lanes"], kept.meta["base"], kept.meta["span"]),
+            _step_starts=np.asarray(a["step_starts"]),
+            spans=InstanceSpans(*(np.asarray(a[f"spans.{name}"]) for name in _SPANS)),
+            step_phases=np.asarray(a["step_phases"]).reshape(-1, 3),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _projected_phases(
@@ -169,10 +299,12 @@ def attribution_identity(cols: ActivityColumns, plan: Plan) -> dict[str, Any]:
     types only: it is compared with what the cache read back)."""
     digest = hashlib.sha256(plan.bounds.tobytes())
     digest.update(plan.p_start.tobytes() + plan.p_end.tobytes())
+    digest.update(plan.inferred_steps.astype(np.int64).tobytes() + plan.remap.tobytes())
     return {
         "version": VERSION,
         "rows": len(cols),
         "domain": plan.domain,
+        "mode": plan.mode,
         "phases": plan.phase_names,
         "owners": [[process, thread] for process, thread in sorted(plan.owners.items())],
         "keys": digest.hexdigest()[:32],
@@ -189,9 +321,13 @@ def _attribute(cols: ActivityColumns, plan: Plan) -> dict[str, np.ndarray]:
     out = {name: np.empty(len(cols), dtype=t) for name, t in ARRAYS.items()}
     out["self_slot"][:] = -1
     out["owner_slot"][:] = -1
+    out["inferred"][:] = 0
     last = len(plan.phase_names) - 1
     lane, owner_lane, cross_of = _thread_tables(cols, plan)
+    thread_ids = np.append(np.asarray(cols.threads, dtype=np.int64), -1)
     span, base = plan.lanes.span, plan.lanes.base
+    inference = plan.inference
+    every_step = plan.mode == "inferred"
 
     def chunk(lo: int, hi: int) -> None:  # writes rows lo..hi of ``out`` only
         launch = cols.arrays["launch_start"][lo:hi]
@@ -206,6 +342,13 @@ def _attribute(cols: ActivityColumns, plan: Plan) -> dict[str, np.ndarray]:
         owner_keys = owner_lane[code[cross]] * span + time[cross]
         phase = same.copy()
         phase[cross_rows] = plan.phase_code[stab(plan.p_start, plan.p_end, owner_keys)]
+        if len(plan.inferred_steps):  # launches of steps without phase ranges: inferred
+            use = rows
+            if not every_step:
+                step = inference.step_of(thread_ids[code], launch[rows])
+                use = rows[np.isin(step, plan.inferred_steps)]
+            phase[use] = plan.remap[inference.phase[lo:hi][use]]
+            out["inferred"][lo + use] = 1
         out["phase"][lo:hi] = phase
         out["same"][lo:hi] = same
         out["self_slot"][lo + rows] = plan.slot(self_keys)

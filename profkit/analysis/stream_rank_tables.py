@@ -134,7 +134,9 @@ def scope_report(
     report = KernelReport(
         source=source,
         totals=tables.totals_of(scope.by_phase_category),
-        phases=tables.phase_table(by_phase, scope.names, phase_ranges, sidecar, phase is not None),
+        phases=tables.phase_table(
+            by_phase, scope.names, tables.range_spans(phase_ranges), sidecar, phase is not None
+        ),
         ranges=tables.range_table(
             scope.by_range, scope.ranges, scope.labels, config, range_ or phase
         ),

@@ -35,7 +35,12 @@ from typing import Any, cast
 import numpy as np
 
 from profkit.analysis import stream_tables as tables
-from profkit.analysis.attribution import UNATTRIBUTED, Attribution, default_phase_domain
+from profkit.analysis.attribution import (
+    UNATTRIBUTED,
+    Attribution,
+    PhaseMode,
+    default_phase_domain,
+)
 from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import is_nccl
 from profkit.analysis.ranks import RankedReport, RankEntry
@@ -195,6 +200,7 @@ def analyze_rank_columns(
     phase: str | None = None,
     range_: str | None = None,
     rank: int | None = None,
+    phases: PhaseMode = "auto",
 ) -> RankedReport:
     """:func:`.ranks.analyze_ranks` for the columns of a multi-process export (the same
     report); raises :class:`NotStreamable` where the columns cannot tell it."""
@@ -203,9 +209,9 @@ def analyze_rank_columns(
         raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
     if top < 0:
         raise BadInput(f"--top must be 0 (all) or more, got {top}")
-    plan = plan_of(cols)
+    plan = plan_of(cols, phases=phases)
     views = rank_views(cols, plan, layout)
-    if views is None:
+    if views is None or len(plan.inferred_steps):
         raise NotStreamable
     att = attributed(cols, plan)
     labels = _range_labels(cols.ranges)

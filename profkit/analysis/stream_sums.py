@@ -30,7 +30,7 @@ from profkit.traces.columns import ActivityColumns, Derived
 from profkit.traces.schema import KINDS
 
 KEPT_AS = "sums"
-VERSION = 1  # bumped whenever what the sums mean changes
+VERSION = 2  # bumped whenever what the sums mean changes (2: inferred phases)
 QUANTITIES = (*KINDS, "kernel_ns", "gpu_ns")
 """What every sum carries: a count per activity kind, then kernel and all-activity ns."""
 KERNEL_NS, GPU_NS = len(KINDS), len(KINDS) + 1
@@ -70,6 +70,7 @@ class Sums:
     """The phase of every point of each slot (:attr:`.Plan.slot_phase`); None where a
     slot holds several phases' points (then no :meth:`restricted`)."""
     moved: np.ndarray  # per phase: activities attributed through the owner thread
+    inferred: np.ndarray  # per phase: activities whose phase was inferred
     same: np.ndarray  # (phase, the launching thread's own phase): activities
     unlaunched: np.ndarray  # per phase: activities without a launch call
     workers: np.ndarray  # (phase, thread code): threads that launched moved activities
@@ -100,6 +101,7 @@ class Sums:
             by_phase_category=(by_phase * rows[:, None, None]).reshape(-1, len(QUANTITIES)),
             by_slot=self.by_slot * (self.slot_phase[:-1] == phase)[:, None],
             moved=self.moved * rows,
+            inferred=self.inferred * rows,
             same=self.same * rows[:, None],
             unlaunched=self.unlaunched * rows,
             workers=self.workers & rows[:, None],
@@ -143,7 +145,7 @@ class Sums:
         )
 
 
-ARRAYS = ("by_phase_category", "by_slot", "moved", "same", "unlaunched", "workers")
+ARRAYS = ("by_phase_category", "by_slot", "moved", "inferred", "same", "unlaunched", "workers")
 
 
 def add_up(
@@ -156,6 +158,7 @@ def add_up(
         by_slot=np.zeros((len(plan.bounds) + 1, len(QUANTITIES)), np.int64),
         slot_phase=plan.slot_phase,
         moved=np.zeros(n_phases, np.int64),
+        inferred=np.zeros(n_phases, np.int64),
         same=np.zeros((n_phases, n_phases), np.int64),
         unlaunched=np.zeros(n_phases, np.int64),
         workers=np.zeros((n_phases, len(cols.threads)), dtype=bool),
@@ -172,7 +175,8 @@ def add_up(
         keep = selection.of(att, lo, hi)
         phase = att["phase"][lo:hi]
         c = {"phase": phase, "same": att["same"][lo:hi], "self_slot": att["self_slot"][lo:hi],
-             "owner_slot": att["owner_slot"][lo:hi], "name": cols.arrays["name"][lo:hi],
+             "owner_slot": att["owner_slot"][lo:hi], "inferred": att["inferred"][lo:hi],
+             "name": cols.arrays["name"][lo:hi],
              "code": cols.arrays["launch_thread"][lo:hi],
              "duration": cols.arrays["duration"][lo:hi]}  # fmt: skip
         if keep is not None:
@@ -196,6 +200,7 @@ class _Part:
     windows: list[Window]
     one_phase_per_slot: bool  # whether its points agree with ``Plan.slot_phase``
     moved: np.ndarray
+    inferred: np.ndarray
     same: np.ndarray
     unlaunched: np.ndarray
     workers: np.ndarray  # (phase, thread code) pairs, as phase * threads + code
@@ -208,6 +213,7 @@ class _Part:
         if not self.one_phase_per_slot:
             sums.slot_phase = None  # another process's points: no per-phase slot sums
         sums.moved += self.moved
+        sums.inferred += self.inferred
         sums.same += self.same
         sums.unlaunched += self.unlaunched
         sums.workers.reshape(-1)[self.workers] = True
@@ -229,7 +235,9 @@ def _part(
         windows += point_windows(slot[point], c["code"][point], kind[point], duration[point])
         if plan.slot_phase is not None and (plan.slot_phase[slot[point]] != phase[point]).any():
             agrees = False
-    moved = (c["owner_slot"] >= 0) & (phase != last)
+    inferred = c["inferred"] > 0
+    # Through the owner's ranges: an inferred phase came from no range.
+    moved = (c["owner_slot"] >= 0) & (phase != last) & ~inferred
     unlaunched = c["code"] < 0
     same = np.bincount(phase * n_phases + c["same"], minlength=n_phases**2)
     return _Part(
@@ -237,6 +245,7 @@ def _part(
         windows=windows,
         one_phase_per_slot=agrees,
         moved=np.bincount(phase[moved], minlength=n_phases),
+        inferred=np.bincount(phase[inferred], minlength=n_phases),
         same=same.reshape(n_phases, n_phases),
         unlaunched=np.bincount(phase[unlaunched], minlength=n_phases),
         workers=np.unique(phase[moved] * threads + c["code"][moved]),  # moved: launched

@@ -56,16 +56,22 @@ def totals_of(sums: np.ndarray) -> dict[str, Any]:
 def phase_table(
     by_phase: np.ndarray,
     phase_names: list[str],
-    phase_ranges: pd.DataFrame,
+    spans: tuple[pd.Series, pd.Series],
     sidecar: dict[str, Any],
     filtered: bool,
 ) -> pd.DataFrame:
-    """:func:`.tables.phase_table` from per-phase sums."""
+    """:func:`.tables.phase_table` from per-phase sums; ``spans``: per phase name, its
+    instances and wall ns."""
     found = counts(by_phase)
-    cpu_ns = (phase_ranges["end"] - phase_ranges["start"]).groupby(phase_ranges["name"]).sum()
-    instances = phase_ranges.groupby("name").size()
+    instances, cpu_ns = spans
     active = by_phase[:, : len(KINDS)].sum(axis=1) > 0
     return phases_from_counts(phase_names, found, instances, cpu_ns, active, sidecar, filtered)
+
+
+def range_spans(phase_ranges: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per phase name: how many of ``phase_ranges`` it has, and their summed wall ns."""
+    wall = (phase_ranges["end"] - phase_ranges["start"]).groupby(phase_ranges["name"]).sum()
+    return phase_ranges.groupby("name").size(), wall
 
 
 def range_table(

@@ -20,6 +20,7 @@ the kept sums and touches no per-activity array.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -27,9 +28,16 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis import stream_tables as tables
-from profkit.analysis.attribution import UNATTRIBUTED, Attribution
+from profkit.analysis.attribution import UNATTRIBUTED, Attribution, PhaseMode, inference_sentence
 from profkit.analysis.categories import CATEGORIES
-from profkit.analysis.report import KernelReport, _phase_index, _range_labels, _source, run_config
+from profkit.analysis.report import (
+    KernelReport,
+    _phase_index,
+    _range_labels,
+    _source,
+    check_options,
+    run_config,
+)
 from profkit.analysis.stream_attribution import Plan, attributed, attribution_identity, plan_of
 from profkit.analysis.stream_sums import KEPT_AS, VERSION, Selection, Sums, add_up, name_codes
 from profkit.errors import BadInput
@@ -43,11 +51,11 @@ def analyze_columns(
     phase: str | None = None,
     range: str | None = None,
     phase_domain: str | None = None,
+    phases: PhaseMode = "auto",
 ) -> KernelReport:
     """:func:`~profkit.analysis.report.analyze` for compact columns (the same report)."""
-    if top < 0:
-        raise BadInput(f"--top must be 0 (all) or more, got {top}")
-    plan = plan_of(cols, phase_domain)
+    check_options(top, phases)
+    plan = plan_of(cols, phase_domain, phases)
     labels = _range_labels(cols.ranges)
     selection = Selection()
     if range is not None:
@@ -69,7 +77,7 @@ def analyze_columns(
             selection.phase = index
             sums = add_up(cols, plan, attributed(cols, plan), selection)
     report = _report(cols, plan, sums, labels, top, phase, range)
-    report.source["phase_source"] = "annotated"  # the phases are the trace's own ranges
+    report.source["phase_source"] = plan.phase_source
     return report
 
 
@@ -114,7 +122,7 @@ def _report(
         source=_source(trace, phase, range_, top, config),
         totals=tables.totals_of(sums.by_phase_category),
         phases=tables.phase_table(
-            by_phase, plan.phase_names, cols.ranges[plan.is_phase], sidecar, phase is not None
+            by_phase, plan.phase_names, plan.phase_spans(cols.ranges), sidecar, phase is not None
         ),
         ranges=tables.range_table(
             sums.by_range(plan), cols.ranges, labels, config, range_ or phase
@@ -125,15 +133,24 @@ def _report(
         top=top,
     )
     in_phase = by_phase[:, : len(KINDS)].sum(axis=1)
-    report.notes = _notes(sums, cols.threads, plan, in_phase, cols.meta)
+    inferred = inference_sentence(
+        int(sums.inferred.sum()), plan.phase_source, plan.inference.autograd_threads, cols.meta
+    )
+    report.notes = _notes(sums, cols.threads, plan, in_phase, cols.meta, inferred)
     return report
 
 
 def _notes(
-    sums: Sums, threads: np.ndarray, plan: Plan, in_phase: np.ndarray, meta: dict[str, Any]
+    sums: Sums,
+    threads: np.ndarray,
+    plan: Plan,
+    in_phase: np.ndarray,
+    meta: dict[str, Any],
+    inferred: Sequence[str] = (),
 ) -> list[str]:
-    """The sentences :func:`.report._notes` writes, from the sums' counts."""
-    notes = list(meta.get("warnings") or [])
+    """The sentences :func:`.report._notes` writes, from the sums' counts (``inferred``:
+    the note on inferred phases, after the reader's warnings)."""
+    notes = list(meta.get("warnings") or []) + list(inferred)
     names = meta.get("thread_names") or {}
     owners = ", ".join(sorted({names.get(t, f"thread {t}") for t in plan.owners.values()}))
     nsys = meta.get("format") == "nsys-sqlite"

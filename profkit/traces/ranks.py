@@ -35,19 +35,28 @@ def rank_info(trace: Trace) -> dict[str, Any] | None:
     The rank and world size come from ``distributedInfo`` (torch.profiler writes it once
     ``torch.distributed`` is initialised), else from profkit's own header.
     """
-    meta = trace.meta
+    info = rank_of_meta(trace.meta)
+    if info is None:
+        return None
+    devices = trace.kernels["device"].value_counts()
+    if len(devices):
+        info["device"] = int(devices.index[0])
+    return info
+
+
+def rank_of_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`rank_info` from a trace's meta alone (the device as its header says it)."""
     dist = meta.get("distributedInfo")
     profkit: dict[str, Any] = meta["profkit"] if isinstance(meta.get("profkit"), dict) else {}
     source = dist if isinstance(dist, dict) and "rank" in dist else profkit
     if not isinstance(source, dict) or source.get("rank") is None:
         return None
-    devices = trace.kernels["device"].value_counts()
     return {
         "rank": int(source["rank"]),
         "world_size": int(source.get("world_size") or 0) or None,
         "pid": meta.get("pid") if meta.get("pid") is not None else profkit.get("pid"),
         "host": profkit.get("host"),
-        "device": int(devices.index[0]) if len(devices) else profkit.get("device"),
+        "device": profkit.get("device"),
         "path": meta.get("path"),
     }
 
