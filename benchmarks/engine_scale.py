@@ -23,7 +23,7 @@ whose ``profkit/`` is imported (the command's working folder and ``PYTHONPATH``)
 ``--python`` (one for all, or one per checkout). Prints a table of medians (seconds,
 GiB) and the ratios (b)/(a), (c)/(b) and B/A, and writes it all to ``--json`` (default
 ``WORK/engine_scale.json``, rewritten after every round). Exit status 1 if a phase check
-failed.
+failed. ``--rounds 0`` only builds (×1000: ~5 GB each, minutes), for a later run to reuse.
 
     python benchmarks/engine_scale.py --times 10 --rounds 1
     python benchmarks/engine_scale.py --times 100 1000 --rounds 3 --work /data/engine \\
@@ -267,7 +267,10 @@ def main() -> int:
     parser.add_argument("--times", type=int, nargs="+", default=[10], metavar="N",
                         help="the scales ×N, one after the other (default 10)")  # fmt: skip
     parser.add_argument(
-        "--rounds", type=int, default=3, help="rounds of every timing (default 3; medians kept)"
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of every timing (default 3; medians kept; 0: build only)",
     )
     parser.add_argument("--work", type=Path, default=None,
                         help="folder of the exports (kept, reused); default a temp dir")  # fmt: skip
@@ -321,7 +324,7 @@ def main() -> int:
 
     failed = False
     try:
-        expected = {n: fixture_phases(fixtures[n][0], work) for n in names}
+        expected = {n: fixture_phases(fixtures[n][0], work) for n in names if args.rounds}
         jobs = {
             (times, n): (fix, times * unit, work / f"{n}-x{times}.sqlite")
             for times in args.times
@@ -335,13 +338,14 @@ def main() -> int:
             for n in names:
                 export = jobs[(times, n)][2]
                 info = built[f"{n} ×{times}"]
+                fixture = expected.get(n, {"source": None, "kernels": {}})
                 scale["exports"][n] = {
                     **info,
                     "expected_phases": {
-                        "source": expected[n]["source"],
-                        "kernels": {p: k * info["copies"] for p, k in expected[n]["kernels"].items()},
+                        "source": fixture["source"],
+                        "kernels": {p: k * info["copies"] for p, k in fixture["kernels"].items()},
                     },
-                    "fixture_phases": expected[n],
+                    "fixture_phases": fixture,
                     "scan_sql": scan_sql(export),
                     "runs": {"scan": {}, **{c["label"]: {"first": [], "repeat": [],
                              "repeat_same_output": []} for c in checkouts}},
@@ -354,6 +358,8 @@ def main() -> int:
                     entry["summary"] = summarize(entry, checkouts)
                 scale["rounds_done"] += 1
                 save()
+            if not scale["rounds_done"]:
+                continue  # --rounds 0: built, nothing timed
             show(scale, checkouts)
             for n in names:
                 for label, row in scale["exports"][n]["summary"].items():
