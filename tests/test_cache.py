@@ -146,7 +146,7 @@ def test_a_hit_without_range_reads_no_per_activity_array(cache_dir: Path, export
     """Another --phase or --top is answered from the kept sums: nothing per activity is read."""
     kernel_report(export)
     columns = load_columns(export)
-    assert set(columns.derived) == {"attribution", "sums"}
+    assert set(columns.derived) == {"attribution", "inference_check", "sums"}
     for query in ({}, {"phase": "backward"}, {"top": 0}):
         analyze_columns(columns, **query)
     assert columns.arrays.loaded == []  # type: ignore[attr-defined]

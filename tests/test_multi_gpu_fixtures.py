@@ -121,11 +121,11 @@ def test_per_rank_torch_traces(rank0: Path) -> None:
 
 
 @pytest.mark.parametrize("fixture", NSYS, ids=lambda p: p.name)
-def test_a_multi_process_export_is_streamed_unless_its_phases_are_inferred(
+def test_a_multi_process_export_is_read_as_columns_whatever_its_phases(
     fixture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Annotated phases: the export is read as compact columns (cached, the full tables
-    never built); ``--phases inferred`` still takes the whole-table read for ranks."""
+    """Annotated or inferred phases: the export is read as compact columns (cached, the
+    full tables never built)."""
     from profkit import analysis
     from profkit.analysis.ranks import RankedReport
 
@@ -140,9 +140,9 @@ def test_a_multi_process_export_is_streamed_unless_its_phases_are_inferred(
     monkeypatch.setenv("PROFKIT_CACHE", "1")
     from profkit.traces.cache import ACTIVITIES
 
-    assert isinstance(analysis.kernels(plain, phases="inferred"), RankedReport)
     with monkeypatch.context() as patch:
         patch.setattr("profkit.traces.load_trace", lambda *a, **k: pytest.fail("full read"))
+        assert isinstance(analysis.kernels(plain, phases="inferred"), RankedReport)
         first = analysis.kernels(plain)
         assert isinstance(first, RankedReport)
         assert len(list(cache.rglob(ACTIVITIES))) == 1

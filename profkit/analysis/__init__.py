@@ -87,7 +87,7 @@ def _ranks_streamed(
     from profkit.analysis.stream_rank_tables import NotStreamable
     from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
 
-    layout = ranks_of(columns) if phases != "inferred" else None
+    layout = ranks_of(columns)
     if layout is None:
         return None
     try:

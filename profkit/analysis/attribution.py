@@ -151,6 +151,7 @@ def attribute(
         raise ValueError(f"phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
     launches = Launches.of(kernels)
     inferred = infer_phases(launches, ranges, hints)
+    assert inferred.instance is not None  # made here, not read back
     if phase_domain is None:
         phase_domain = default_phase_domain(ranges)
     annotated = _Annotated.of(ranges, phase_domain, launches, inferred, phases != "inferred")
@@ -181,7 +182,7 @@ def attribute(
         phase_source=phase_source(use_inferred, bool(annotated.names), phases),
         inference=inferred,
         _inferred_spans=inferred_spans(
-            inferred.instance[launches.rows][use_inferred],
+            inferred.instance[launches.rows][use_inferred],  # type: ignore[index]
             inferred.phase[launches.rows][use_inferred],
             launches.time[use_inferred],
             inferred_names,
@@ -240,7 +241,9 @@ class _Annotated:
         r_thread = ranges["thread"].to_numpy(dtype=np.int64)
         lanes = Lanes(r_thread, [r_start, r_end, launches.time])
         in_domain = (ranges["domain"].fillna("").astype(str) == phase_domain).to_numpy()
-        phase_rows, owners = phase_range_rows(ranges, in_domain & use_phases, lanes, inferred)
+        found = phase_range_rows(ranges, in_domain & use_phases, lanes, inferred)
+        assert found is not None  # with the steps at hand, every phase range is placed
+        phase_rows, owners = found
         owners = {**inferred.main_threads, **owners}  # ranges' owner first, else main thread
         phases = phase_intervals(ranges, phase_rows, lanes)
         is_phase, phase_rows, p_start, p_end = (
@@ -283,13 +286,14 @@ class _Annotated:
 
 
 def phase_range_rows(
-    ranges: pd.DataFrame, in_domain: np.ndarray, lanes: Lanes, inferred: InferredPhases
-) -> tuple[np.ndarray, dict[int, int]]:
+    ranges: pd.DataFrame, in_domain: np.ndarray, lanes: Lanes, inferred: InferredPhases | None
+) -> tuple[np.ndarray, dict[int, int]] | None:
     """Rows of the phase ranges, and each process's owner thread (most known-phase time).
 
     Known phases (``forward``, ``backward``, ``optimizer``) count wherever they nest; the
     owner's other outermost ranges count only in a step that holds a known one, so that a
-    trace without phase ranges never turns ``computing softmax`` into a "phase".
+    trace without phase ranges never turns ``computing softmax`` into a "phase". Steps come
+    from ``inferred``: without it, None where such a range must be placed in its step.
     """
     candidates = _outermost(ranges, in_domain, lanes)
     thread = ranges["thread"].to_numpy(dtype=np.int64)[candidates]
@@ -298,6 +302,10 @@ def phase_range_rows(
     known = _known(ranges)[candidates]
     owners = _owners(thread[known], end[known] - start[known])
     on_owner = np.isin(thread, list(owners.values()))
+    if inferred is None:
+        if (on_owner & ~known).any():
+            return None
+        return candidates[on_owner & known], owners
     step = inferred.step_of(thread, start)
     anchored = np.isin(step, step[known & on_owner])
     return candidates[on_owner & (known | anchored)], owners

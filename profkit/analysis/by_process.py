@@ -46,6 +46,7 @@ def restrict(
     """
     inferred = att.inferred[rows]
     inferred_phase = att.inference.phase[rows]
+    assert att.inference.instance is not None  # attribute() keeps every activity's instance
     phase_rows = att._phase_rows[np.isin(att._phase_rows, range_rows)]
     annotated = list(dict.fromkeys(range_names[phase_rows].tolist()))
     names, remap = ordered_phase_names(annotated, inferred_phase[inferred])
@@ -81,7 +82,10 @@ def restrict(
         phase_source=phase_source(inferred[launch >= 0], bool(annotated), att._mode),
         inference=inference,
         _inferred_spans=inferred_spans(
-            inference.instance[inferred], inferred_phase[inferred], launch[inferred], inferred_names
+            inference.instance[inferred],  # type: ignore[index]
+            inferred_phase[inferred],
+            launch[inferred],
+            inferred_names,
         ),
         _points=points,
         _point_rows=point_rows,

@@ -218,7 +218,7 @@ def infer_phases(
         np.concatenate([process, r_thread >> PROCESS_SHIFT]), [launches.time, step_time, *r_times]
     )
     key = lanes.key(process, launches.time)
-    autograd = _autograd_threads(hints, ranges)
+    autograd = autograd_threads(hints, ranges)
     is_autograd = np.isin(launches.thread, autograd)
     main_threads = _main_threads(launches.thread[~is_autograd])
     is_main = (launches.thread == lookup(main_threads, process)) & ~is_autograd
@@ -370,7 +370,8 @@ def lookup(mapping: Mapping[int, int], keys: np.ndarray) -> np.ndarray:
     return np.where(known[index] == keys, values[index], -1)
 
 
-def _autograd_threads(hints: TraceHints, ranges: pd.DataFrame) -> np.ndarray:
+def autograd_threads(hints: TraceHints, ranges: pd.DataFrame) -> np.ndarray:
+    """Autograd's worker threads: named so, or seen running its ops (not the loop's)."""
     named = {t for t, name in hints.thread_names.items() if AUTOGRAD_THREAD.search(name)}
     # The thread that opens ProfilerStep or Optimizer ranges drives the loop: if it ran an
     # autograd op itself (a CPU-side node), that does not make it autograd's worker.
@@ -394,7 +395,7 @@ def _main_threads(thread: np.ndarray) -> dict[int, int]:
 
 def _profiler_steps(ranges: pd.DataFrame, hints: TraceHints) -> tuple[np.ndarray, np.ndarray]:
     """(thread, start) of every ``ProfilerStep#N``, from the ranges and the reader's hints."""
-    steps = ranges[matching(ranges["name"], lambda name: bool(PROFILER_STEP.fullmatch(name)))]
+    steps = ranges[profiler_step_rows(ranges)]
     thread = np.concatenate(
         [steps["thread"].to_numpy(np.int64), np.array([t for t, _ in hints.profiler_steps])]
     ).astype(np.int64)
@@ -402,6 +403,11 @@ def _profiler_steps(ranges: pd.DataFrame, hints: TraceHints) -> tuple[np.ndarray
         [steps["start"].to_numpy(np.int64), np.array([s for _, s in hints.profiler_steps])]
     ).astype(np.int64)
     return thread, start
+
+
+def profiler_step_rows(ranges: pd.DataFrame) -> np.ndarray:
+    """Per range: is it a ``ProfilerStep#N``?"""
+    return matching(ranges["name"], lambda name: bool(PROFILER_STEP.fullmatch(name)))
 
 
 def _in_optimizer_step(ranges: pd.DataFrame, launches: Launches) -> np.ndarray:

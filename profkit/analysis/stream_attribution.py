@@ -40,7 +40,9 @@ from profkit.analysis.inference import (
     InstanceSpans,
     Launches,
     TraceHints,
+    autograd_threads,
     infer_phases,
+    profiler_step_rows,
 )
 from profkit.analysis.intervals import Lanes, stab
 from profkit.errors import BadInput
@@ -79,7 +81,8 @@ class Plan:
     bounds: np.ndarray
     """Every range start and end key, sorted: they cut the keys into slots; with the
     phases' bounds projected onto every lane, when that makes each slot one phase's."""
-    inference: InferredPhases
+    inference: InferredPhases | None
+    """None where inferring changes nothing (:func:`_inference_unneeded`)."""
     mode: PhaseMode
     inferred_steps: np.ndarray
     """The steps whose launches take inferred phases (sorted)."""
@@ -91,6 +94,16 @@ class Plan:
     slot_phase: np.ndarray | None = None
     """The phase of every point in each slot (then -1 for slot -1), where one phase holds
     them all (:func:`_projected_phases`); the sums check it as they go."""
+
+    @property
+    def autograd_threads(self) -> np.ndarray:
+        """Autograd's threads, where phases were inferred (for the notes)."""
+        return self.inference.autograd_threads if self.inference else np.zeros(0, np.int64)
+
+    @property
+    def step_phases(self) -> np.ndarray:
+        """(step, phase, launches) rows of the inferred phases (none without inference)."""
+        return self.inference.step_phases if self.inference else np.zeros((0, 3), np.int64)
 
     def slot(self, keys: np.ndarray) -> np.ndarray:
         """The slot of each key: how many bounds lie at or before it."""
@@ -122,24 +135,44 @@ def plan_of(
     cols: ActivityColumns, phase_domain: str | None = None, phases: PhaseMode = "auto"
 ) -> Plan:
     """The phases (annotated where a step has phase ranges, inferred elsewhere: the rule of
-    :func:`.attribution.attribute`) and the slot bounds."""
+    :func:`.attribution.attribute`) and the slot bounds.
+
+    Inference costs a pass over every launch and memory per launch, and it changes nothing
+    where each launching process has phase ranges, every step holds some and autograd's
+    launches all fall in them: :func:`_inference_unneeded` checks that first (its verdict
+    kept with the columns), and the plan of such a trace is the annotated one alone."""
     if phases not in PHASE_MODES:
         raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
+    if phase_domain is None:
+        phase_domain = default_phase_domain(cols.ranges)
+    if phases != "inferred":
+        plan = _plan(cols, phase_domain, phases, None)
+        if plan is not None and _inference_unneeded(cols, plan):
+            return plan
+    found = _plan(cols, phase_domain, phases, inferred_phases(cols))
+    assert found is not None  # with the inference at hand, every plan can be made
+    return found
+
+
+def _plan(
+    cols: ActivityColumns, phase_domain: str, phases: PhaseMode, inference: InferredPhases | None
+) -> Plan | None:
+    """The plan, with ``inference`` or without (None where that cannot be told without)."""
     r = cols.ranges
     r_start, r_end = r["start"].to_numpy(np.int64), r["end"].to_numpy(np.int64)
     r_thread = r["thread"].to_numpy(np.int64)
-    if phase_domain is None:
-        phase_domain = default_phase_domain(r)
-    inference = inferred_phases(cols)
     known = cols.launch_bounds()
     lanes = Lanes(r_thread, [r_start, r_end, np.array(known if known else [], dtype=np.int64)])
     in_domain = (r["domain"].fillna("").astype(str) == phase_domain).to_numpy()
-    phase_rows, range_owners = phase_range_rows(r, in_domain & (phases != "inferred"), lanes,
-                                                inference)  # fmt: skip
-    owners = {**inference.main_threads, **range_owners}  # ranges' owner first, else main thread
+    found = phase_range_rows(r, in_domain & (phases != "inferred"), lanes, inference)
+    if found is None:
+        return None
+    phase_rows, owners = found
+    if inference is not None:
+        owners = {**inference.main_threads, **owners}  # ranges' owner first, else main thread
     intervals = phase_intervals(r, phase_rows, lanes)
-    step_phases = inference.step_phases
-    if phases == "auto":
+    step_phases = np.zeros((0, 3), np.int64) if inference is None else inference.step_phases
+    if inference is not None and phases == "auto":
         annotated_steps = inference.step_of(r_thread[intervals.rows], r_start[intervals.rows])
         uses = ~np.isin(step_phases[:, 0], annotated_steps)
     else:
@@ -174,12 +207,56 @@ def plan_of(
         remap=remap,
         phase_source=phase_source(uses, bool(intervals.names), phases),
         inferred_spans=inference.spans.per_phase(inferred_steps, inferred_names)
-        if uses.any()
+        if inference is not None and uses.any()
         else {},
     )
     if projected is not None:
         plan.slot_phase = _slot_phases(plan)
     return plan
+
+
+CHECK_AS = "inference_check"
+
+
+def _inference_unneeded(cols: ActivityColumns, plan: Plan) -> bool:
+    """Whether inferring phases would change nothing in ``plan`` (made without): every
+    process that launches has phase ranges, no ``ProfilerStep`` starts a step of its own,
+    and (``auto``) every launch of autograd's threads lies in a phase range of its owner,
+    so every backward pass, and with it every step, holds phase ranges. Kept with the
+    columns."""
+    identity = {"version": VERSION, "rows": len(cols), "domain": plan.domain, "mode": plan.mode,
+                "phases": plan.phase_names}  # fmt: skip
+    kept = cols.derived.get(CHECK_AS)
+    if kept is not None and kept.meta.get("identity") == identity:
+        return bool(kept.meta.get("unneeded"))
+    unneeded = _check_inference(cols, plan)
+    cols.remember(CHECK_AS, Derived({}, {"identity": identity, "unneeded": unneeded}))
+    return unneeded
+
+
+def _check_inference(cols: ActivityColumns, plan: Plan) -> bool:
+    threads = np.asarray(cols.threads, dtype=np.int64)
+    if not set((threads >> PROCESS_SHIFT).tolist()) <= set(plan.owners):
+        return False  # a process without phase ranges: its main thread owns its phases
+    if plan.mode == "annotated":
+        return True
+    hints = TraceHints.of(cols.meta)
+    if hints.profiler_steps or profiler_step_rows(cols.ranges).any():
+        return False
+    autograd = np.isin(np.append(threads, -1), autograd_threads(hints, cols.ranges))
+    if not autograd.any():
+        return bool(len(plan.phase_names) > 1)  # no pass: one step per process, annotated
+    _, owner_lane, _ = _thread_tables(cols, plan)
+    span, base, unattributed = plan.lanes.span, plan.lanes.base, len(plan.phase_names) - 1
+
+    def chunk(lo: int, hi: int) -> bool:
+        launch = cols.arrays["launch_start"][lo:hi]
+        code = cols.arrays["launch_thread"][lo:hi]
+        mine = (launch >= 0) & autograd[code]
+        keys = owner_lane[code[mine]] * span + (launch[mine] - base)
+        return bool((plan.phase_code[stab(plan.p_start, plan.p_end, keys)] == unattributed).any())
+
+    return not any(list(map_chunks(chunk, len(cols), tables.CHUNK)))
 
 
 def inferred_phases(cols: ActivityColumns) -> InferredPhases:
@@ -326,7 +403,7 @@ def _attribute(cols: ActivityColumns, plan: Plan) -> dict[str, np.ndarray]:
     lane, owner_lane, cross_of = _thread_tables(cols, plan)
     thread_ids = np.append(np.asarray(cols.threads, dtype=np.int64), -1)
     span, base = plan.lanes.span, plan.lanes.base
-    inference = plan.inference
+    inference = plan.inference if len(plan.inferred_steps) else None
     every_step = plan.mode == "inferred"
 
     def chunk(lo: int, hi: int) -> None:  # writes rows lo..hi of ``out`` only
@@ -342,7 +419,7 @@ def _attribute(cols: ActivityColumns, plan: Plan) -> dict[str, np.ndarray]:
         owner_keys = owner_lane[code[cross]] * span + time[cross]
         phase = same.copy()
         phase[cross_rows] = plan.phase_code[stab(plan.p_start, plan.p_end, owner_keys)]
-        if len(plan.inferred_steps):  # launches of steps without phase ranges: inferred
+        if inference is not None:  # launches of steps without phase ranges: inferred
             use = rows
             if not every_step:
                 step = inference.step_of(thread_ids[code], launch[rows])

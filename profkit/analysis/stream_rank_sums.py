@@ -73,6 +73,7 @@ class RankSums:
     by_phase_category: np.ndarray  # (ranks, phases × categories, QUANTITIES)
     by_slot: np.ndarray  # (slots, QUANTITIES), every rank's points
     moved: np.ndarray  # (ranks, phases)
+    inferred: np.ndarray  # (ranks, phases): activities whose phase was inferred
     same: np.ndarray  # (ranks, phases, phases)
     unlaunched: np.ndarray  # (ranks, phases)
     workers: np.ndarray  # (phases, thread codes)
@@ -100,6 +101,7 @@ def add_up_ranks(
         by_phase_category=np.zeros((n_ranks * n_phases * n_cat, len(QUANTITIES)), np.int64),
         by_slot=np.zeros((len(plan.bounds) + 1, len(QUANTITIES)), np.int64),
         moved=np.zeros(n_ranks * n_phases, np.int64),
+        inferred=np.zeros(n_ranks * n_phases, np.int64),
         same=np.zeros(n_ranks * n_phases * n_phases, np.int64),
         unlaunched=np.zeros(n_ranks * n_phases, np.int64),
         workers=np.zeros((n_phases, len(cols.threads)), dtype=bool),
@@ -118,7 +120,7 @@ def add_up_ranks(
         name = cols.arrays["name"][lo:hi]
         c = {"rank_phase": r * n_phases + phase, "same": att["same"][lo:hi],
              "self_slot": att["self_slot"][lo:hi], "owner_slot": att["owner_slot"][lo:hi],
-             "name": name, "code": cols.arrays["launch_thread"][lo:hi],
+             "inferred": att["inferred"][lo:hi], "name": name, "code": cols.arrays["launch_thread"][lo:hi],
              "duration": cols.arrays["duration"][lo:hi].clip(min=0)}  # fmt: skip
         seen = np.bincount(c["rank_phase"], minlength=len(sums.seen))
         if keep is not None:  # no selection: every activity, no copies
@@ -166,6 +168,7 @@ class _RankPart:
     by_phase_category: np.ndarray
     windows: list[Window]
     moved: np.ndarray
+    inferred: np.ndarray
     same: np.ndarray
     unlaunched: np.ndarray
     workers: np.ndarray  # (phase, thread code) pairs, as phase * threads + code
@@ -180,6 +183,7 @@ class _RankPart:
         for where, window in self.windows:
             add_window(sums.by_slot, where, window)
         sums.moved += self.moved
+        sums.inferred += self.inferred
         sums.same += self.same
         sums.unlaunched += self.unlaunched
         sums.workers.reshape(-1)[self.workers] = True
@@ -197,12 +201,14 @@ def _rank_part(
     windows: list[Window] = []
     for slot in (c["self_slot"], c["owner_slot"]):
         windows += _slot_windows(slot, c["code"], kind, duration)
-    moved = (c["owner_slot"] >= 0) & (phase != n - 1)
+    inferred = c["inferred"] > 0
+    moved = (c["owner_slot"] >= 0) & (phase != n - 1) & ~inferred  # an inferred phase: no range
     threads = sums.workers.shape[1]
     return _RankPart(
         by_phase_category=by_phase_category,
         windows=windows,
         moved=np.bincount(rank_phase[moved], minlength=len(sums.moved)),
+        inferred=np.bincount(rank_phase[inferred], minlength=len(sums.inferred)),
         same=np.bincount(rank_phase * n + c["same"], minlength=len(sums.same)),
         unlaunched=np.bincount(rank_phase[c["code"] < 0], minlength=len(sums.unlaunched)),
         workers=np.unique(phase[moved] * threads + c["code"][moved]),  # moved: launched

@@ -9,7 +9,7 @@ whole trace, each row with the launch shape of its group's first longest activit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis import stream_tables as tables
-from profkit.analysis.attribution import UNATTRIBUTED
+from profkit.analysis.attribution import UNATTRIBUTED, inference_sentence
 from profkit.analysis.categories import CATEGORIES
 from profkit.analysis.report import KernelReport, _source_of, run_config
 from profkit.analysis.steps import step_starts
@@ -52,6 +52,12 @@ class Scope:
     is_phase: np.ndarray
     notes: SimpleNamespace  # moved, same, unlaunched, workers (as stream_sums.Sums has them)
     owners: dict[int, int]
+    phase_source: str = "annotated"
+    inferred_spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per inferred phase name: instances and summed launch spans (ns)."""
+    inferred: int = 0
+    """Activities whose phase was inferred."""
+    autograd_threads: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def by_range(sums: RankSums, plan: Plan) -> np.ndarray:
@@ -75,7 +81,8 @@ def whole_scope(
     )
     by_pc = sums.by_phase_category.reshape(n_ranks, -1, len(QUANTITIES)).sum(axis=0)
     return Scope(plan.phase_names, by_pc, ranges_sums, cols.ranges, labels, plan.is_phase,
-                 notes, plan.owners)  # fmt: skip
+                 notes, plan.owners, plan.phase_source, plan.inferred_spans,
+                 int(sums.inferred.sum()), plan.autograd_threads)  # fmt: skip
 
 
 def _local(values: np.ndarray, to_local: np.ndarray, n_local: int) -> np.ndarray:
@@ -118,6 +125,10 @@ def rank_scope(
         is_phase=plan.is_phase[view.range_rows],
         notes=notes,
         owners=view.owners,
+        phase_source=view.phase_source,
+        inferred_spans=view.inferred_spans,
+        inferred=int(sums.inferred.reshape(n_ranks, n)[r].sum()),
+        autograd_threads=plan.autograd_threads,
     )
 
 
@@ -129,14 +140,21 @@ def scope_report(
     by_phase = scope.by_phase_category.reshape(n, len(CATEGORIES), -1).sum(axis=1)
     sidecar = cols.meta.get("sidecar") or {}
     config = run_config(sidecar, cols.meta)
-    source = {**_source_of(cols.meta, phase, range_, top, config), "phase_source": "annotated"}
-    phase_ranges = scope.ranges[scope.is_phase]
+    source = {
+        **_source_of(cols.meta, phase, range_, top, config),
+        "phase_source": scope.phase_source,
+    }
+    instances, wall = tables.range_spans(scope.ranges[scope.is_phase])
+    extra = pd.DataFrame.from_dict(scope.inferred_spans, orient="index",
+                                   columns=["instances", "wall"])  # fmt: skip
+    spans = (
+        instances.add(extra["instances"], fill_value=0).astype(np.int64),
+        wall.add(extra["wall"], fill_value=0),
+    )
     report = KernelReport(
         source=source,
         totals=tables.totals_of(scope.by_phase_category),
-        phases=tables.phase_table(
-            by_phase, scope.names, tables.range_spans(phase_ranges), sidecar, phase is not None
-        ),
+        phases=tables.phase_table(by_phase, scope.names, spans, sidecar, phase is not None),
         ranges=tables.range_table(
             scope.by_range, scope.ranges, scope.labels, config, range_ or phase
         ),
@@ -147,7 +165,10 @@ def scope_report(
     )
     in_phase = by_phase[:, : len(KINDS)].sum(axis=1)
     plan_like: Any = SimpleNamespace(owners=scope.owners, phase_names=scope.names)
-    report.notes = _notes(scope.notes, cols.threads, plan_like, in_phase, cols.meta)  # type: ignore[arg-type]
+    inferred = inference_sentence(
+        scope.inferred, scope.phase_source, scope.autograd_threads, cols.meta
+    )
+    report.notes = _notes(scope.notes, cols.threads, plan_like, in_phase, cols.meta, inferred)  # type: ignore[arg-type]
     return report
 
 

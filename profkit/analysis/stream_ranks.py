@@ -36,10 +36,11 @@ import numpy as np
 
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import (
-    UNATTRIBUTED,
     Attribution,
     PhaseMode,
     default_phase_domain,
+    ordered_phase_names,
+    phase_source,
 )
 from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import is_nccl
@@ -74,6 +75,7 @@ from profkit.analysis.streaming import _PhaseView
 from profkit.errors import BadInput
 from profkit.traces.columns import START, ActivityColumns
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
+from profkit.workload.names import PHASES
 
 
 @dataclass
@@ -90,13 +92,16 @@ class Layout:
 class RankView:
     """One rank's share of the whole trace: its ranges, its phase names as it alone names
     them, the whole trace's phase codes renumbered to those (-1: not its phase), its
-    threads (a mask over the thread codes) and phase owners."""
+    threads (a mask over the thread codes), phase owners, where its phases came from and
+    its inferred phases' spans."""
 
     range_rows: np.ndarray
     names: list[str]
     to_local: np.ndarray
     threads: np.ndarray
     owners: dict[int, int]
+    phase_source: str
+    inferred_spans: dict[str, tuple[int, int]]
 
 
 def ranks_of(cols: ActivityColumns) -> Layout | None:
@@ -168,29 +173,51 @@ def _tied(rows: np.ndarray) -> bool:
 
 
 def rank_views(cols: ActivityColumns, plan: Plan, layout: Layout) -> list[RankView] | None:
-    """Each rank's view of the plan; None where a rank has no phase ranges or would take
-    its phases from another NVTX domain."""
+    """Each rank's view of the plan (what attributing its activities alone would give, as
+    :func:`.by_process.restrict` says); None where a rank would take its phases from
+    another NVTX domain."""
     lane = plan.p_start // plan.lanes.span
     thread = plan.lanes.lanes[np.minimum(lane, len(plan.lanes.lanes) - 1)]
     phase_pid = (thread >> PROCESS_SHIFT) & PROCESS_MASK
     thread_pid = (np.asarray(cols.threads, dtype=np.int64) >> PROCESS_SHIFT) & PROCESS_MASK
+    step_phases = plan.step_phases
+    step_pid = _step_processes(plan, step_phases[:, 0]) & PROCESS_MASK
     views = []
     for r, info in enumerate(layout.info):
         pid = info["pid"]
         range_rows = np.flatnonzero(layout.range_rank == r)
         mine = np.flatnonzero(phase_pid == pid)
-        ranges = cols.ranges.iloc[range_rows]
-        if not len(mine) or default_phase_domain(ranges) != plan.domain:
+        if default_phase_domain(cols.ranges.iloc[range_rows]) != plan.domain:
             return None
-        codes = plan.phase_code[mine]
-        names = list(dict.fromkeys(plan.phase_names[c] for c in codes.tolist()))
-        names.append(UNATTRIBUTED)
-        local = {name: i for i, name in enumerate(names)}
+        annotated = list(dict.fromkeys(plan.phase_names[c] for c in plan.phase_code[mine].tolist()))
+        own_steps = step_phases[step_pid == pid]
+        uses = np.isin(own_steps[:, 0], plan.inferred_steps)
+        names, remap = ordered_phase_names(annotated, own_steps[uses, 1])
+        local = {name: i for i, name in enumerate(names[:-1])}
         to_local = np.array([local.get(n, -1) for n in plan.phase_names], dtype=np.int64)
+        for code, whole in enumerate(plan.remap.tolist()):  # inferred phases by what they are
+            if whole >= 0 and to_local[whole] < 0:
+                to_local[whole] = remap[code]
         to_local[-1] = len(names) - 1
+        inferred_names = [names[i] if i >= 0 else p for i, p in zip(remap, PHASES, strict=False)]
+        spans = {}
+        if plan.inference is not None and uses.any():
+            spans = plan.inference.spans.per_phase(np.unique(own_steps[uses, 0]), inferred_names)
         owners = {p: t for p, t in plan.owners.items() if p & PROCESS_MASK == pid}
-        views.append(RankView(range_rows, names, to_local, thread_pid == pid, owners))
+        source = phase_source(uses, bool(annotated), plan.mode)
+        views.append(RankView(range_rows, names, to_local, thread_pid == pid, owners, source,
+                              spans))  # fmt: skip
     return views
+
+
+def _step_processes(plan: Plan, steps: np.ndarray) -> np.ndarray:
+    """The process key of each step number (steps never span two processes)."""
+    if plan.inference is None or not len(steps):
+        return np.zeros(len(steps), dtype=np.int64)
+    lanes = plan.inference.step_lanes
+    starts = plan.inference.step_starts
+    code = starts[np.maximum(steps - 1, 0)] // lanes.span
+    return np.append(lanes.lanes, -1)[np.minimum(code, len(lanes.lanes))]
 
 
 def analyze_rank_columns(
@@ -211,7 +238,7 @@ def analyze_rank_columns(
         raise BadInput(f"--top must be 0 (all) or more, got {top}")
     plan = plan_of(cols, phases=phases)
     views = rank_views(cols, plan, layout)
-    if views is None or len(plan.inferred_steps):
+    if views is None:
         raise NotStreamable
     att = attributed(cols, plan)
     labels = _range_labels(cols.ranges)

@@ -134,7 +134,7 @@ def _report(
     )
     in_phase = by_phase[:, : len(KINDS)].sum(axis=1)
     inferred = inference_sentence(
-        int(sums.inferred.sum()), plan.phase_source, plan.inference.autograd_threads, cols.meta
+        int(sums.inferred.sum()), plan.phase_source, plan.autograd_threads, cols.meta
     )
     report.notes = _notes(sums, cols.threads, plan, in_phase, cols.meta, inferred)
     return report
