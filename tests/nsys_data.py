@@ -139,13 +139,14 @@ class Export:
     def kernel(self, name: str, start: int, duration: int, launch_at: int | None,
                thread: int = MAIN, api: str = "cudaLaunchKernel_v7000",
                table: str = "CUPTI_ACTIVITY_KIND_RUNTIME", correlation: int | None = None,
-               pid: int = PID, grid: Sequence[int] = (1, 1, 1)) -> int:  # fmt: skip
+               pid: int = PID, grid: Sequence[int] = (1, 1, 1),
+               device: int = 0) -> int:  # fmt: skip
         """A kernel and (unless ``launch_at`` is None) the API call that launched it."""
         if correlation is None:
             self.correlation += 1
             correlation = self.correlation
         values = {
-            "start": start, "end": start + duration, "deviceId": 0, "streamId": 7,
+            "start": start, "end": start + duration, "deviceId": device, "streamId": 7,
             "correlationId": correlation, "globalPid": (1 << 48) | (pid << 24),
             "demangledName": self.string(name), "shortName": self.string(name.split("<")[0]),
             "gridX": grid[0], "gridY": grid[1], "gridZ": grid[2],

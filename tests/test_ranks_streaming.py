@@ -31,6 +31,7 @@ from typer.testing import CliRunner
 import profkit.analysis as analysis
 from profkit.analysis import analyze_any, chunked, stream_tables
 from profkit.analysis.ranks import RankedReport
+from profkit.analysis.stream_rank_tables import NotStreamable
 from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
 from profkit.cli import app
 from profkit.errors import BadInput
@@ -167,7 +168,11 @@ def test_the_command_streams_and_prints_what_the_full_tables_print(
     with monkeypatch.context() as patch:
         patch.setattr("profkit.traces.load_trace", unread)
         streamed = [run(argv) for argv in argvs]
-    monkeypatch.setattr(analysis, "_ranks_streamed", lambda *args: None)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise NotStreamable
+
+    monkeypatch.setattr("profkit.analysis.stream_ranks.analyze_rank_columns", refused)
     full = [run(argv) for argv in argvs]
     close_json(json.loads(streamed[0]), json.loads(full[0]))
     for mine, theirs in zip(streamed[1:], full[1:], strict=True):

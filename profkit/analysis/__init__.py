@@ -59,41 +59,24 @@ def kernels(
     tables (:func:`analyze_any`). A multi-process trace gives a
     :class:`~profkit.analysis.ranks.RankedReport`; ``rank`` narrows its tables to one rank.
     """
+    from profkit.analysis.stream_rank_tables import NotStreamable
+    from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
     from profkit.analysis.streaming import analyze_columns
     from profkit.traces import load_trace
     from profkit.traces.load import load_columns
 
     columns = load_columns(path, nsys=nsys, cache=cache, progress=progress)
-    if _one_process(columns):
+    layout = None if _one_process(columns) else ranks_of(columns)
+    if layout is None and not columns.meta.get("ranks"):  # one process ran GPU work
         if rank is not None:
             raise BadInput(_one_rank_message(columns.meta))
         return analyze_columns(columns, top=top, phase=phase, range=range, phases=phases)
-    ranked = _ranks_streamed(columns, top, phase, range, rank, phases)
-    if ranked is not None:
-        return ranked
+    if layout is not None:
+        try:
+            return analyze_rank_columns(columns, layout, top, phase, range, rank, phases)
+        except NotStreamable:
+            pass
     return analyze_any(load_trace(path, nsys, progress), top, phase, range, rank, phases)
-
-
-def _ranks_streamed(
-    columns: ActivityColumns,
-    top: int,
-    phase: str | None,
-    range: str | None,
-    rank: int | None,
-    phases: PhaseMode,
-) -> KernelReport | None:
-    """The ranked report of a multi-process export from its columns, where they can give
-    it (:mod:`.stream_ranks`: the rule); None where the full tables must."""
-    from profkit.analysis.stream_rank_tables import NotStreamable
-    from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
-
-    layout = ranks_of(columns)
-    if layout is None:
-        return None
-    try:
-        return analyze_rank_columns(columns, layout, top, phase, range, rank, phases)
-    except NotStreamable:
-        return None
 
 
 def _one_process(columns: ActivityColumns) -> bool:

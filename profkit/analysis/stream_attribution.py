@@ -145,25 +145,36 @@ def plan_of(
         raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
     if phase_domain is None:
         phase_domain = default_phase_domain(cols.ranges)
+        per_process = True
+    else:
+        per_process = False
     if phases != "inferred":
-        plan = _plan(cols, phase_domain, phases, None)
+        plan = _plan(cols, phase_domain, per_process, phases, None)
         if plan is not None and _inference_unneeded(cols, plan):
             return plan
-    found = _plan(cols, phase_domain, phases, inferred_phases(cols))
+    found = _plan(cols, phase_domain, per_process, phases, inferred_phases(cols))
     assert found is not None  # with the inference at hand, every plan can be made
     return found
 
 
 def _plan(
-    cols: ActivityColumns, phase_domain: str, phases: PhaseMode, inference: InferredPhases | None
+    cols: ActivityColumns,
+    phase_domain: str,
+    per_process: bool,
+    phases: PhaseMode,
+    inference: InferredPhases | None,
 ) -> Plan | None:
-    """The plan, with ``inference`` or without (None where that cannot be told without)."""
+    """The plan, with ``inference`` or without (None where that cannot be told without).
+
+    ``per_process``: each process looks for its phases in its own default domain
+    (:func:`.attribution.default_phase_domain` of its ranges), else all in ``phase_domain``.
+    """
     r = cols.ranges
     r_start, r_end = r["start"].to_numpy(np.int64), r["end"].to_numpy(np.int64)
     r_thread = r["thread"].to_numpy(np.int64)
     known = cols.launch_bounds()
     lanes = Lanes(r_thread, [r_start, r_end, np.array(known if known else [], dtype=np.int64)])
-    in_domain = (r["domain"].fillna("").astype(str) == phase_domain).to_numpy()
+    in_domain = _in_phase_domain(r, phase_domain, per_process)
     found = phase_range_rows(r, in_domain & (phases != "inferred"), lanes, inference)
     if found is None:
         return None
@@ -213,6 +224,25 @@ def _plan(
     if projected is not None:
         plan.slot_phase = _slot_phases(plan)
     return plan
+
+
+def _in_phase_domain(ranges: pd.DataFrame, domain: str, per_process: bool) -> np.ndarray:
+    """Per range: in the NVTX domain its process takes phases from?"""
+    domains = ranges["domain"].fillna("").astype(str)
+    if not per_process or ranges.empty:
+        return (domains == domain).to_numpy()
+    process = pd.Series(ranges["thread"].to_numpy(np.int64) >> PROCESS_SHIFT, name="process")
+    # default_phase_domain per process: "" where it uses it, else its most used (ties: the
+    # first in sorted order, as ``mode`` gives).
+    counts = domains.groupby([process, domains.rename("domain")]).size()
+    counts = counts.reset_index(name="n").sort_values(["process", "n", "domain"],
+                                                     ascending=[True, False, True])  # fmt: skip
+    chosen = counts.drop_duplicates("process").set_index("process")["domain"]
+    default = counts[counts["domain"] == ""]["process"]
+    chosen[chosen.index.isin(default)] = ""
+    return (domains.to_numpy(dtype=object) == process.map(chosen).to_numpy(dtype=object)).astype(
+        bool
+    )
 
 
 CHECK_AS = "inference_check"

@@ -38,7 +38,6 @@ from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import (
     Attribution,
     PhaseMode,
-    default_phase_domain,
     ordered_phase_names,
     phase_source,
 )
@@ -107,20 +106,21 @@ class RankView:
 def ranks_of(cols: ActivityColumns) -> Layout | None:
     """The ranks of a multi-process export's columns; None for one process, or where the
     columns keep no start times, or a tie of launch counts would decide."""
-    if START not in cols.arrays or cols.meta.get("ranks") or "graph" in cols.kinds:
+    if START not in cols.arrays or cols.meta.get("ranks"):
         return None
     thread_pid = (np.asarray(cols.threads, dtype=np.int64) >> PROCESS_SHIFT) & PROCESS_MASK
     pids = np.unique(thread_pid)
     index_of_code = np.append(np.searchsorted(pids, thread_pid), -1)  # code -1: unknown
     counts = _device_counts(cols, index_of_code, len(pids))  # (device, 1 + pid index)
     launched, unlaunched = counts[:, 1:], counts[:, 0]
-    main = launched.argmax(axis=1)
-    if _tied(launched[unlaunched > 0]) or (launched[unlaunched > 0].sum(axis=1) == 0).any():
-        return None  # kernel_processes would pick by a tie, or give a process -1
+    # Ties go to the lowest pid and the lowest device (argmax's first); activities without a
+    # launch on a device nothing launched on go to the process that launched most overall.
+    main = np.where(launched.sum(axis=1) > 0, launched.argmax(axis=1),
+                    launched.sum(axis=0).argmax())  # fmt: skip
     per_pid = launched.copy()
     per_pid[np.arange(len(main)), main] += unlaunched
     present = np.flatnonzero(per_pid.sum(axis=0))
-    if len(present) < 2 or _tied(per_pid[:, present].T):
+    if len(present) < 2:
         return None
     device = per_pid[:, present].argmax(axis=0)
     order = sorted(zip(device.tolist(), present.tolist(), strict=True))
@@ -164,14 +164,6 @@ def _device_counts(cols: ActivityColumns, index_of_code: np.ndarray, n_pids: int
     return counts.reshape(-1, width)
 
 
-def _tied(rows: np.ndarray) -> bool:
-    """Whether some row's largest count is shared (value_counts would break the tie)."""
-    if not rows.size:
-        return False
-    top = rows.max(axis=1, keepdims=True)
-    return bool(((rows == top) & (top > 0)).sum(axis=1).max() > 1)
-
-
 def rank_views(cols: ActivityColumns, plan: Plan, layout: Layout) -> list[RankView] | None:
     """Each rank's view of the plan (what attributing its activities alone would give, as
     :func:`.by_process.restrict` says); None where a rank would take its phases from
@@ -187,8 +179,6 @@ def rank_views(cols: ActivityColumns, plan: Plan, layout: Layout) -> list[RankVi
         pid = info["pid"]
         range_rows = np.flatnonzero(layout.range_rank == r)
         mine = np.flatnonzero(phase_pid == pid)
-        if default_phase_domain(cols.ranges.iloc[range_rows]) != plan.domain:
-            return None
         annotated = list(dict.fromkeys(plan.phase_names[c] for c in plan.phase_code[mine].tolist()))
         own_steps = step_phases[step_pid == pid]
         uses = np.isin(own_steps[:, 0], plan.inferred_steps)

@@ -1,0 +1,66 @@
+"""The rules that decide a multi-process export's ranks and their phases on the columns,
+where the full tables once gave up and read the trace a second way (docs/MULTI_GPU.md,
+"Which process is which rank"): ties of launch counts, a rank marking its phases in an NVTX
+domain of its own. Each export is built row by row, so every count is known."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from profkit import analysis
+from profkit.analysis.ranks import RankedReport
+from tests.nsys_data import PID, Export
+
+OTHER = 200
+OTHER_MAIN = (1 << 48) | (OTHER << 24) | OTHER
+MAIN = (1 << 48) | (PID << 24) | PID
+
+
+@pytest.fixture(autouse=True)
+def _columns_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each export is read as columns alone: the full tables are never built."""
+    monkeypatch.setattr("profkit.traces.load_trace", lambda *a, **k: pytest.fail("full read"))
+
+
+def _phases(report: RankedReport, rank: int) -> dict[str, int]:
+    entry = report.ranks[rank]
+    return dict(zip(entry.report.phases["phase"], entry.report.phases["kernels"], strict=True))
+
+
+def test_a_tie_of_launches_gives_the_unlaunched_activity_to_the_lowest_pid(tmp_path: Path) -> None:
+    """Both processes launched two kernels on GPU 0: a kernel whose launch was not traced
+    goes to the lower pid (as does the device), not to whichever a hash met first."""
+    export = Export(tmp_path / "tie.sqlite")
+    for thread, pid in ((MAIN, PID), (OTHER_MAIN, OTHER)):
+        export.range("forward", 0, 1_000, thread=thread)
+        export.kernel("gemm_a", 100, 10, launch_at=10, thread=thread, pid=pid)
+        export.kernel("gemm_b", 200, 10, launch_at=20, thread=thread, pid=pid)
+    export.kernel("lost_kernel", 500, 10, launch_at=None, pid=OTHER)
+    report = analysis.kernels(export.save(), cache=False)
+    assert isinstance(report, RankedReport)
+    assert [e.info["pid"] for e in report.ranks] == [PID, OTHER]
+    assert [e.totals["kernels"] for e in report.ranks] == [3, 2]
+    assert _phases(report, 0) == {"forward": 2, "unattributed": 1}
+
+
+def test_a_rank_that_marks_phases_in_its_own_domain_keeps_them(tmp_path: Path) -> None:
+    """Rank 1 marks forward/backward in a domain of its own only: its phases come from
+    there (each process looks in its own default domain), and the whole trace's tables hold
+    both ranks' phases."""
+    export = Export(tmp_path / "domains.sqlite")
+    export.ranges([("forward", 0, 100), ("backward", 100, 200)], thread=MAIN)
+    export.domain(7, "mine", thread=OTHER_MAIN)
+    export.range("forward", 0, 100, thread=OTHER_MAIN, domain=7)
+    export.range("backward", 100, 200, thread=OTHER_MAIN, domain=7)
+    for thread, pid, device in ((MAIN, PID, 0), (OTHER_MAIN, OTHER, 1)):
+        export.kernel("fwd", 300, 10, launch_at=50, thread=thread, pid=pid, device=device)
+        export.kernel("bwd", 400, 10, launch_at=150, thread=thread, pid=pid, device=device)
+        export.kernel("bwd", 500, 10, launch_at=160, thread=thread, pid=pid, device=device)
+    report = analysis.kernels(export.save(), cache=False)
+    assert isinstance(report, RankedReport)
+    assert _phases(report, 0) == {"forward": 1, "backward": 2}
+    assert _phases(report, 1) == {"forward": 1, "backward": 2}
+    whole = dict(zip(report.phases["phase"], report.phases["kernels"], strict=True))
+    assert whole == {"forward": 2, "backward": 4}
