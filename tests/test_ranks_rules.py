@@ -8,11 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from bench_scripts import benchmark
+from nsys_data import PID, Export
 
 from profkit import analysis
 from profkit.analysis.ranks import RankedReport
-from tests.nsys_data import PID, Export
 
+DATA = Path(__file__).parent / "data"
 OTHER = 200
 OTHER_MAIN = (1 << 48) | (OTHER << 24) | OTHER
 MAIN = (1 << 48) | (PID << 24) | PID
@@ -64,3 +66,22 @@ def test_a_rank_that_marks_phases_in_its_own_domain_keeps_them(tmp_path: Path) -
     assert _phases(report, 1) == {"forward": 1, "backward": 2}
     whole = dict(zip(report.phases["phase"], report.phases["kernels"], strict=True))
     assert whole == {"forward": 2, "backward": 4}
+
+
+@pytest.mark.parametrize("kind", ["whole", "node"])
+def test_ranks_with_cuda_graphs_add_up(tmp_path: Path, kind: str) -> None:
+    """Two ranks made of a CUDA-graph capture (whole graphs as one activity each, or their
+    nodes; the builder copies the graph table for the first rank only): rank 0 reports the
+    capture's own counts, graphs included, and the whole trace its ranks' sums."""
+    fixture = DATA / f"nsys-2025.3-h100-cudagraph-{kind}.sqlite.xz"
+    export = tmp_path / "graphs.sqlite"
+    benchmark("kernels_scale").build(fixture, 2, export, world=2)
+    one = analysis.kernels(fixture, cache=False).to_json()["totals"]
+    report = analysis.kernels(export, cache=False)
+    assert isinstance(report, RankedReport)
+    ranks = [entry.report.to_json()["totals"] for entry in report.ranks]
+    assert ranks[0] == pytest.approx(one)
+    whole = report.to_json()["totals"]
+    for count in ("kernels", "memcpy", "memset", "graphs"):
+        assert whole.get(count, 0) == sum(r.get(count, 0) for r in ranks)
+    assert whole.get("graphs", 0) == (3 if kind == "whole" else 0)
