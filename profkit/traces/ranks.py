@@ -7,15 +7,22 @@ says its rank and world size in ``distributedInfo``. Nsight Systems, profiling t
 second: thread ids become ``pid << 24 | tid`` so that the ranges and launches of
 different processes never mix, and ``meta["ranks"]`` lists who is who.
 
+:func:`rank_set` owns what such a merge is, whatever holds the activities: the checks
+(every trace names a rank, one world size), the rank order, each rank's process key
+(:func:`rank_thread_ids`) and the merged meta. :func:`merge_rank_traces` applies it to
+the full tables; :mod:`profkit.analysis.stream_rank_files` to compact columns.
+
 Times are kept as they are: ranks on one host share its clock. Traces of several hosts
 are compared on their own clocks, which can be offset (docs/MULTI_GPU.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import pandas as pd
 
 from profkit.errors import BadInput
@@ -28,6 +35,8 @@ from profkit.traces.schema import (
     conform,
 )
 
+Ids = TypeVar("Ids", int, np.ndarray, pd.Series)
+
 
 def rank_info(trace: Trace) -> dict[str, Any] | None:
     """``{rank, world_size, pid, host, device}`` of a per-rank trace, or None.
@@ -35,13 +44,7 @@ def rank_info(trace: Trace) -> dict[str, Any] | None:
     The rank and world size come from ``distributedInfo`` (torch.profiler writes it once
     ``torch.distributed`` is initialised), else from profkit's own header.
     """
-    info = rank_of_meta(trace.meta)
-    if info is None:
-        return None
-    devices = trace.kernels["device"].value_counts()
-    if len(devices):
-        info["device"] = int(devices.index[0])
-    return info
+    return rank_info_of(trace.meta, trace.kernels["device"])
 
 
 def rank_of_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -61,51 +64,116 @@ def rank_of_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def rank_info_of(meta: dict[str, Any], devices: Any) -> dict[str, Any] | None:
+    """:func:`rank_info` of a trace's ``meta`` and its activities' ``devices`` (a column or
+    array of device ordinals; the rank's device is the most frequent one, else the
+    header's)."""
+    info = rank_of_meta(meta)
+    if info is None:
+        return None
+    # As int64 whatever the caller holds (the compact columns keep int16), so that a tie
+    # between two devices is broken the same way for tables and columns.
+    counts = pd.Series(np.asarray(devices, dtype=np.int64)).value_counts()
+    if len(counts):
+        info["device"] = int(counts.index[0])
+    return info
+
+
 def is_rank_set(traces: list[Trace]) -> bool:
     """Whether these traces are the ranks of one run: each names a distinct rank."""
-    infos = [rank_info(t) for t in traces]
-    if len(traces) < 2 or any(i is None for i in infos):
+    return names_distinct_ranks([rank_info(t) for t in traces])
+
+
+def names_distinct_ranks(infos: list[dict[str, Any] | None]) -> bool:
+    """:func:`is_rank_set` of the traces' :func:`rank_info`."""
+    if len(infos) < 2 or any(i is None for i in infos):
         return False
     ranks = [i["rank"] for i in infos if i is not None]
     return len(set(ranks)) == len(ranks)
 
 
-def merge_rank_traces(traces: list[Trace]) -> Trace:
-    """One Trace of every rank's activities and ranges, ``meta["ranks"]`` in rank order."""
-    infos = [rank_info(t) for t in traces]
+def rank_thread_ids(threads: Ids, process: int) -> Ids:
+    """A rank's thread ids in the merged set: its process key in the process bits, as
+    nsys's global thread ids (``process << 24 | tid``); a missing id (NA) stays missing."""
+    return (threads & THREAD_MASK) + (process << PROCESS_SHIFT)
+
+
+@dataclass
+class RankSet:
+    """Per-rank traces as one run: ``order`` the traces' indices in rank order, ``ranks``
+    each rank's :func:`rank_info` in that order (``pid`` the real one; ``process``, where
+    given, the key its thread ids get instead: :func:`process_key`) and ``meta`` the
+    merged trace's."""
+
+    order: list[int]
+    ranks: list[dict[str, Any]]
+    meta: dict[str, Any]
+
+
+def process_key(info: dict[str, Any]) -> int:
+    """The process bits a rank's thread ids get in the merged set (:func:`rank_set`)."""
+    return int(info.get("process", info["pid"]))
+
+
+def rank_set(metas: list[dict[str, Any]], infos: list[dict[str, Any] | None]) -> RankSet:
+    """The merge of per-rank traces with these metas and :func:`rank_info`: raises
+    :class:`BadInput` where they cannot be the ranks of one run (a trace names no rank,
+    world sizes differ, more traces than the world size).
+
+    Each rank's process key is its pid (its rank + 1 where the trace names none), so that
+    thread ids read as nsys's; where two ranks would share one (pids of two hosts can be
+    equal), the later rank gets a key above every pid instead (``process``), so that their
+    activities never mix.
+    """
     if any(i is None for i in infos):
-        missing = [t.meta.get("path") for t, i in zip(traces, infos, strict=True) if i is None]
+        missing = [m.get("path") for m, i in zip(metas, infos, strict=True) if i is None]
         raise BadInput(f"{missing[0]} names no rank (no distributedInfo): not a per-rank trace")
-    _check_one_run(traces, infos)
-    order = sorted(range(len(traces)), key=lambda i: infos[i]["rank"])  # type: ignore[index]
-    kernels, ranges, ranks, threads = [], [], [], {}
+    known = [dict(i) for i in infos if i is not None]
+    _check_one_run([str(m.get("path")) for m in metas], known)
+    order = sorted(range(len(known)), key=lambda i: known[i]["rank"])
+    ranks, threads = [], {}
     for index in order:
-        trace, info = traces[index], dict(infos[index] or {})
-        process = int(info["pid"]) if info.get("pid") is not None else int(info["rank"]) + 1
-        info["pid"] = process
-        offset = process << PROCESS_SHIFT
-        k = trace.kernels.copy()
-        k["launch_thread"] = (k["launch_thread"] & THREAD_MASK) + offset
-        r = trace.ranges.copy()
-        r["thread"] = (r["thread"] & THREAD_MASK) + offset
-        kernels.append(k)
-        ranges.append(r)
+        info = known[index]
+        info["pid"] = int(info["pid"]) if info.get("pid") is not None else int(info["rank"]) + 1
         ranks.append(info)
-        for tid, name in (trace.meta.get("threads") or {}).items():
-            threads[(int(tid) & THREAD_MASK) + offset] = f"rank {info['rank']} {name}"
-    first = traces[order[0]].meta
+    taken: set[int] = set()
+    spare = max(int(info["pid"]) for info in ranks) + 1
+    for info in ranks:
+        if info["pid"] in taken:
+            info["process"], spare = spare, spare + 1
+        taken.add(process_key(info))
+    for index, info in zip(order, ranks, strict=True):
+        for tid, name in (metas[index].get("threads") or {}).items():
+            threads[rank_thread_ids(int(tid), process_key(info))] = f"rank {info['rank']} {name}"
+    first = metas[order[0]]
     meta = {
         **{k: v for k, v in first.items() if k not in ("pid", "threads", "profiler_steps")},
-        "path": ", ".join(str(traces[i].meta.get("path")) for i in order),
-        "paths": [traces[i].meta.get("path") for i in order],
+        "path": ", ".join(str(metas[i].get("path")) for i in order),
+        "paths": [metas[i].get("path") for i in order],
         "threads": threads,
         "ranks": ranks,
-        "warnings": _rank_warnings([traces[i].meta.get("warnings") or [] for i in order], ranks),
+        "warnings": _rank_warnings([metas[i].get("warnings") or [] for i in order], ranks),
     }
+    return RankSet(order, ranks, meta)
+
+
+def merge_rank_traces(traces: list[Trace]) -> Trace:
+    """One Trace of every rank's activities and ranges, ``meta["ranks"]`` in rank order
+    (:func:`rank_set`)."""
+    merged = rank_set([t.meta for t in traces], [rank_info(t) for t in traces])
+    kernels, ranges = [], []
+    for index, info in zip(merged.order, merged.ranks, strict=True):
+        trace, process = traces[index], process_key(info)
+        k = trace.kernels.copy()
+        k["launch_thread"] = rank_thread_ids(k["launch_thread"], process)
+        r = trace.ranges.copy()
+        r["thread"] = rank_thread_ids(r["thread"], process)
+        kernels.append(k)
+        ranges.append(r)
     return Trace(
         kernels=conform(pd.concat(kernels, ignore_index=True), KERNEL_COLUMNS),
         ranges=conform(pd.concat(ranges, ignore_index=True), RANGE_COLUMNS),
-        meta=meta,
+        meta=merged.meta,
     )
 
 
@@ -122,20 +190,20 @@ def _rank_warnings(said: list[list[str]], ranks: list[dict[str, Any]]) -> list[s
     ]
 
 
-def _check_one_run(traces: list[Trace], infos: list[dict[str, Any] | None]) -> None:
+def _check_one_run(paths: list[str], infos: list[dict[str, Any]]) -> None:
     """Raise :class:`BadInput` where the traces cannot be the ranks of one run: their world
     sizes differ, or there are more of them than the world size says (a run of 3 ranks
     left its rank 2 beside a later run of 2, say)."""
-    sizes = {i["world_size"] for i in infos if i is not None and i.get("world_size")}
-    names = ", ".join(Path(str(t.meta.get("path"))).name for t in traces)
+    sizes = {i["world_size"] for i in infos if i.get("world_size")}
+    names = ", ".join(Path(p).name for p in paths)
     if len(sizes) > 1:
         listed = ", ".join(str(size) for size in sorted(sizes))
         raise BadInput(
             f"these traces come from runs of different world sizes ({listed}): {names}; "
             "give the ranks of one run"
         )
-    if sizes and len(traces) > min(sizes):
+    if sizes and len(paths) > min(sizes):
         raise BadInput(
-            f"{len(traces)} traces for a world size of {min(sizes)}: {names}; "
+            f"{len(paths)} traces for a world size of {min(sizes)}: {names}; "
             "give the ranks of one run"
         )
