@@ -31,6 +31,7 @@ twice (:func:`not_one_job` says which condition fails).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -258,35 +259,60 @@ def merge_ranks_of_hosts(traces: list[Trace]) -> Trace:
     Chrome traces count from the epoch (``baseTimeNanoseconds``), so the ranks of one host
     share its clock and those of several hosts differ by what NTP leaves: each further
     host's offset is estimated from its lowest rank's NCCL kernel ends against the first
-    host's (:func:`estimate_offset`) and taken out where resolved, as for nodes' nsys
+    host's (:func:`host_clocks`) and taken out where resolved, as for nodes' nsys
     exports; ``meta["nodes"]`` then lists the hosts. One host, or a trace that names none
     (profkit's header does): merged as they are.
     """
     infos = [rank_info(t) or {} for t in traces]
+    hosts = host_clocks(infos, node_labels(traces), lambda i: _nccl_ends(traces[i]))
+    if hosts is None:
+        return merge_rank_traces(traces)
+    shifted = [_shifted(t, ns) if ns else t for t, ns in zip(traces, hosts.shifts, strict=True)]
+    merged = merge_rank_traces(shifted)
+    merged.meta["nodes"] = hosts.nodes
+    merged.meta["warnings"] = list(merged.meta.get("warnings") or []) + clock_notes(hosts.nodes)
+    return merged
+
+
+@dataclass(frozen=True)
+class HostClocks:
+    """How per-rank traces of several hosts were put on one clock: ``nodes`` one
+    :class:`NodeClock` (as a dict) per host, in order of their lowest rank, and ``shifts``
+    the ns to add to each trace's times (in the order the traces were given)."""
+
+    nodes: list[dict[str, Any]]
+    shifts: list[int]
+
+
+def host_clocks(
+    infos: list[dict[str, Any]],
+    labels: list[str],
+    nccl_ends_of: Callable[[int], tuple[np.ndarray, np.ndarray]],
+) -> HostClocks | None:
+    """The clocks of per-rank traces (their :func:`~profkit.traces.ranks.rank_info` and
+    :func:`path_labels`) where they name several hosts; None for one host, or where a trace
+    names none. ``nccl_ends_of(i)``: trace *i*'s NCCL kernels in launch order, names and
+    end times (:func:`estimate_offset` pairs each further host's lowest rank's with the
+    lowest rank's of all). The one owner of this alignment for tables and columns."""
     hosts = [i.get("host") for i in infos]
     if None in hosts or len(set(hosts)) < 2:
-        return merge_rank_traces(traces)
-    order = sorted(range(len(traces)), key=lambda i: int(infos[i]["rank"]))
+        return None
+    order = sorted(range(len(infos)), key=lambda i: int(infos[i]["rank"]))
     by_host: dict[str, list[int]] = {}
     for i in order:
         by_host.setdefault(str(hosts[i]), []).append(i)
-    labels = node_labels(traces)
-    reference = _nccl_ends(traces[order[0]])
-    clocks, shifted = [], list(traces)
+    reference = nccl_ends_of(order[0])
+    clocks, shifts = [], [0] * len(infos)
     for index, (host, members) in enumerate(by_host.items()):
         ranks = sorted(int(infos[i]["rank"]) for i in members)
         label = ", ".join(labels[i] for i in members)
-        found = None if index == 0 else estimate_offset(reference, _nccl_ends(traces[members[0]]))
+        found = None if index == 0 else estimate_offset(reference, nccl_ends_of(members[0]))
         clock = _found_clock(label, host, ranks, 0, found)
         clocks.append(clock)
         if clock.applied and found is not None:
             for i in members:
-                shifted[i] = _shifted(traces[i], -found.ns)
-    merged = merge_rank_traces(shifted)
-    nodes = [asdict(c) for c in clocks]
-    merged.meta["nodes"] = nodes
-    merged.meta["warnings"] = list(merged.meta.get("warnings") or []) + _clock_notes(nodes)
-    return merged
+                shifts[i] = -found.ns
+    return HostClocks([asdict(c) for c in clocks], shifts)
 
 
 def lifted(shifts: list[int]) -> list[int]:
@@ -492,10 +518,10 @@ def _warnings_of(
     said: list[str] = []
     for meta, label in zip(metas, labels, strict=True):
         said += [f"{label}: {w}" for w in meta.get("warnings") or []]
-    return said + _clock_notes(clocks)
+    return said + clock_notes(clocks)
 
 
-def _clock_notes(clocks: list[dict[str, Any]]) -> list[str]:
+def clock_notes(clocks: list[dict[str, Any]]) -> list[str]:
     """What the clocks of the nodes (or hosts) after the first showed."""
     said: list[str] = []
     first = clocks[0]["path"]
