@@ -23,6 +23,8 @@ tables, as for anything :func:`.stream_ranks.ranks_of` leaves to them.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -138,7 +140,7 @@ def merge_node_columns(
         )
         keys = {pid: next_key + i for i, pid in enumerate(dict.fromkeys(pids))}
         next_key += len(keys)
-        ends = _nccl_ends(cols, int(layout.info[0]["pid"]))
+        ends = nccl_ends(cols, int(layout.info[0]["pid"]))
         if node == 0:
             reference = ends
         numbered = list(range(len(real), len(real) + len(layout.info)))
@@ -158,8 +160,9 @@ def merge_node_columns(
         "nodes": nodes_json,
         "warnings": _warnings_of([c.meta for c in nodes], labels, nodes_json),
     }
-    read_shapes = _shapes_of(nodes)
-    merged = _joined(nodes, keys_of, lifted(shifts), stride, consume)
+    read_shapes = shapes_of(nodes)
+    rekeys = [functools.partial(rekeyed_ids, keys=keys) for keys in keys_of]
+    merged = joined_columns(nodes, rekeys, lifted(shifts), stride, consume)
     merged.meta, merged.read_shapes = meta, read_shapes
     layout = ranks_of(merged)
     if layout is None or [i["pid"] for i in layout.info] != [r["process"] for r in real]:
@@ -169,15 +172,18 @@ def merge_node_columns(
     return merged, layout, real
 
 
-def _joined(
+def joined_columns(
     nodes: list[ActivityColumns],
-    keys_of: list[dict[int, int]],
+    rekeys: Sequence[Callable[[np.ndarray], np.ndarray]],
     shifts: list[int],
     stride: int,
     consume: bool,
 ) -> ActivityColumns:
-    """The nodes' activities, threads and ranges in one set of columns, each node's written
-    into arrays of the whole length (given up after, with ``consume``)."""
+    """Several traces' columns (nodes' exports, or per-rank traces) as one: their
+    activities, threads and ranges, each trace's written into arrays of the whole length
+    (given up after, with ``consume``). ``rekeys[i]`` gives trace *i*'s thread ids their
+    merged process keys, ``shifts[i]`` is added to its times (an unknown launch stays
+    unknown), and its GPUs are numbered after ``i * stride`` (0: kept as they are)."""
     total = sum(len(c) for c in nodes)
     arrays = {name: np.empty(total, dtype=nodes[0].arrays[name].dtype) for name in ARRAYS}
     names: dict[str, int] = {}
@@ -185,7 +191,7 @@ def _joined(
     threads: list[np.ndarray] = []
     ranges: list[pd.DataFrame] = []
     at = 0
-    for node, (cols, keys, shift) in enumerate(zip(nodes, keys_of, shifts, strict=True)):
+    for node, (cols, rekey, shift) in enumerate(zip(nodes, rekeys, shifts, strict=True)):
         code = np.array([names.setdefault(n, len(names)) for n in cols.names], dtype=np.int32)
         known = len(kinds)  # the names first seen in this node, in their order
         kinds += [k for n, k in zip(cols.names, cols.kinds, strict=True) if names[n] >= known]
@@ -200,10 +206,10 @@ def _joined(
         arrays[START][rows] = a[START] + shift
         arrays[DEVICE][rows] = a[DEVICE].astype(np.int32) + node * stride  # GPUs apart
         at += len(cols)
-        threads.append(rekeyed_ids(np.asarray(cols.threads, dtype=np.int64), keys))
+        threads.append(rekey(np.asarray(cols.threads, dtype=np.int64)))
         moved = cols.ranges.copy()
         moved["start"], moved["end"] = moved["start"] + shift, moved["end"] + shift
-        moved["thread"] = rekeyed_ids(moved["thread"].to_numpy(np.int64), keys)
+        moved["thread"] = rekey(moved["thread"].to_numpy(np.int64))
         ranges.append(moved)
         if consume:  # copied: free the node's arrays (what reads its shapes stays)
             cols.arrays = {SHAPE: a[SHAPE]} if SHAPE in a else {}
@@ -217,8 +223,9 @@ def _joined(
     )
 
 
-def _shapes_of(nodes: list[ActivityColumns]) -> ShapeReader:
-    """Shapes of merged activities: each node's, asked of that node's columns."""
+def shapes_of(nodes: list[ActivityColumns]) -> ShapeReader:
+    """Shapes of the activities of :func:`joined_columns`: each trace's, asked of its own
+    columns."""
     bounds = np.cumsum([0] + [len(c) for c in nodes])
 
     def read(index: np.ndarray) -> list[tuple[str, str]]:
@@ -253,12 +260,14 @@ def _window(cols: ActivityColumns) -> tuple[int, int]:
     return int(start.min()), int((start + cols.arrays["duration"]).max())
 
 
-def _nccl_ends(cols: ActivityColumns, pid: int) -> tuple[np.ndarray, np.ndarray]:
-    """Process ``pid``'s NCCL kernels in launch order: names and end times."""
+def nccl_ends(cols: ActivityColumns, pid: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Process ``pid``'s NCCL kernels in launch order: names and end times (``pid`` None:
+    the columns are one process's, a per-rank trace's); the columns keep start times."""
     a = cols.arrays
     thread = cols.launch_threads(a["launch_thread"])
     mine = _nccl_names(cols)[a["name"]] & (thread >= 0)
-    mine &= ((thread >> PROCESS_SHIFT) & PROCESS_MASK) == pid
+    if pid is not None:
+        mine &= ((thread >> PROCESS_SHIFT) & PROCESS_MASK) == pid
     rows = np.flatnonzero(mine)
     order = np.lexsort((a[START][rows], a["launch_start"][rows]))  # stable: launch, then start
     rows = rows[order]
