@@ -37,7 +37,7 @@ from profkit.traces.columns import (
     check_column_span,
     from_trace,
 )
-from profkit.traces.nsys_sqlite import FORMAT, read_nsys_sqlite
+from profkit.traces.nsys_sqlite import read_nsys_sqlite
 from profkit.traces.nsys_stream import read_nsys_columns, shape_reader
 from profkit.traces.schema import Trace, check_time_span
 
@@ -123,7 +123,7 @@ def load_columns(
         return from_trace(load_trace(source, progress=progress))
 
     def finish(columns: ActivityColumns) -> None:
-        if columns.meta.get("format") == FORMAT and "sidecar" not in columns.meta:
+        if "sidecar" not in columns.meta:  # from the cache, which keeps no sidecar
             columns.meta["sidecar"] = read_sidecar(source)
         if columns.kernel_rows is not None and columns.read_shapes is None:  # from the cache
             columns.read_shapes = shape_reader(source, columns.kernel_rows)
