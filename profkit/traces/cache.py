@@ -39,9 +39,10 @@ from profkit.traces import cache_files as files
 from profkit.traces.columns import KEPT, SHAPE, ActivityColumns, Derived, RowMap
 from profkit.traces.schema import RANGE_COLUMNS, conform
 
-VERSION = 4  # 2: Arrow IPC files, optional shape codes, kernel row ids, derived arrays;
+VERSION = 5  # 2: Arrow IPC files, optional shape codes, kernel row ids, derived arrays;
 # 3: start times and devices of multi-process exports (the streaming ranks need them);
-# 4: an nsys export's host and session start in the meta (several nodes' reports)
+# 4: an nsys export's host and session start in the meta (several nodes' reports);
+# 5: start times and devices of per-rank Chrome traces (their ranks joined as columns)
 ENV_SWITCH = "PROFKIT_CACHE"
 ENV_DIR = "PROFKIT_CACHE_DIR"
 INDEX = "entry.json"

@@ -51,8 +51,9 @@ SHAPE = "shape"
 """The optional array of shape codes (int32, index into ``shapes``)."""
 START, DEVICE = "start", "device"
 """The optional arrays of GPU start times (int64 ns) and device ordinals (int16) that a
-multi-process export's columns keep: a rank's activities, NCCL overlap and steps need them
-(:mod:`profkit.analysis.stream_ranks`); one process's report does not."""
+multi-process export's columns keep, and a per-rank trace's (one rank of a run, joined to
+the others': :mod:`profkit.analysis.stream_rank_files`): a rank's activities, NCCL overlap
+and steps need them (:mod:`profkit.analysis.stream_ranks`); one process's report does not."""
 TIMED = {START: np.int64, DEVICE: np.int16}
 NO_SHAPE = ("", "")
 ShapeReader = Callable[[np.ndarray], list[tuple[str, str]]]
@@ -174,6 +175,7 @@ class ActivityColumns:
 
 KEPT = {**ARRAYS, SHAPE: np.int32, **TIMED}  # every array columns may keep
 MAX_THREADS = np.iinfo(np.int16).max
+DEVICE_LIMIT = np.iinfo(np.int16).max  # TIMED[DEVICE]
 
 
 def check_threads(count: int) -> None:
@@ -182,8 +184,10 @@ def check_threads(count: int) -> None:
         raise BadInput(f"{count:,} threads launch GPU work: profkit reads at most {MAX_THREADS:,}")
 
 
-def from_trace(trace: Trace) -> ActivityColumns:
-    """The compact columns of a reader's tables (same rows, same order)."""
+def from_trace(trace: Trace, timed: bool = False) -> ActivityColumns:
+    """The compact columns of a reader's tables (same rows, same order); ``timed``: with
+    each activity's GPU start and device besides (:data:`TIMED`), where every device
+    ordinal fits their 16 bits (else without them)."""
     k = trace.kernels
     name_codes, names = pd.factorize(k["name"].to_numpy(dtype=object))
     first = np.unique(name_codes, return_index=True)[1]
@@ -203,6 +207,9 @@ def from_trace(trace: Trace) -> ActivityColumns:
         "launch_start": np.where(launch >= 0, launch, -1),
         "launch_thread": codes,
     }
+    device = k["device"].to_numpy(np.int64)
+    if timed and ((device >= -DEVICE_LIMIT - 1) & (device <= DEVICE_LIMIT)).all():
+        arrays.update({START: k["start"].to_numpy(np.int64), DEVICE: device})
     return ActivityColumns(
         arrays={
             name: np.asarray(arrays[name]).astype(t) for name, t in KEPT.items() if name in arrays

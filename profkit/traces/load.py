@@ -39,6 +39,7 @@ from profkit.traces.columns import (
 )
 from profkit.traces.nsys_sqlite import read_nsys_sqlite
 from profkit.traces.nsys_stream import read_nsys_columns, shape_reader
+from profkit.traces.ranks import rank_of_meta
 from profkit.traces.schema import Trace, check_time_span
 
 Reader = Callable[[Path], Trace]
@@ -120,7 +121,10 @@ def load_columns(
     def read() -> ActivityColumns:
         if _head(source).startswith(SQLITE_MAGIC):
             return check_column_span(read_nsys_columns(source, progress))
-        return from_trace(load_trace(source, progress=progress))
+        trace = load_trace(source, progress=progress)
+        # A rank of a run keeps its GPU starts and devices: joined to the other ranks' its
+        # columns give the ranked report (profkit.analysis.stream_rank_files).
+        return from_trace(trace, timed=rank_of_meta(trace.meta) is not None)
 
     def finish(columns: ActivityColumns) -> None:
         if "sidecar" not in columns.meta:  # from the cache, which keeps no sidecar
