@@ -142,15 +142,28 @@ def rank_set(metas: list[dict[str, Any]], infos: list[dict[str, Any] | None]) ->
         if info["pid"] in taken:
             info["process"], spare = spare, spare + 1
         taken.add(process_key(info))
+    autograd: set[int] = set()
+    steps: list[dict[str, Any]] = []
     for index, info in zip(order, ranks, strict=True):
-        for tid, name in (metas[index].get("threads") or {}).items():
-            threads[rank_thread_ids(int(tid), process_key(info))] = f"rank {info['rank']} {name}"
+        key, meta_of = process_key(info), metas[index]
+        for tid, name in (meta_of.get("threads") or {}).items():
+            threads[rank_thread_ids(int(tid), key)] = f"rank {info['rank']} {name}"
+        # Phase inference's hints, every rank's on its merged thread ids (a rank's alone,
+        # or ids no merged thread has, would leave the other ranks' backward unfound).
+        autograd.update(rank_thread_ids(int(t), key) for t in meta_of.get("autograd_threads") or ())
+        steps += [
+            {**step, "thread": rank_thread_ids(int(step["thread"]), key)}
+            for step in meta_of.get("profiler_steps") or ()
+            if isinstance(step, dict) and "thread" in step
+        ]
     first = metas[order[0]]
     meta = {
         **{k: v for k, v in first.items() if k not in ("pid", "threads", "profiler_steps")},
         "path": ", ".join(str(metas[i].get("path")) for i in order),
         "paths": [metas[i].get("path") for i in order],
         "threads": threads,
+        "autograd_threads": sorted(autograd),
+        "profiler_steps": sorted(steps, key=lambda step: (int(step["start"]), step["thread"])),
         "ranks": ranks,
         "warnings": _rank_warnings([metas[i].get("warnings") or [] for i in order], ranks),
     }
