@@ -1,7 +1,8 @@
 """Analysis of traces: attribution of GPU activity to phases and ranges, and the tables.
 
 Analysis never reads files itself: :func:`analyze` takes a :class:`~profkit.traces.Trace`
-from a reader; :func:`kernels` is the one-call facade (read, then analyze) the CLI uses.
+from a reader; :func:`kernels` (one trace) and :func:`rank_kernels` (the per-rank traces of
+one run) are the one-call facades (read, then analyze) the CLI uses.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "display_tables",
     "kernel_report_markdown",
     "kernels",
+    "rank_kernels",
     "short_kernel_name",
 ]
 
@@ -77,6 +79,70 @@ def kernels(
         except NotStreamable:
             pass
     return analyze_any(load_trace(path, nsys, progress), top, phase, range, rank, phases)
+
+
+def rank_kernels(
+    paths: list[Path],
+    top: int = 20,
+    phase: str | None = None,
+    range: str | None = None,
+    nsys: str | os.PathLike[str] | None = None,
+    rank: int | None = None,
+    phases: PhaseMode = "auto",
+    cache: bool | None = None,
+    progress: Progress | None = None,
+) -> KernelReport | None:
+    """The ranked report of the per-rank traces of one run at ``paths`` (torch.profiler's,
+    each naming a distinct rank; several hosts' put on one clock), or None where they are
+    not that (nsys exports, traces that name no rank or one rank twice): the caller
+    compares them instead. Raises :class:`~profkit.errors.BadInput` where they name ranks
+    but cannot be one run's (world sizes differ, too many of them).
+
+    Each trace is read as compact columns, through the columnar cache unless ``cache`` is
+    False or ``$PROFKIT_CACHE=0``, and the ranks are joined and analysed from them
+    (:mod:`.stream_rank_files`), their phases annotated or inferred. What the columns
+    cannot tell (traces without GPU activity, say) takes the full tables
+    (:func:`~.nodes.merge_ranks_of_hosts`, :func:`analyze_any`). ``rank`` narrows the
+    tables to one rank.
+    """
+    from profkit.analysis.stream_rank_files import analyze_rank_file_columns, rank_infos
+    from profkit.errors import BadInput
+    from profkit.traces.load import is_nsys_export, load_columns_of
+    from profkit.traces.ranks import names_distinct_ranks
+
+    if len(paths) < 2 or any(is_nsys_export(p) for p in paths):
+        return None  # an export names no rank: its processes are numbered, not named
+    try:
+        columns = load_columns_of(paths, nsys, cache, progress)
+    except BadInput:  # the full tables' read says what is wrong (or reads what these cannot)
+        return _ranks_of_tables(paths, top, phase, range, nsys, rank, phases, progress)
+    if not names_distinct_ranks(rank_infos(columns)):
+        return None
+    report = analyze_rank_file_columns(columns, top, phase, range, rank, True, phases)
+    if report is not None:
+        return report
+    return _ranks_of_tables(paths, top, phase, range, nsys, rank, phases, progress)
+
+
+def _ranks_of_tables(
+    paths: list[Path],
+    top: int,
+    phase: str | None,
+    range: str | None,
+    nsys: str | os.PathLike[str] | None,
+    rank: int | None,
+    phases: PhaseMode,
+    progress: Progress | None,
+) -> KernelReport | None:
+    """:func:`rank_kernels` from the full tables: where the streaming analysis cannot."""
+    from profkit.analysis.nodes import merge_ranks_of_hosts
+    from profkit.traces.load import load_traces
+    from profkit.traces.ranks import is_rank_set
+
+    traces = load_traces(paths, nsys, progress)
+    if not is_rank_set(traces):
+        return None
+    return analyze_any(merge_ranks_of_hosts(traces), top, phase, range, rank, phases)
 
 
 def _one_process(columns: ActivityColumns) -> bool:

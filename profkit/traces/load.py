@@ -135,6 +135,13 @@ def load_columns(
     return cached_columns(source, read, cache, finish)
 
 
+def is_nsys_export(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is read as an Nsight Systems export: a report (``.nsys-rep``), or
+    SQLite content whatever its name (a look at its first bytes)."""
+    path = _checked(path)
+    return path.name.lower().endswith(NSYS_REPORT_SUFFIXES) or _head(path).startswith(SQLITE_MAGIC)
+
+
 def load_traces(
     paths: list[Path],
     nsys: str | os.PathLike[str] | None = None,
