@@ -13,7 +13,6 @@ from profkit.analysis.nodes import (
     NodeFacts,
     is_nccl_trace,
     merge_node_traces,
-    merge_ranks_of_hosts,
     not_one_job,
     why_not_one_job,
 )
@@ -29,7 +28,6 @@ from profkit.memory.plot import check_image_path
 from profkit.traces import Trace
 from profkit.traces.load import load_columns_of, load_traces
 from profkit.traces.nsys_stream import keeps_start_times
-from profkit.traces.ranks import is_rank_set
 
 PathArg = Annotated[
     list[Path],
@@ -128,8 +126,14 @@ def kernels(
         check_image_path(plot)
     paths = list(path)
     report: KernelReport | None = None
+    cache = False if no_cache else None
     if len(paths) > 1 and not compare:
         report = _nodes_streamed(paths, nsys, no_cache, top, phase, range_, rank, _mode(phases))
+        if report is None:
+            with read_progress(f"{len(paths)} traces") as progress:
+                report = analysis.rank_kernels(
+                    paths, top, phase, range_, nsys, rank, _mode(phases), cache, progress
+                )
     if report is None and (len(paths) > 1 or compare):
         with read_progress(f"{len(paths)} traces") as progress:
             traces = load_traces(paths, nsys, progress)
@@ -148,7 +152,7 @@ def kernels(
         with read_progress(paths[0].name) as progress:
             report = analysis.kernels(
                 paths[0], top, phase, range_, nsys, rank, _mode(phases),
-                cache=False if no_cache else None, progress=progress,
+                cache=cache, progress=progress,
             )  # fmt: skip
     names = ", ".join(p.name for p in paths)
     if plot is not None:
@@ -202,10 +206,9 @@ def _nodes_streamed(
 
 
 def _one_job(traces: list[Trace]) -> Trace | None:
-    """The traces merged where they are the ranks (Chrome) or nodes (nsys) of one job; else
-    None (they are compared), saying why where they are all multi-GPU nsys exports."""
-    if is_rank_set(traces):
-        return merge_ranks_of_hosts(traces)
+    """The traces merged where they are the nodes (nsys) of one job (the ranks of one run
+    were read by :func:`analysis.rank_kernels` before); else None (they are compared),
+    saying why where they are all multi-GPU nsys exports."""
     why = not_one_job(traces)
     if why is None:
         return merge_node_traces(traces)

@@ -136,18 +136,19 @@ def _ranks(
     config: WorkloadConfig, name: str | None, out_dir: Path | None, fmt: str, out: Path | None
 ) -> None:
     """Several ranks: one trace per rank, then their per-rank kernel tables."""
-    from profkit.analysis import analyze_any, display_tables, kernel_report_markdown
+    from profkit.analysis import display_tables, kernel_report_markdown, rank_kernels
     from profkit.analysis.ranks import RankedReport, rank_tables
     from profkit.files import output_dirs
     from profkit.torchprof.ranks import profile_ranks, ranks_report_markdown
-    from profkit.traces import load_trace
-    from profkit.traces.ranks import merge_rank_traces
 
     name = torchprof.check_name(name or torchprof.default_name(config))
     artefacts, reports = output_dirs(out_dir)
     with err_console.status(f"torch.profiler on {config.nproc} ranks"):
         run = profile_ranks(config, name, artefacts)
-        report = analyze_any(merge_rank_traces([load_trace(p) for p in run.traces]))
+        report = rank_kernels(list(run.traces))
+    if report is None:  # each rank's trace names its rank: a trace without one is no rank's
+        names = ", ".join(Path(p).name for p in run.traces)
+        raise BadInput(f"{names}: not the traces of one run's ranks (each names its own)")
     title = report_title(config, name)
     markdown = ranks_report_markdown(config, run, kernel_report_markdown(report, title))
     report_path = reports / f"{name}.md"

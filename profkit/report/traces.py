@@ -99,18 +99,14 @@ def torch_section(inv: Inventory, out_dir: Path, pictures: Pictures) -> Section:
 
 
 def _read(paths: list[Path]) -> Any:
-    """The kernel report of one trace, as `profkit kernels` reads it (cache too), or of
-    the per-rank traces of one run (several hosts' on one clock, as `profkit kernels` puts
-    them); None when these traces are not the ranks of one run."""
-    from profkit.analysis import analyze_any, kernels
-    from profkit.analysis.nodes import merge_ranks_of_hosts
-    from profkit.traces import load_trace
-    from profkit.traces.ranks import is_rank_set
+    """The kernel report of one trace, or of the per-rank traces of one run (several hosts'
+    on one clock), as `profkit kernels` reads them (cache too); None when these traces are
+    not the ranks of one run."""
+    from profkit.analysis import kernels, rank_kernels
 
     if len(paths) == 1:
         return kernels(paths[0], top=TOP_KERNELS)
-    traces = [load_trace(p) for p in paths]
-    return analyze_any(merge_ranks_of_hosts(traces), TOP_KERNELS) if is_rank_set(traces) else None
+    return rank_kernels(paths, top=TOP_KERNELS)
 
 
 def _trace_part(stem: str, paths: list[Path], out_dir: Path, pictures: Pictures) -> str:
