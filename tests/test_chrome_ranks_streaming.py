@@ -1,0 +1,343 @@
+"""Per-rank torch.profiler traces of one run read as compact columns
+(profkit.analysis.stream_rank_files), as the full tables read them.
+
+The real 2-H200 DDP traces (one file a rank), and variants written from them: rank 1 said
+to be another host whose clock runs 3 ms ahead, both ranks given one pid, no NCCL kernels,
+no phase ranges, no GPU activity at all (a CPU run). Joined as columns and analysed by the
+streaming ranked analysis, every set must give the report the full tables give
+(``merge_ranks_of_hosts`` + ``analyze_any``) with every option and phase mode; where the
+columns cannot (no GPU activity) the full tables are read instead.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from report_checks import close_json, option_id
+from typer.testing import CliRunner
+
+import profkit.analysis.nodes as nodes_module
+import profkit.analysis.ranks as ranks_module
+import profkit.cli.kernels as cli_kernels
+import profkit.traces.load as load_module
+import profkit.traces.ranks as traces_ranks
+from profkit.analysis import analyze_any, kernel_report_markdown, kernels, rank_kernels
+from profkit.analysis.nodes import merge_ranks_of_hosts
+from profkit.analysis.ranks import RankedReport
+from profkit.analysis.stream_rank_files import analyze_rank_file_columns, merge_rank_columns
+from profkit.analysis.stream_ranks import ranks_of
+from profkit.cli import app
+from profkit.report.build import build_report
+from profkit.traces.columns import DEVICE, START
+from profkit.traces.load import load_columns, load_trace, load_traces
+
+DATA = Path(__file__).parent / "data"
+RANKS = [DATA / f"torch-h200x2-small-ddp2-rank{r}.json.gz" for r in (0, 1)]
+SHIFT_NS = 3_000_000  # rank 1's host clock 3 ms ahead
+OPTIONS = [
+    {},
+    {"rank": 0},
+    {"rank": 1},
+    {"phase": "backward"},
+    {"range_": "nccl:all_reduce"},
+    {"range_": "computing softmax", "phase": "forward"},
+    {"top": 0},
+    {"top": 0, "rank": 1, "phase": "optimizer"},
+    {"phases": "annotated"},
+    {"phases": "inferred"},
+    {"phases": "inferred", "rank": 0, "phase": "backward"},
+]
+runner = CliRunner()
+Edit = Callable[[int, dict[str, Any]], None]
+
+
+def _written(folder: Path, edit: Edit, stem: str = "torch-h200x2-small-ddp2") -> list[Path]:
+    """The real rank traces, each changed by ``edit(rank, document)``, written to ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for rank, source in enumerate(RANKS):
+        doc = json.loads(gzip.decompress(source.read_bytes()))
+        edit(rank, doc)
+        path = folder / f"{stem}-rank{rank}.json.gz"
+        path.write_bytes(gzip.compress(json.dumps(doc).encode(), mtime=0))
+        paths.append(path)
+    return paths
+
+
+def _other_host(rank: int, doc: dict[str, Any]) -> None:
+    if rank == 1:
+        doc["profkit"]["host"] = "node1"
+        doc["baseTimeNanoseconds"] += SHIFT_NS
+
+
+def _one_pid(rank: int, doc: dict[str, Any]) -> None:
+    """Both ranks pid 4242 (two hosts' processes can share one); rank 1 on another host."""
+    _other_host(rank, doc)
+    for event in doc["traceEvents"]:
+        if event.get("pid") == doc["profkit"]["pid"]:
+            event["pid"] = 4242
+    doc["profkit"]["pid"] = 4242
+
+
+def _no_nccl(rank: int, doc: dict[str, Any]) -> None:
+    doc["traceEvents"] = [
+        e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("nccl")
+    ]
+
+
+def _no_phases(rank: int, doc: dict[str, Any]) -> None:
+    phases = ("forward", "backward", "optimizer")
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") not in phases]
+
+
+def _no_gpu(rank: int, doc: dict[str, Any]) -> None:
+    gpu = ("kernel", "gpu_memcpy", "gpu_memset")
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in gpu]
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    folder = tmp_path_factory.mktemp("chrome-ranks")
+    made = {"real": RANKS, "reversed": RANKS[::-1]}
+    for name, edit in [("hosts", _other_host), ("one-pid", _one_pid), ("no-nccl", _no_nccl),
+                       ("no-phases", _no_phases), ("no-gpu", _no_gpu)]:  # fmt: skip
+        made[name] = _written(folder / name, edit)
+    return made
+
+
+def _json(report: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(report.to_json(), default=str))
+
+
+def _full(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
+    """The full tables' report: every rank's tables merged, then analysed."""
+    top, phase, range_ = options.get("top", 20), options.get("phase"), options.get("range_")
+    merged = merge_ranks_of_hosts(load_traces(paths))
+    phases = options.get("phases", "auto")
+    return _json(analyze_any(merged, top, phase, range_, options.get("rank"), phases))
+
+
+def _streamed(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
+    report = analyze_rank_file_columns([load_columns(p, cache=False) for p in paths], **options)
+    assert isinstance(report, RankedReport)
+    return _json(report)
+
+
+@pytest.mark.parametrize("name", ["real", "hosts"])
+@pytest.mark.parametrize("options", OPTIONS, ids=option_id)
+def test_the_columns_give_the_full_tables_report(
+    sets: dict[str, list[Path]], name: str, options: dict[str, Any]
+) -> None:
+    close_json(_streamed(sets[name], options), _full(sets[name], options))
+
+
+@pytest.mark.parametrize("name", ["reversed", "one-pid", "no-nccl", "no-phases"])
+def test_odd_sets_give_the_full_tables_report_too(sets: dict[str, list[Path]], name: str) -> None:
+    """Ranks given last first; two hosts' ranks with one pid (each keeps its own
+    activities, under a key of its own); a run without NCCL kernels; ranks without phase
+    ranges (their phases inferred)."""
+    got = _streamed(sets[name], {})
+    close_json(got, _full(sets[name], {}))
+    real = _streamed(sets["real"], {})
+    if name == "one-pid":
+        assert [(r["rank"], r["pid"]) for r in got["ranks"]] == [(0, 4242), (1, 4242)]
+    mine = [{k: v for k, v in r.items() if k not in ("pid", "host")} for r in got["ranks"]]
+    theirs = [{k: v for k, v in r.items() if k not in ("pid", "host")} for r in real["ranks"]]
+    if name in ("reversed", "one-pid"):
+        assert mine == theirs
+
+
+def test_each_rank_infers_the_phases_it_infers_alone(sets: dict[str, list[Path]]) -> None:
+    """Without phase ranges, each rank of the joined set infers its phases from its own
+    autograd threads and ProfilerStep windows: what its trace alone gives, and what its
+    phase ranges say where it has them (the merge once kept rank 0's hints under thread ids
+    no merged thread has, and rank 0 found only forward)."""
+    joined = _streamed(sets["no-phases"], {})
+    annotated = _streamed(sets["real"], {})
+    for entry, path, marked in zip(joined["ranks"], sets["no-phases"], annotated["ranks"],
+                                   strict=True):  # fmt: skip
+        alone = _json(kernels(path, cache=False))
+        assert alone["source"]["phase_source"] == "inferred"
+        counted = [(p["phase"], p["kernels"]) for p in entry["phases"]]
+        assert counted == [(p["phase"], p["kernels"]) for p in alone["phases"]]
+        assert counted == [(p["phase"], p["kernels"]) for p in marked["phases"]]
+
+
+def test_two_hosts_3_ms_apart_are_put_on_one_clock(sets: dict[str, list[Path]]) -> None:
+    """Rank 1's host 3 ms ahead: the offset its 19 collectives show (the GPUs' own clocks
+    differ by a few µs: tests/test_nodes.py has the exact value) is taken out, so every
+    per-rank number and every step span is the one host's."""
+    one_host, two = _streamed(sets["real"], {}), _streamed(sets["hosts"], {})
+    assert "nodes" not in one_host
+    first, second = two["nodes"]
+    assert (first["host"], second["host"], second["ranks"]) == ("vm", "node1", [1])
+    assert second["offset_ms"] == pytest.approx(SHIFT_NS / 1e6, abs=0.02)
+    assert (second["pairs"], second["agreeing"], second["applied"]) == (19, 19, True)
+    assert [r["host"] for r in two["ranks"]] == ["vm", "node1"]
+    strip = [{k: v for k, v in r.items() if k != "host"} for r in two["ranks"]]
+    assert strip == [{k: v for k, v in r.items() if k != "host"} for r in one_host["ranks"]]
+    for mine, theirs in zip(two["job"]["ranks"], one_host["job"]["ranks"], strict=True):
+        assert (mine["mean_step_ms"], mine["nccl_ms"]) == (
+            theirs["mean_step_ms"],
+            theirs["nccl_ms"],
+        )
+        # A wait compares two hosts' times: each of the 19 collectives carries what is left
+        # of the offset (a few µs; docs/MULTI_GPU.md, Clocks).
+        assert mine["nccl_wait_ms"] == pytest.approx(theirs["nccl_wait_ms"], abs=19 * 0.01)
+
+
+def test_the_layout_is_the_files_and_ranks_of_agrees_on_real_traces() -> None:
+    """Each activity is its file's rank; on the real traces (rank r on GPU r, every
+    activity launched) what ranks_of would infer from the joined columns is the same."""
+    columns = [load_columns(p, cache=False) for p in RANKS]
+    joined = merge_rank_columns(columns)
+    assert joined is not None
+    cols, layout = joined
+    assert np.bincount(layout.rank).tolist() == [len(c) for c in columns]
+    cols.meta = {k: v for k, v in cols.meta.items() if k != "ranks"}  # as an export's
+    inferred = ranks_of(cols)
+    assert inferred is not None
+    assert np.array_equal(inferred.rank, layout.rank)
+    assert np.array_equal(inferred.range_rank, layout.range_rank)
+    assert [(i["rank"], i["pid"], i["device"]) for i in inferred.info] == [
+        (i["rank"], i["pid"], i["device"]) for i in layout.info
+    ]
+
+
+def test_a_rank_trace_keeps_starts_and_devices_through_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A per-rank trace's columns keep its GPU starts and devices (the tables' own), read
+    fresh or from the cache; a trace that names no rank keeps none."""
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
+    trace = load_trace(RANKS[1])
+    for _ in ("fresh", "cached"):
+        cols = load_columns(RANKS[1])
+        assert np.array_equal(cols.arrays[START], trace.kernels["start"].to_numpy(np.int64))
+        assert np.array_equal(cols.arrays[DEVICE], trace.kernels["device"].to_numpy(np.int64))
+    alone = load_columns(DATA / "torch-small-ctx128-train.json.gz", cache=False)
+    assert START not in alone.arrays and DEVICE not in alone.arrays
+
+
+def test_a_cached_chrome_trace_reads_its_sidecar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache keeps no sidecar: a cached read reads it afresh, as an uncached one does."""
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "run-rank0.json.gz"
+    path.write_bytes(RANKS[0].read_bytes())
+    sidecar = {"config": {"size": "tiny", "ctx": 32, "batch": 2, "mode": "train"}}
+    (tmp_path / "run-rank0.profkit.json").write_text(json.dumps(sidecar))
+    fresh, cached = load_columns(path), load_columns(path)
+    assert fresh.meta["sidecar"]["config"] == cached.meta["sidecar"]["config"]
+    assert cached.meta["sidecar"]["config"]["size"] == "tiny"
+
+
+def test_what_the_columns_cannot_tell_goes_to_the_full_tables(
+    sets: dict[str, list[Path]],
+) -> None:
+    """Ranks without GPU activity (a CPU run's): the columns give no report, and
+    rank_kernels gives the full tables'."""
+    columns = [load_columns(p, cache=False) for p in sets["no-gpu"]]
+    assert analyze_rank_file_columns(columns) is None
+    report = rank_kernels(sets["no-gpu"], cache=False)
+    assert report is not None
+    close_json(_json(report), _full(sets["no-gpu"], {}))
+
+
+def _refuse_full_tables(monkeypatch: pytest.MonkeyPatch, *, reading: bool) -> None:
+    """Every way to the ranks' full tables raises; ``reading``: reading a trace's tables
+    at all (the columns must then come from the cache)."""
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise AssertionError("the full tables were read")
+
+    for module, name in [(traces_ranks, "merge_rank_traces"), (nodes_module, "merge_rank_traces"),
+                         (nodes_module, "merge_ranks_of_hosts"), (ranks_module, "analyze_ranks"),
+                         (cli_kernels, "load_traces"), (load_module, "load_traces")]:  # fmt: skip
+        monkeypatch.setattr(module, name, refuse)
+    if reading:
+        monkeypatch.setattr(load_module, "load_trace", refuse)
+
+
+@pytest.mark.parametrize("name", ["real", "hosts"])
+def test_the_cli_reads_rank_sets_without_the_full_tables(
+    sets: dict[str, list[Path]], name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With the ranks' merge and analysis refused, `profkit kernels RANK0 RANK1` gives every
+    format: JSON as the full tables' (floats to 1e-12), markdown theirs to the character;
+    once cached, no trace's tables are built at all."""
+    paths = [str(p) for p in sets[name]]
+    full = analyze_any(merge_ranks_of_hosts(load_traces(sets[name])))
+    title = f"Kernels of {sets[name][0].name}, {sets[name][1].name}"
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
+    _refuse_full_tables(monkeypatch, reading=False)
+    first = runner.invoke(app, ["kernels", *paths, "--format", "json"])  # fills the cache
+    assert first.exit_code == 0, first.output
+    _refuse_full_tables(monkeypatch, reading=True)
+    printed = {}
+    for fmt in ("json", "md", "csv"):
+        result = runner.invoke(app, ["kernels", *paths, "--format", fmt])
+        assert result.exit_code == 0, result.output
+        printed[fmt] = result.stdout
+    assert printed["json"] == first.stdout
+    close_json(json.loads(printed["json"]), _json(full))
+    assert printed["md"] == kernel_report_markdown(full, title=title)
+    assert printed["csv"].count("\n") > 20
+    picture = tmp_path / "lanes.png"
+    drawn = runner.invoke(app, ["kernels", *paths, "--plot", str(picture)])
+    assert drawn.exit_code == 0, drawn.output
+    assert picture.read_bytes().startswith(b"\x89PNG")
+    bad = runner.invoke(app, ["kernels", *paths, "--rank", "2"])
+    assert bad.exit_code == 2
+    assert bad.stderr.strip().splitlines() == ["error: no rank 2 in this trace; ranks: 0, 1"]
+
+
+def test_the_cli_streams_uncached_and_inferred(
+    sets: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--no-cache still joins the columns (each rank's read by its reader), and so does
+    --phases inferred; only traces without GPU activity take the full tables."""
+    paths = [str(p) for p in sets["real"]]
+    merged: list[int] = []
+    real_merge = nodes_module.merge_ranks_of_hosts
+
+    def counted(traces: Any) -> Any:
+        merged.append(len(traces))
+        return real_merge(traces)
+
+    monkeypatch.setattr(nodes_module, "merge_ranks_of_hosts", counted)
+    streamed = runner.invoke(app, ["kernels", *paths, "--no-cache", "-f", "json"])
+    assert streamed.exit_code == 0, streamed.output
+    assert merged == []
+    inferred = runner.invoke(app, ["kernels", *paths, "--no-cache", "--phases", "inferred"])
+    assert inferred.exit_code == 0, inferred.output
+    assert merged == []
+    cpu = runner.invoke(app, ["kernels", *map(str, sets["no-gpu"]), "--no-cache"])
+    assert cpu.exit_code == 0, cpu.output
+    assert merged == [2]
+
+
+def test_the_report_reads_rank_sets_without_the_full_tables(
+    sets: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`profkit report`'s part for a folder's per-rank traces comes from the columns, its
+    hosts' clock aligned as `profkit kernels` aligns them."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for path in sets["hosts"]:
+        (profiles / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
+    _refuse_full_tables(monkeypatch, reading=False)
+    out = tmp_path / "reports" / "REPORT.md"
+    build_report(profiles, None, out)
+    text = out.read_text()
+    assert "· 2 ranks · 1 captured step each ·" in text
+    assert "| 1 | node1 | 1 |" in text and "| yes |" in text
+    assert (out.parent / "ranks-torch-h200x2-small-ddp2.png").exists()
