@@ -333,3 +333,25 @@ def test_the_read_floor_script_times_the_readers_queries(
     one = run(single)
     assert one.returncode == 2
     assert one.stderr.strip() == f"error: {single}: one CUDA process: give a multi-rank export"
+
+
+def test_ranks_without_phase_ranges_infer_theirs_on_the_columns(tmp_path: Path) -> None:
+    """The real export with its phase ranges deleted keeps its other NVTX ranges (attention,
+    NCCL's own): the columns infer its phases as the full tables do, and do not take its
+    outermost other ranges for annotated phases."""
+    import sqlite3
+
+    path = tmp_path / "no-phases.sqlite"
+    path.write_bytes(lzma.decompress(NSYS.read_bytes()))
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "DELETE FROM NVTX_EVENTS WHERE textId IN (SELECT id FROM StringIds "
+            "WHERE value IN ('forward', 'backward', 'optimizer'))"
+        )
+    cols = read_nsys_columns(path)
+    layout = ranks_of(cols)
+    assert layout is not None and len(cols.ranges)
+    got = analyze_rank_columns(cols, layout).to_json()
+    assert got["source"]["phase_source"] == "inferred"
+    assert [p["phase"] for p in got["phases"]] == ["forward", "backward", "optimizer"]
+    close_json(got, analyze_any(load_trace(path)).to_json())
