@@ -18,8 +18,9 @@ each activity's GPU start and device besides what one process needs
 
 The rule (:func:`ranks_of`): an nsys export whose activities belong to several processes,
 each with phase ranges in the NVTX domain the whole trace takes its phases from, without
-CUDA graph activities, where no tie of launch counts decides a rank. Anything else (phases
-to infer, Chrome per-rank traces, those odd cases) takes the full tables; where the pass
+CUDA graph activities, where no tie of launch counts decides a rank. Per-rank traces name
+their ranks: joined, their layout is their files' (:mod:`.stream_rank_files`). Anything
+else (phases to infer, those odd cases) takes the full tables; where the pass
 finds something the columns cannot settle it raises :class:`NotStreamable`, and the caller
 reads the full tables instead.
 
