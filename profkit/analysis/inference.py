@@ -20,22 +20,39 @@ optimizer between two backward passes; what precedes the first pass or follows t
 belongs to the first or last step.
 
 Everything is per process (``thread >> 24``) with sorts and binary searches over
-(process, time) keys: no loop per activity. :func:`infer_phases` works on any slice of the
-two tables (one rank's rows, say) given the same :class:`TraceHints`.
+(process, time) keys: no loop per activity. :func:`infer_columns` reads per-activity launch
+columns (:class:`LaunchColumns`: the compact columns' own arrays) chunk by chunk, in four
+passes, so that a 30-million-kernel export is inferred in about 10 bytes a launch:
+
+1. launches per launching thread (a bincount per chunk): the main threads. Whatever is
+   per thread is a table indexed by the columns' thread codes: no thread id per launch;
+2. the keys of autograd's launches and of the main threads' launches, gathered into two
+   arrays and each sorted once (the only per-launch memory held across chunks, 8 bytes a
+   key), and the keys of the optimizer marks (a few per step): the passes, each gap's
+   optimizer split and each pass's gradient-seed candidate, after which both key arrays
+   are dropped;
+3. only where several main launches share a candidate's key: which of them is the last;
+4. each launch's phase (one byte per activity), instance and step, with each chunk's
+   instance spans and (step, phase) counts, merged at the end (a few rows per step).
+
+:func:`infer_phases` is the same rule on a :class:`Launches` (a reader's tables, any slice
+of them, one rank's rows say) given the same :class:`TraceHints`, every activity's phase
+instance included.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from profkit.analysis.categories import categorize
-from profkit.analysis.intervals import Lanes, inside_any
+from profkit.analysis.chunked import map_chunks
+from profkit.analysis.intervals import Lanes, stab, union
 from profkit.analysis.names import factorize, matching
 from profkit.traces.schema import PROCESS_SHIFT
 from profkit.workload.names import PHASES
@@ -52,6 +69,7 @@ MAIN_ONLY = ("ProfilerStep#", "Optimizer.")
 FORWARD, BACKWARD, OPTIMIZER = (PHASES.index(p) for p in ("forward", "backward", "optimizer"))
 NO_PHASE = -1
 NO_SPLIT = -1  # keys are >= 0, so "launched at or before key -1" holds for none
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -100,14 +118,50 @@ class Launches:
         names = [str(n) for n in uniques]
         return cls(len(kernels), rows, launch[rows], thread[rows], codes, names)
 
+
+@dataclass
+class LaunchColumns:
+    """Per activity, what inference reads of it: its launch call's start (ns; -1 where
+    unknown), its launching thread (a code into ``threads``; -1 where unknown) and its name
+    (a code into ``names``). Inference reads them a chunk at a time and copies none whole."""
+
+    launch_start: np.ndarray
+    launch_thread: np.ndarray
+    name: np.ndarray
+    threads: np.ndarray
+    """Thread id of each ``launch_thread`` code."""
+    names: Sequence[str]
+    bounds: tuple[int, int] | None
+    """The earliest and latest known launch start (None where no launch is known)."""
+
+    def __len__(self) -> int:
+        return len(self.launch_start)
+
     @classmethod
-    def of_columns(cls, cols: ActivityColumns) -> Launches:
-        """The launches of compact columns (their name codes index ``cols.names``)."""
-        launch = cols.arrays["launch_start"]
-        rows = np.flatnonzero(launch >= 0)
-        thread = cols.launch_threads(cols.arrays["launch_thread"][rows])
-        name = cols.arrays["name"][rows]
-        return cls(len(cols), rows, launch[rows], thread, name, cols.names)
+    def of_columns(cls, cols: ActivityColumns) -> LaunchColumns:
+        """The compact columns' own arrays (their launch bounds computed once, kept)."""
+        cols.load(["launch_start", "launch_thread", "name"])
+        a = cols.arrays
+        threads = np.asarray(cols.threads, dtype=np.int64)
+        return cls(
+            a["launch_start"], a["launch_thread"], a["name"], threads, cols.names,
+            cols.launch_bounds(),
+        )  # fmt: skip
+
+    @classmethod
+    def of_launches(cls, launches: Launches) -> LaunchColumns:
+        """A :class:`Launches`' activities, as full arrays (the reader's tables' path, whose
+        memory is per activity anyway)."""
+        start = np.full(launches.count, -1, dtype=np.int64)
+        start[launches.rows] = launches.time
+        threads, codes = np.unique(launches.thread, return_inverse=True)
+        thread = np.full(launches.count, -1, dtype=np.int64)
+        thread[launches.rows] = codes
+        name = np.zeros(launches.count, dtype=np.int64)
+        name[launches.rows] = launches.name
+        time = launches.time
+        bounds = (int(time.min()), int(time.max())) if len(time) else None
+        return cls(start, thread, name, threads.astype(np.int64), launches.names, bounds)
 
 
 @dataclass
@@ -164,18 +218,29 @@ class InstanceSpans:
     ) -> InstanceSpans:
         """From one entry per launch (instance ``NO_PHASE``: in no instance)."""
         keep = np.flatnonzero(instance != NO_PHASE)
-        group = instance[keep] * (int(step.max(initial=0)) + 1) + step[keep]
+        times = time[keep]
+        return cls.merged([cls(instance[keep], step[keep], phase[keep], times, times)])
+
+    @classmethod
+    def merged(cls, parts: Sequence[InstanceSpans]) -> InstanceSpans:
+        """One row per (instance, step) of ``parts`` (each chunk's), sorted by (instance,
+        step): the first of its firsts, the last of its lasts."""
+        empty = np.zeros(0, dtype=np.int64)
+        instance, step, phase, first, last = (
+            np.concatenate([empty, *(getattr(p, name) for p in parts)]).astype(np.int64)
+            for name in ("instance", "step", "phase", "first", "last")
+        )
+        group = instance * (int(step.max(initial=0)) + 1) + step
         order = np.argsort(group, kind="stable")
         group = group[order]
-        starts = np.flatnonzero(np.append(True, group[1:] != group[:-1])) if len(group) else keep
-        rows = keep[order]
-        times = time[rows]
+        starts = np.flatnonzero(np.append(True, group[1:] != group[:-1])) if len(group) else empty
+        first, last = first[order], last[order]
         return cls(
-            instance=instance[rows[starts]],
-            step=step[rows[starts]],
-            phase=phase[rows[starts]],
-            first=np.minimum.reduceat(times, starts) if len(starts) else times,
-            last=np.maximum.reduceat(times, starts) if len(starts) else times,
+            instance=instance[order][starts],
+            step=step[order][starts],
+            phase=phase[order][starts],
+            first=np.minimum.reduceat(first, starts) if len(starts) else first,
+            last=np.maximum.reduceat(last, starts) if len(starts) else last,
         )
 
     def per_phase(
@@ -207,25 +272,59 @@ class InstanceSpans:
 def infer_phases(
     launches: Launches, ranges: pd.DataFrame, hints: TraceHints | None = None
 ) -> InferredPhases:
-    """Forward, backward or optimizer for every launched activity (see the module doc)."""
+    """Forward, backward or optimizer for every launched activity (see the module doc), and
+    every activity's phase instance: :func:`infer_columns` on the launches, in one chunk.
+    Phases and instances are int64 here."""
+    found = infer_columns(
+        LaunchColumns.of_launches(launches),
+        ranges,
+        hints,
+        chunk=max(launches.count, 1),  # the tables are per activity already: no bound to keep
+        instances=True,
+    )
+    found.phase = found.phase.astype(np.int64)
+    return found
+
+
+def infer_columns(
+    columns: LaunchColumns,
+    ranges: pd.DataFrame,
+    hints: TraceHints | None = None,
+    *,
+    chunk: int,
+    instances: bool = False,
+) -> InferredPhases:
+    """Forward, backward or optimizer for every launched activity of ``columns``, read
+    ``chunk`` activities at a time (see the module doc): the phase per activity as int8,
+    and each activity's phase instance (int64) only where ``instances`` asks."""
     hints = hints or TraceHints()
-    process = launches.thread >> PROCESS_SHIFT
+    size = max(int(chunk), 1)
+    ids = np.append(np.asarray(columns.threads, dtype=np.int64), -1)  # code -1: the last entry
+    launches = _launches_per_thread(columns, size)
     step_thread, step_time = _profiler_steps(ranges, hints)
     # Every time a step is asked for (launches, ranges, step starts) must fit the lanes.
     r_thread = ranges["thread"].to_numpy(np.int64)
     r_times = [ranges["start"].to_numpy(np.int64), ranges["end"].to_numpy(np.int64)]
+    bounds = np.array(columns.bounds or (), dtype=np.int64)
+    process = ids >> PROCESS_SHIFT
     lanes = Lanes(
-        np.concatenate([process, r_thread >> PROCESS_SHIFT]), [launches.time, step_time, *r_times]
+        np.concatenate([process[launches > 0], r_thread >> PROCESS_SHIFT]),
+        [bounds, step_time, *r_times],
     )
-    key = lanes.key(process, launches.time)
     autograd = autograd_threads(hints, ranges)
-    is_autograd = np.isin(launches.thread, autograd)
-    main_threads = _main_threads(launches.thread[~is_autograd])
-    is_main = (launches.thread == lookup(main_threads, process)) & ~is_autograd
-    optimizer, seed = kernel_roles(launches, is_main)
-    marks = optimizer | (is_main & _in_optimizer_step(ranges, launches))
-    passes = _Passes.of(key[is_autograd], key[is_main], lanes)
-    phase, gap, split = passes.phases(key, is_autograd, is_main, marks, seed)
+    is_autograd = np.isin(ids, autograd)
+    main_threads = main_threads_of(ids[~is_autograd], launches[~is_autograd])
+    is_main = (ids == lookup(main_threads, process)) & ~is_autograd
+    threads = _Threads(lanes.codes(process), is_autograd, is_main)
+    reader = _Reader(columns, threads.lane, lanes.base, lanes.span, size)
+    marks = _Marks.of(ranges, ids, columns.names, bounds)
+    autograd_keys, main_keys, mark_keys = _sorted_keys(reader, threads, launches, marks)
+    passes = _Passes.of(autograd_keys, main_keys, lanes, size)
+    split = passes.splits(mark_keys)
+    seeds = _Seeds.of(passes.seed_candidates(main_keys), main_keys, marks.is_fill)
+    del autograd_keys, main_keys  # the bulk of inference's memory: not needed any more
+    if seeds.shared.any():
+        seeds.row[seeds.shared] = _last_rows(reader, threads, seeds.key[seeds.shared])
     step_starts = np.unique(
         np.concatenate(
             [
@@ -235,32 +334,182 @@ def infer_phases(
             ]
         )
     )
-    per_activity = np.full(launches.count, NO_PHASE, dtype=np.int64)
-    per_activity[launches.rows] = phase
-    of_launch = passes.instances(phase, gap)
-    instance = np.full(launches.count, NO_PHASE, dtype=np.int64)
-    instance[launches.rows] = of_launch
-    step = np.searchsorted(step_starts, key, side="right")
+    phase = np.empty(len(columns), dtype=np.int8)
+    instance = np.empty(len(columns), dtype=np.int64) if instances else None
+
+    def assign(lo: int, hi: int) -> tuple[InstanceSpans, np.ndarray]:  # rows lo..hi only
+        rows, code, time, key = reader.launches(lo, hi)
+        launched, gap = passes.phases(key, threads.autograd[code], split)
+        seeded = seeds.among(key, threads.main[code], lo, rows, columns.name[lo:hi])
+        launched[seeded] = BACKWARD  # the gradient seed opens the pass it starts
+        gap[seeded] += 1
+        of_launch = passes.instances(launched, gap)
+        step = np.searchsorted(step_starts, key, side="right")
+        phase[lo:hi] = NO_PHASE
+        phase[lo + rows] = launched
+        if instance is not None:
+            instance[lo:hi] = NO_PHASE
+            instance[lo + rows] = of_launch
+        counts = np.bincount(step * len(PHASES) + launched)
+        return InstanceSpans.of(of_launch, step, launched, time), counts
+
+    spans: list[InstanceSpans] = []
+    counts = np.zeros(0, dtype=np.int64)
+    for part, part_counts in reader.map(assign):
+        spans.append(part)
+        counts = _added(counts, part_counts)
     return InferredPhases(
-        phase=per_activity,
+        phase=phase,
         instance=instance,
         main_threads=main_threads,
         autograd_threads=autograd,
         _lanes=lanes,
         _step_starts=step_starts,
-        spans=InstanceSpans.of(of_launch, step, phase, launches.time),
-        step_phases=step_phase_counts(step, phase),
+        spans=InstanceSpans.merged(spans),
+        step_phases=step_phase_rows(counts),
     )
 
 
-def step_phase_counts(step: np.ndarray, phase: np.ndarray) -> np.ndarray:
-    """(step, phase, launches) rows for the (step, phase) pairs of launches given."""
-    if not len(step):
-        return np.zeros((0, 3), dtype=np.int64)
-    counts = np.bincount(step * len(PHASES) + phase)  # steps are few: no sort
+def step_phase_rows(counts: np.ndarray) -> np.ndarray:
+    """(step, phase, launches) rows from launch counts indexed by ``step * len(PHASES) +
+    phase`` (steps are few: a bincount, no sort), for the pairs that have launches."""
     pair = np.flatnonzero(counts)
     count = counts[pair]
     return np.stack([pair // len(PHASES), pair % len(PHASES), count], axis=1).astype(np.int64)
+
+
+def _added(total: np.ndarray, part: np.ndarray) -> np.ndarray:
+    """``total + part`` for counts of different lengths (each as long as what it counted)."""
+    if len(part) > len(total):
+        total = np.concatenate([total, np.zeros(len(part) - len(total), dtype=np.int64)])
+    total[: len(part)] += part
+    return total
+
+
+@dataclass
+class _Threads:
+    """Per launching-thread code, then one entry for code -1 (unknown), so that the codes
+    themselves index it: the lane code of the thread's process, and whether the thread is
+    one of autograd's or its process's main thread."""
+
+    lane: np.ndarray
+    autograd: np.ndarray
+    main: np.ndarray
+
+
+@dataclass
+class _Reader:
+    """The launches of a chunk of activities, with their (process, time) keys."""
+
+    columns: LaunchColumns
+    lane: np.ndarray
+    """Per thread code (:class:`_Threads`): its process's lane code."""
+    base: int
+    span: int
+    size: int
+
+    def launches(self, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+        """Of the launched activities among ``lo..hi``: row (from ``lo``), thread code,
+        launch time and key."""
+        launch = self.columns.launch_start[lo:hi]
+        rows = np.flatnonzero(launch >= 0)
+        code = self.columns.launch_thread[lo:hi][rows]
+        time = launch[rows]
+        return rows, code, time, self.lane[code] * self.span + (time - self.base)
+
+    def map(self, fn: Callable[[int, int], T]) -> Iterator[T]:
+        """``fn(lo, hi)`` over every chunk of activities, results in chunk order."""
+        return map_chunks(fn, len(self.columns), self.size)
+
+
+def _launches_per_thread(columns: LaunchColumns, size: int) -> np.ndarray:
+    """Launches per thread code, then for code -1 (unknown), as :class:`_Threads` orders."""
+    bins = len(columns.threads) + 1
+
+    def count(lo: int, hi: int) -> np.ndarray:
+        launch = columns.launch_start[lo:hi]
+        code = columns.launch_thread[lo:hi][launch >= 0]
+        return np.bincount(code.astype(np.int64) + 1, minlength=bins)  # -1 counts in bin 0
+
+    total = np.zeros(bins, dtype=np.int64)
+    for part in map_chunks(count, len(columns), size):
+        total += part
+    return np.roll(total, -1)  # bin 0 (code -1) last
+
+
+@dataclass
+class _Marks:
+    """What marks the optimizer among the main thread's launches: an optimizer kernel, or a
+    launch inside an ``Optimizer.step#...`` range of its own thread. Also which names are
+    the gradient seed's fill (:data:`SEED_FILL`)."""
+
+    is_optimizer: np.ndarray
+    """Per name code."""
+    is_fill: np.ndarray
+    """Per name code."""
+    lane: np.ndarray
+    """Per thread code (:class:`_Threads`): its lane among the ranges' threads."""
+    base: int
+    span: int
+    start: np.ndarray
+    end: np.ndarray
+    """The ``Optimizer.step`` ranges' keys, as disjoint intervals."""
+
+    @classmethod
+    def of(
+        cls, ranges: pd.DataFrame, threads: np.ndarray, names: Sequence[str], bounds: np.ndarray
+    ) -> _Marks:
+        """For launches by ``threads`` (one per code, code -1's last) named by ``names``;
+        ``bounds``: the earliest and latest launch start (none where none is known)."""
+        text = [str(name) for name in names]
+        is_optimizer = np.array([categorize(n) == "optimizer" for n in text], dtype=bool)
+        is_fill = np.array([SEED_FILL in n for n in text], dtype=bool)
+        steps = ranges[matching(ranges["name"], lambda name: name.startswith(OPTIMIZER_STEP))]
+        thread = steps["thread"].to_numpy(np.int64)
+        start, end = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
+        lanes = Lanes(thread, [start, end, bounds])
+        inside = union(lanes.key(thread, start), lanes.key(thread, end)) if len(steps) else ()
+        empty = np.zeros(0, dtype=np.int64)
+        return cls(
+            is_optimizer, is_fill, lanes.codes(threads), lanes.base, lanes.span,
+            *(inside or (empty, empty)),
+        )  # fmt: skip
+
+    def of_launches(self, code: np.ndarray, time: np.ndarray, name: np.ndarray) -> np.ndarray:
+        """Per launch (all the main thread's): does it mark the optimizer?"""
+        marked = self.is_optimizer[name]
+        if len(self.start):
+            keys = self.lane[code] * self.span + (time - self.base)
+            marked |= stab(self.start, self.end, keys) >= 0
+        return marked
+
+
+def _sorted_keys(
+    reader: _Reader, threads: _Threads, launches: np.ndarray, marks: _Marks
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The keys of autograd's launches and of the main threads' launches, each sorted, and
+    of the optimizer marks: one pass, into arrays sized from the per-thread counts."""
+    autograd = np.empty(int(launches[threads.autograd].sum()), dtype=np.int64)
+    main = np.empty(int(launches[threads.main].sum()), dtype=np.int64)
+    found: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    columns = reader.columns
+
+    def gather(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows, code, time, key = reader.launches(lo, hi)
+        mine = np.flatnonzero(threads.main[code])
+        marked = marks.of_launches(code[mine], time[mine], columns.name[lo:hi][rows[mine]])
+        return key[threads.autograd[code]], key[mine], key[mine[marked]]
+
+    at_autograd = at_main = 0
+    for autograd_part, main_part, marked in reader.map(gather):
+        autograd[at_autograd : at_autograd + len(autograd_part)] = autograd_part
+        main[at_main : at_main + len(main_part)] = main_part
+        at_autograd += len(autograd_part)
+        at_main += len(main_part)
+        found.append(marked)
+    autograd.sort()  # in place: no second copy
+    main.sort()
+    return autograd, main, np.concatenate(found)
 
 
 @dataclass
@@ -278,46 +527,61 @@ class _Passes:
     span: int
 
     @classmethod
-    def of(cls, autograd_keys: np.ndarray, main_keys: np.ndarray, lanes: Lanes) -> _Passes:
-        """A pass is a run of autograd launches of one process with no main launch between."""
-        keys = np.sort(autograd_keys)
-        after_main = np.searchsorted(np.sort(main_keys), keys, side="right")
-        lane = keys // lanes.span
-        first = np.ones(len(keys), dtype=bool)
-        first[1:] = (after_main[1:] != after_main[:-1]) | (lane[1:] != lane[:-1])
-        starts = np.flatnonzero(first)
+    def of(
+        cls, autograd_keys: np.ndarray, main_keys: np.ndarray, lanes: Lanes, size: int
+    ) -> _Passes:
+        """A pass is a run of autograd launches of one process with no main launch between
+        (both key arrays sorted); looked at ``size`` keys at a time."""
+        keys, span = autograd_keys, lanes.span
+
+        def firsts(lo: int, hi: int) -> np.ndarray:  # the runs begun among keys lo..hi
+            run = keys[max(lo - 1, 0) : hi]  # with the key before, to compare across chunks
+            after_main = np.searchsorted(main_keys, run, side="right")
+            lane = run // span
+            first = (after_main[1:] != after_main[:-1]) | (lane[1:] != lane[:-1])
+            if lo == 0:
+                first = np.append(True, first)
+            return lo + np.flatnonzero(first)
+
+        starts = np.concatenate([np.zeros(0, dtype=np.intp), *map_chunks(firsts, len(keys), size)])
         ends = np.append(starts[1:] - 1, len(keys) - 1) if len(keys) else starts
         pseudo = lanes.starts() - 1
         start = np.concatenate([keys[starts], pseudo])
         end = np.concatenate([keys[ends], pseudo - 1])
         real = np.concatenate([np.ones(len(starts), bool), np.zeros(len(pseudo), bool)])
         order = np.argsort(start, kind="stable")
-        return cls(start[order], end[order], real[order], lanes.span)
+        return cls(start[order], end[order], real[order], span)
 
     def phases(
-        self,
-        key: np.ndarray,
-        is_autograd: np.ndarray,
-        is_main: np.ndarray,
-        marks: np.ndarray,
-        seed: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per launch: its phase and gap; per gap: the key of its last optimizer mark."""
+        self, key: np.ndarray, is_autograd: np.ndarray, split: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per launch: its phase (the gradient seed aside: :class:`_Seeds`) and gap."""
         gap = np.searchsorted(self.start, key, side="right")
         in_pass = (gap > 0) & (key <= self.end[np.maximum(gap - 1, 0)])
-        split = _optimizer_splits(gap[marks], key[marks], len(self.start) + 1)
         phase = np.where(
             is_autograd | in_pass,
             BACKWARD,
             np.where(key <= split[gap], OPTIMIZER, FORWARD),
         )
-        # loss.backward() seeds the gradient with ones_like(loss) on the main thread just
-        # before autograd's thread starts: that fill belongs to the pass it starts.
-        seeds = _last_before(key, is_main, self.start[self.real], self.span)
-        seeds = seeds[seed[seeds]]
-        phase[seeds] = BACKWARD
-        gap[seeds] += 1
-        return phase, gap, split
+        return phase, gap
+
+    def splits(self, mark_keys: np.ndarray) -> np.ndarray:
+        """Per gap between backward passes: the key of its last optimizer mark (or
+        NO_SPLIT, below every key)."""
+        split = np.full(len(self.start) + 1, NO_SPLIT, dtype=np.int64)
+        np.maximum.at(split, np.searchsorted(self.start, mark_keys, side="right"), mark_keys)
+        return split
+
+    def seed_candidates(self, main_keys: np.ndarray) -> np.ndarray:
+        """Per pass (sorted, distinct): the key of the main thread's last launch before it
+        in its process, where there is one: ``loss.backward()``'s gradient seed, if a fill."""
+        starts = self.start[self.real]
+        if not len(main_keys):
+            return np.zeros(0, dtype=np.int64)
+        before = np.searchsorted(main_keys, starts, side="left") - 1
+        found = main_keys[np.maximum(before, 0)]
+        keep = (before >= 0) & (found // self.span == starts // self.span)
+        return np.unique(found[keep])
 
     def step_starts(self, split: np.ndarray) -> np.ndarray:
         """Keys where a step starts: just after the optimizer between two passes."""
@@ -338,26 +602,57 @@ class _Passes:
         return np.where(trailing, NO_PHASE, gap * len(PHASES) + phase)
 
 
-def kernel_roles(launches: Launches, is_main: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per launch: an optimizer kernel? a fill (the gradient seed's ``FillFunctor``)?
+@dataclass
+class _Seeds:
+    """The gradient seeds: per candidate key (:meth:`_Passes.seed_candidates`), the main
+    launch there is the seed if its name is a fill (``is_fill``, per name code).
 
-    Only the main thread's launches are looked at (the others are never either); each
-    distinct name is matched once.
+    Where several main launches share a candidate's key (``shared``), the seed is the last
+    of them in activity order (``row``; -1 while unknown, and where the key is one launch's):
+    the launch that a stable sort of the main launches by key puts last before the pass.
     """
-    optimizer = np.zeros(len(launches.rows), dtype=bool)
-    fill = np.zeros(len(launches.rows), dtype=bool)
-    if not is_main.any():
-        return optimizer, fill
-    present = np.unique(launches.name[is_main])
-    is_optimizer = np.zeros(len(launches.names), dtype=bool)
-    is_fill = np.zeros(len(launches.names), dtype=bool)
-    for code in present.tolist():
-        name = str(launches.names[code])
-        is_optimizer[code] = categorize(name) == "optimizer"
-        is_fill[code] = SEED_FILL in name
-    optimizer[is_main] = is_optimizer[launches.name[is_main]]
-    fill[is_main] = is_fill[launches.name[is_main]]
-    return optimizer, fill
+
+    key: np.ndarray
+    shared: np.ndarray
+    row: np.ndarray
+    is_fill: np.ndarray
+
+    @classmethod
+    def of(cls, keys: np.ndarray, main_keys: np.ndarray, is_fill: np.ndarray) -> _Seeds:
+        """For candidate ``keys`` among the sorted ``main_keys``."""
+        count = np.searchsorted(main_keys, keys, side="right") - np.searchsorted(main_keys, keys)
+        return cls(keys, count > 1, np.full(len(keys), -1, dtype=np.int64), is_fill)
+
+    def among(
+        self, key: np.ndarray, is_main: np.ndarray, lo: int, rows: np.ndarray, name: np.ndarray
+    ) -> np.ndarray:
+        """Which launches of the chunk from activity ``lo`` are seeds, as indices into them
+        (per launch: key, main-thread flag, row from ``lo``; ``name``: the chunk's name codes,
+        per activity)."""
+        if not len(self.key):
+            return np.zeros(0, dtype=np.intp)
+        at = np.minimum(np.searchsorted(self.key, key), len(self.key) - 1)
+        hit = np.flatnonzero(is_main & (self.key[at] == key))
+        wanted = self.row[at[hit]]
+        hit = hit[(wanted < 0) | (wanted == lo + rows[hit])]
+        return hit[self.is_fill[name[rows[hit]]]]
+
+
+def _last_rows(reader: _Reader, threads: _Threads, keys: np.ndarray) -> np.ndarray:
+    """Per key (sorted): the last activity row among the main launches with that key."""
+
+    def find(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        rows, code, _, key = reader.launches(lo, hi)
+        mine = threads.main[code]
+        key, rows = key[mine], lo + rows[mine]
+        at = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+        hit = keys[at] == key
+        return at[hit], rows[hit]
+
+    last = np.full(len(keys), -1, dtype=np.int64)
+    for at, rows in reader.map(find):
+        np.maximum.at(last, at, rows)
+    return last
 
 
 def lookup(mapping: Mapping[int, int], keys: np.ndarray) -> np.ndarray:
@@ -381,11 +676,13 @@ def autograd_threads(hints: TraceHints, ranges: pd.DataFrame) -> np.ndarray:
     return np.array(sorted(named | (set(hints.autograd_threads) - driving)), dtype=np.int64)
 
 
-def _main_threads(thread: np.ndarray) -> dict[int, int]:
-    """Per process, the thread with the most launches (ties: the lowest id)."""
-    if not len(thread):
+def main_threads_of(thread: np.ndarray, launches: np.ndarray) -> dict[int, int]:
+    """Per process, the thread with the most launches (ties: the lowest id), from each
+    thread's launch count (an id given twice has its counts added up)."""
+    keep = launches > 0
+    if not keep.any():
         return {}
-    counts = pd.Series(thread).value_counts()
+    counts = pd.Series(launches[keep]).groupby(thread[keep]).sum()
     frame = pd.DataFrame({"thread": counts.index.to_numpy(np.int64), "n": counts.to_numpy()})
     frame["process"] = frame["thread"].to_numpy() >> PROCESS_SHIFT
     frame = frame.sort_values(["process", "n", "thread"], ascending=[True, False, True])
@@ -408,40 +705,3 @@ def _profiler_steps(ranges: pd.DataFrame, hints: TraceHints) -> tuple[np.ndarray
 def profiler_step_rows(ranges: pd.DataFrame) -> np.ndarray:
     """Per range: is it a ``ProfilerStep#N``?"""
     return matching(ranges["name"], lambda name: bool(PROFILER_STEP.fullmatch(name)))
-
-
-def _in_optimizer_step(ranges: pd.DataFrame, launches: Launches) -> np.ndarray:
-    """Per launch: made inside an ``Optimizer.step#...`` range of its own thread?"""
-    steps = ranges[matching(ranges["name"], lambda name: name.startswith(OPTIMIZER_STEP))]
-    if steps.empty:
-        return np.zeros(len(launches.rows), dtype=bool)
-    thread = steps["thread"].to_numpy(np.int64)
-    start, end = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
-    lanes = Lanes(thread, [start, end, launches.time])
-    return inside_any(
-        lanes.key(thread, start),
-        lanes.key(thread, end),
-        lanes.key(launches.thread, launches.time),
-    )
-
-
-def _last_before(key: np.ndarray, is_main: np.ndarray, starts: np.ndarray, span: int) -> np.ndarray:
-    """Index (into the launches) of the main thread's last launch before each start key,
-    for the starts that have one in the same process lane."""
-    main = np.flatnonzero(is_main)
-    main = main[np.argsort(key[main], kind="stable")]
-    before = np.searchsorted(key[main], starts, side="left") - 1
-    found = main[np.maximum(before, 0)]
-    keep = (before >= 0) & (key[found] // span == starts // span)
-    return found[keep]
-
-
-def _optimizer_splits(gap: np.ndarray, key: np.ndarray, gaps: int) -> np.ndarray:
-    """Per gap between backward passes: the key of its last optimizer mark (or NO_SPLIT)."""
-    split = np.full(gaps, NO_SPLIT, dtype=np.int64)
-    order = np.argsort(key, kind="stable")
-    gap, key = gap[order], key[order]  # sorted keys: gap numbers do not decrease
-    last = np.ones(len(gap), dtype=bool)
-    last[:-1] = gap[1:] != gap[:-1]
-    split[gap[last]] = key[last]
-    return split

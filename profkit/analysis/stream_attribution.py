@@ -38,10 +38,10 @@ from profkit.analysis.chunked import map_chunks
 from profkit.analysis.inference import (
     InferredPhases,
     InstanceSpans,
-    Launches,
+    LaunchColumns,
     TraceHints,
     autograd_threads,
-    infer_phases,
+    infer_columns,
     profiler_step_rows,
 )
 from profkit.analysis.intervals import Lanes, stab
@@ -290,17 +290,19 @@ def _check_inference(cols: ActivityColumns, plan: Plan) -> bool:
 
 
 def inferred_phases(cols: ActivityColumns) -> InferredPhases:
-    """The columns' inferred phases (:func:`.inference.infer_phases`), kept with them: a
-    later query reads the per-activity phases and the step structure back."""
+    """The columns' inferred phases (:func:`.inference.infer_columns`, chunk by chunk: one
+    byte per activity and the step structure), kept with them: a later query reads them
+    back."""
     identity = {"version": INFERENCE_VERSION, "rows": len(cols)}
     kept = cols.derived.get(INFERENCE_AS)
     if kept is not None and kept.meta.get("identity") == identity:
         restored = _restored_inference(kept)
         if restored is not None:
             return restored
-    found = infer_phases(Launches.of_columns(cols), cols.ranges, TraceHints.of(cols.meta))
-    found.phase = found.phase.astype(np.int8)
-    found.instance = None  # the spans say what the tables need of instances
+    # No per-activity instance: the spans say what the tables need of instances.
+    found = infer_columns(
+        LaunchColumns.of_columns(cols), cols.ranges, TraceHints.of(cols.meta), chunk=tables.CHUNK
+    )
     cols.remember(INFERENCE_AS, _kept_inference(found, identity))
     return found
 
