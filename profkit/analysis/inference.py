@@ -100,7 +100,7 @@ class Launches:
     """The activities whose launch call is in the trace: rows, launch times, threads, names."""
 
     count: int
-    """All activities (rows of the kernels table, or of the columns), launched or not."""
+    """All activities (rows of the kernels table), launched or not."""
     rows: np.ndarray
     time: np.ndarray
     thread: np.ndarray
@@ -143,10 +143,8 @@ class LaunchColumns:
         cols.load(["launch_start", "launch_thread", "name"])
         a = cols.arrays
         threads = np.asarray(cols.threads, dtype=np.int64)
-        return cls(
-            a["launch_start"], a["launch_thread"], a["name"], threads, cols.names,
-            cols.launch_bounds(),
-        )  # fmt: skip
+        bounds = cols.launch_bounds()
+        return cls(a["launch_start"], a["launch_thread"], a["name"], threads, cols.names, bounds)
 
     @classmethod
     def of_launches(cls, launches: Launches) -> LaunchColumns:
@@ -169,7 +167,8 @@ class InferredPhases:
     """Each activity's inferred phase, and the step structure it came from."""
 
     phase: np.ndarray
-    """Per activity: index into ``PHASES`` (forward, backward, optimizer), -1 if unlaunched."""
+    """Per activity: index into ``PHASES`` (forward, backward, optimizer), -1 if unlaunched;
+    int8 from :func:`infer_columns`, int64 from :func:`infer_phases`."""
     instance: np.ndarray | None
     """Per activity: which phase instance (one forward, one backward pass...) holds it;
     -1 for none (unlaunched, or the forward-like tail after the last backward pass). None
@@ -461,6 +460,8 @@ class _Marks:
     ) -> _Marks:
         """For launches by ``threads`` (one per code, code -1's last) named by ``names``;
         ``bounds``: the earliest and latest launch start (none where none is known)."""
+        # Every distinct name is matched once (not only the main threads', unknown before
+        # the chunks are read): only main-thread launches look them up.
         text = [str(name) for name in names]
         is_optimizer = np.array([categorize(n) == "optimizer" for n in text], dtype=bool)
         is_fill = np.array([SEED_FILL in n for n in text], dtype=bool)
@@ -468,12 +469,13 @@ class _Marks:
         thread = steps["thread"].to_numpy(np.int64)
         start, end = steps["start"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
         lanes = Lanes(thread, [start, end, bounds])
-        inside = union(lanes.key(thread, start), lanes.key(thread, end)) if len(steps) else ()
         empty = np.zeros(0, dtype=np.int64)
-        return cls(
-            is_optimizer, is_fill, lanes.codes(threads), lanes.base, lanes.span,
-            *(inside or (empty, empty)),
-        )  # fmt: skip
+        inside = (
+            union(lanes.key(thread, start), lanes.key(thread, end))
+            if len(steps)
+            else (empty, empty)
+        )
+        return cls(is_optimizer, is_fill, lanes.codes(threads), lanes.base, lanes.span, *inside)
 
     def of_launches(self, code: np.ndarray, time: np.ndarray, name: np.ndarray) -> np.ndarray:
         """Per launch (all the main thread's): does it mark the optimizer?"""
