@@ -633,9 +633,10 @@ class _Seeds:
         per activity)."""
         if not len(self.key):
             return np.zeros(0, dtype=np.intp)
-        at = np.minimum(np.searchsorted(self.key, key), len(self.key) - 1)
-        hit = np.flatnonzero(is_main & (self.key[at] == key))
-        wanted = self.row[at[hit]]
+        mine = np.flatnonzero(is_main)  # only main launches can be seeds: search those
+        at = np.minimum(np.searchsorted(self.key, key[mine]), len(self.key) - 1)
+        found = self.key[at] == key[mine]
+        hit, wanted = mine[found], self.row[at[found]]
         hit = hit[(wanted < 0) | (wanted == lo + rows[hit])]
         return hit[self.is_fill[name[rows[hit]]]]
 
