@@ -1,6 +1,13 @@
-"""Chrome traces written by torch.profiler (Kineto), ``.json`` or ``.json.gz``, as a Trace.
+"""Chrome traces written by torch.profiler (Kineto), ``.json`` or ``.json.gz``, read once.
 
-How Kineto events map to the two tables (see ``profkit.traces.schema``):
+The reader owns the pass over a trace's events: the file (streamed a batch of events at
+a time by :mod:`.chrome_stream`, or parsed whole where its layout asks), the header and
+the meta, the validations, and what each event is to the tables. Its result is compact
+columns (:func:`read_chrome_columns`, what ``load_columns`` reads): the GPU activities
+gathered as arrays batch by batch (:mod:`.chrome_activities`), the ranges as a table.
+:func:`read_chrome_trace` gives the pandas engine's full tables from the same pass.
+
+How Kineto events map to the tables (see ``profkit.traces.schema``):
 
 - ``ranges`` come from ``user_annotation`` events: every ``record_function`` range,
   hence every ``profkit.phase``/``annotate`` range, with the thread that opened it and its
@@ -34,27 +41,37 @@ import gzip
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from profkit.errors import BadInput, warn
 from profkit.files import open_tracked_input, read_input, reading
 from profkit.sidecar import BrokenSidecar, read_sidecar, validate
+from profkit.traces.chrome_activities import (
+    Activities,
+    ActivityArrays,
+    GpuBatch,
+    columns_of,
+    kernels_table,
+)
 from profkit.traces.chrome_stream import CHUNK_BYTES, BrokenJSON, EventBatches, NotStreamable
 from profkit.traces.chrome_tables import (
     MAX_BASE_NS,
+    NEGATIVE,
+    NON_FINITE,
     Issues,
     kernel_function_name,
-    kernels_table,
     ranges_table,
     to_ns,
 )
-from profkit.traces.columns import Progress
-from profkit.traces.schema import Trace
+from profkit.traces.columns import ActivityColumns, Progress
+from profkit.traces.ranks import rank_of_meta
+from profkit.traces.schema import Trace, check_span
 
 _loads: Callable[[bytes], Any]
 try:  # orjson parses large traces several times faster than json, which is the fallback
@@ -68,10 +85,18 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
     _loads = json.loads
     _DECODE_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
 
-__all__ = ["FORMAT", "is_chrome_trace", "kernel_function_name", "read_chrome_trace", "to_ns"]
+__all__ = [
+    "FORMAT",
+    "is_chrome_trace",
+    "kernel_function_name",
+    "read_chrome_columns",
+    "read_chrome_trace",
+    "to_ns",
+]
 
 FORMAT = "chrome"
 SNIFF_BYTES = 64 * 1024
+WHOLE_BATCH_EVENTS = 1 << 14  # a whole document's events are passed over this many at a time
 _GZIP_MAGIC = b"\x1f\x8b"
 
 # What each Kineto event category is to the reader (the capitalised names come from
@@ -126,6 +151,45 @@ def is_chrome_trace(path: str | PathLike[str]) -> bool:
     )
 
 
+def read_chrome_columns(
+    path: str | PathLike[str],
+    *,
+    chunk_bytes: int | None = CHUNK_BYTES,
+    progress: Progress | None = None,
+) -> ActivityColumns:
+    """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) as compact columns.
+
+    The document is parsed once, ``chunk_bytes`` of JSON at a time (:mod:`.chrome_stream`),
+    so memory holds one batch of events and a few numbers per GPU activity, never the
+    document nor a row object per activity; ``chunk_bytes=None`` parses the whole
+    document at once (the columns are the same; the exactness tests compare the two).
+    ``progress(done, size, "bytes")`` hears, after each read, how many bytes of the file
+    on disk have been consumed (compressed bytes for a ``.json.gz``), ending at its size.
+
+    A trace that names its rank (``distributedInfo``, or profkit's header) keeps each
+    activity's GPU start and device (:data:`~profkit.traces.columns.TIMED`): joined to
+    the other ranks' its columns give the ranked report
+    (:mod:`profkit.analysis.stream_rank_files`).
+
+    Raises :class:`BadInput` (one line) for what :func:`read_chrome_trace` refuses, and
+    for timestamps spanning more than :data:`~profkit.traces.schema.MAX_SPAN_NS` (the
+    check ``load_trace`` makes on the tables, made here while the GPU start times are
+    at hand). Odd events are dropped or fixed and counted as that function says.
+    """
+    p = Path(path)
+    read = _read(p, chunk_bytes, progress, keep_streams=False)
+    bounds = [read.activities.bounds()]
+    for column in ("start", "end"):
+        values = read.ranges[column].to_numpy(np.int64)
+        bounds.append((int(values.min()), int(values.max())) if len(values) else None)
+    known = [b for b in bounds if b is not None]
+    if known:
+        low, high = min(lo for lo, _ in known), max(hi for _, hi in known)
+        check_span(low, high, read.meta.get("path", "the trace"))
+    timed = rank_of_meta(read.meta) is not None
+    return columns_of(read.activities, read.ranges, read.meta, timed)
+
+
 def read_chrome_trace(
     path: str | PathLike[str],
     *,
@@ -134,12 +198,10 @@ def read_chrome_trace(
 ) -> Trace:
     """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a :class:`Trace`.
 
-    The events are parsed ``chunk_bytes`` of JSON at a time (:mod:`.chrome_stream`), so
-    memory holds one batch of events, not the document; ``chunk_bytes=None`` parses the
-    whole document at once, as the reader did before (the tables are the same; the
-    benchmark and the exactness tests compare the two). ``progress(done, size, "bytes")``
-    hears, after each read, how many bytes of the file on disk have been consumed
-    (compressed bytes for a ``.json.gz``), ending at the file's size.
+    The full tables of the pandas engine, while it lasts: the same one pass as
+    :func:`read_chrome_columns` (``chunk_bytes`` and ``progress`` alike), keeping each
+    activity's stream and correlation id besides, then the kernels table built from
+    those arrays.
 
     Raises :class:`BadInput` (one line) for a missing file or one that is not a regular
     file, truncated or corrupt compression (gzip, xz), invalid JSON, or JSON that is not a
@@ -149,18 +211,34 @@ def read_chrome_trace(
     become unknown. A trace without GPU activity (a CPU-only run) still returns its
     ranges; every such finding is a line of ``meta["warnings"]``.
     """
-    p = Path(path)
+    read = _read(Path(path), chunk_bytes, progress, keep_streams=True)
+    return Trace(kernels=kernels_table(read.activities), ranges=read.ranges, meta=read.meta)
+
+
+@dataclass
+class _Read:
+    activities: Activities
+    ranges: pd.DataFrame
+    meta: dict[str, Any]
+
+
+def _read(p: Path, chunk_bytes: int | None, progress: Progress | None, keep_streams: bool) -> _Read:
+    """The one pass over the events, then the ranges table, the activities in order and
+    the meta."""
     with _gc_paused():
-        header, collected = _read_events(p, chunk_bytes, _bytes_read(p, progress))
+        header, collected, gathered = _read_events(
+            p, chunk_bytes, _bytes_read(p, progress), keep_streams
+        )
     base_ns = _int_or(header.get("baseTimeNanoseconds"), 0)
     if not abs(base_ns) < MAX_BASE_NS:
         collected["issues"].add("baseTimeNanoseconds out of range (read as 0)", 1)
         base_ns = 0
-    ranges, steps = ranges_table(collected["ranges"], base_ns, collected["issues"])
-    kernels = kernels_table(collected["gpu"], collected["launches"], base_ns, collected["issues"])
-    meta = _meta(p, header, collected, ranges, kernels, steps)
+    # The ranges first, then the activities: their issues are warned of in that order.
+    ranges, steps = ranges_table(collected.pop("ranges"), base_ns, collected["issues"])
+    activities = gathered.finish(base_ns, collected["issues"])
+    meta = _meta(p, header, collected, ranges, activities, steps)
     meta["sidecar"] = read_sidecar(p)
-    return Trace(kernels=kernels, ranges=ranges, meta=meta)
+    return _Read(activities, ranges, meta)
 
 
 @contextlib.contextmanager
@@ -188,19 +266,24 @@ def _bytes_read(p: Path, progress: Progress | None) -> Callable[[int], None] | N
 
 
 def _read_events(
-    p: Path, chunk_bytes: int | None, report: Callable[[int], None] | None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The header keys and the collected columns, streaming the events where the layout
-    allows (:mod:`.chrome_stream`), else from the whole parsed document. ``report(position)``
-    hears where the reading stands in the file on disk after each read."""
+    p: Path,
+    chunk_bytes: int | None,
+    report: Callable[[int], None] | None,
+    keep_streams: bool,
+) -> tuple[dict[str, Any], dict[str, Any], ActivityArrays]:
+    """The header keys, what the pass kept, and the GPU activities gathered, streaming the
+    events where the layout allows (:mod:`.chrome_stream`), else from the whole parsed
+    document. ``report(position)`` hears where the reading stands in the file on disk
+    after each read."""
     if chunk_bytes is not None:
         try:
             with open_tracked_input(p, "a Chrome trace") as (stream, position), reading(p):
                 errors = (*_DECODE_ERRORS, RecursionError)
                 on_read = None if report is None else lambda: report(position())
                 batches = EventBatches(stream, _loads, errors, chunk_bytes, on_read)
-                collected = _collect(chain.from_iterable(batches))
-                return batches.header, collected
+                activities = ActivityArrays(keep_streams)
+                collected = _collect(batches, activities)
+                return batches.header, collected, activities
         except NotStreamable:
             pass  # an odd layout (a top-level array, more after the events): read it whole
         except BrokenJSON as exc:
@@ -208,12 +291,13 @@ def _read_events(
     doc = _loads_trace(p)
     if report is not None:
         report(p.stat().st_size)  # read whole: every byte of the file
-    header, collected = _events_of(p, doc)
-    del doc  # the columns are all we keep; free the parsed events before building tables
-    return header, collected
+    header, events = _events_of(p, doc)
+    del doc  # the events alone are needed, a batch at a time
+    activities = ActivityArrays(keep_streams)  # anew: what a failed stream kept is dropped
+    return header, _collect(_slices(events), activities), activities
 
 
-def _events_of(p: Path, doc: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _events_of(p: Path, doc: Any) -> tuple[dict[str, Any], list[Any]]:
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
         events: list[Any] = doc["traceEvents"]
         header = {k: v for k, v in doc.items() if k != "traceEvents"}
@@ -221,7 +305,13 @@ def _events_of(p: Path, doc: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         events, header = doc, {}
     else:
         raise BadInput(f"{p} is JSON but not a Chrome trace (no traceEvents list)")
-    return header, _collect(events)
+    return header, events
+
+
+def _slices(events: list[Any]) -> Iterator[list[Any]]:
+    """A whole document's events in batches, as the stream gives them (bounded lists)."""
+    for start in range(0, len(events), WHOLE_BATCH_EVENTS):
+        yield events[start : start + WHOLE_BATCH_EVENTS]
 
 
 def _loads_trace(path: Path) -> Any:
@@ -255,51 +345,79 @@ def _invalid_json(path: Path, detail: str) -> BadInput:
     return BadInput(f"{path} is not valid JSON{hint}: {detail}")
 
 
-def _collect(events: Iterable[Any]) -> dict[str, Any]:
-    """One pass over the events, keeping one tuple per event the tables need.
+def _collect(batches: Iterable[list[Any]], activities: ActivityArrays) -> dict[str, Any]:
+    """One pass over the events, a batch at a time: the GPU activities and their launch
+    calls go to ``activities`` (arrays, batch by batch), the rest is kept here.
 
-    Every value of a row is computed before the row is kept, so a malformed event
-    (missing ``ts``, non-numeric ``tid``) is dropped alone and counted. Names are
-    interned: a trace repeats a few hundred kernel names millions of times.
+    Every value an event gives is computed before any is kept, so a malformed event
+    (missing ``ts``, non-numeric ``tid``) is dropped alone and counted. Range names are
+    interned, activity names coded: a trace repeats a few hundred names millions of times.
     """
     ranges: list[tuple[str, float, float, int]] = []
-    gpu: list[tuple[str, str, float, float, int, int, int, str, str]] = []
-    launches: list[tuple[int, float, int]] = []
     threads: dict[int, str] = {}
     pids: list[int] = []
     autograd_threads: set[int] = set()
     malformed = total = 0
     role_of, intern = _ROLE.get, sys.intern
-    for ev in events:
-        total += 1
-        cat = ev.get("cat") if type(ev) is dict else _MALFORMED  # not an object: malformed
-        # A category that is a list or a number is no category: malformed too.
-        role = role_of(cat) if cat is None or type(cat) is str else _MALFORMED
-        if role is None or role is _MALFORMED:
-            malformed += role is _MALFORMED
-            continue
-        try:  # the frequent roles inline: this loop sees every event of the trace
-            if role == _LAUNCH:
-                corr = ev["args"].get("correlation")
-                if corr is not None:
-                    launches.append((int(corr), float(ev["ts"]), int(ev["tid"])))
-            elif role == _RANGE:
-                if ev.get("ph") == "X":
-                    name = intern(str(ev["name"]))
-                    ranges.append((name, float(ev["ts"]), float(ev["dur"]), int(ev["tid"])))
-            elif role == _OP:
-                if str(ev.get("name", "")).startswith(AUTOGRAD_OP):
-                    autograd_threads.add(int(ev["tid"]))
-            elif role == _META:
-                _metadata_event(ev, threads, pids)
-            else:
-                gpu.append(_gpu_row(ev, role))
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # int(inf)
-            malformed += 1
+    codes, name_code, shape_code = activities.codes, activities.name_code, activities.shape_code
+    streams = activities.keep_streams
+    for events in batches:
+        gpu = GpuBatch.empty()
+        pair, ts_of, dur_of, device_of = gpu.pair, gpu.ts, gpu.dur, gpu.device
+        corr_of, shape_of, stream_of = gpu.correlation, gpu.shape, gpu.stream
+        launch_corr, launch_ts, launch_tid = (
+            gpu.launch_correlation,
+            gpu.launch_ts,
+            gpu.launch_thread,
+        )
+        for ev in events:
+            total += 1
+            cat = ev.get("cat") if type(ev) is dict else _MALFORMED  # not an object: malformed
+            # A category that is a list or a number is no category: malformed too.
+            role = role_of(cat) if cat is None or type(cat) is str else _MALFORMED
+            if role is None or role is _MALFORMED:
+                malformed += role is _MALFORMED
+                continue
+            try:  # the frequent roles inline: this loop sees every event of the trace
+                if role == _LAUNCH:
+                    corr = ev["args"].get("correlation")
+                    if corr is not None:
+                        corr, ts, tid = int(corr), float(ev["ts"]), int(ev["tid"])
+                        launch_corr.append(corr)
+                        launch_ts.append(ts)
+                        launch_tid.append(tid)
+                elif role == _RANGE:
+                    if ev.get("ph") == "X":
+                        name = intern(str(ev["name"]))
+                        ranges.append((name, float(ev["ts"]), float(ev["dur"]), int(ev["tid"])))
+                elif role == _OP:
+                    if str(ev.get("name", "")).startswith(AUTOGRAD_OP):
+                        autograd_threads.add(int(ev["tid"]))
+                elif role == _META:
+                    _metadata_event(ev, threads, pids)
+                else:  # a kernel, copy or set
+                    args = ev.get("args") or {}
+                    ts, dur = float(ev["ts"]), float(ev["dur"])
+                    device = int(args["device"] if "device" in args else ev.get("pid", 0))
+                    stream = _int_or(args.get("stream", ev.get("tid")), -1) if streams else 0
+                    corr = _int_or(args.get("correlation"), -1)
+                    shape = shape_code(args.get("grid"), args.get("block"))
+                    name = ev.get("name", "")
+                    code = codes[role].get(name) if type(name) is str else None
+                    if code is None:
+                        code = name_code(name, role)  # last: raises for no kept event
+                    pair.append(code)
+                    ts_of.append(ts)
+                    dur_of.append(dur)
+                    device_of.append(device)
+                    corr_of.append(corr)
+                    shape_of.append(shape)
+                    stream_of.append(stream)
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # int(inf)
+                malformed += 1
+        activities.add(gpu)
     return {
         "ranges": _columns(ranges, 4),
-        "gpu": _columns(gpu, 9),
-        "launches": _columns(launches, 3),
         "threads": threads,
         "pid": pids[-1] if pids else None,
         "autograd_threads": sorted(autograd_threads),
@@ -315,24 +433,6 @@ def _metadata_event(ev: dict[str, Any], threads: dict[int, str], pids: list[int]
         threads[int(ev["tid"])] = str((ev.get("args") or {}).get("name", ""))
     elif ev.get("name") == "process_labels" and _is_cpu(ev):
         pids.append(int(ev["pid"]))
-
-
-def _gpu_row(
-    ev: dict[str, Any], kind: str
-) -> tuple[str, str, float, float, int, int, int, str, str]:
-    """A kernel, copy or set: name, kind, ts, dur, device, stream, correlation, grid, block."""
-    args = ev.get("args") or {}
-    return (
-        sys.intern(str(ev.get("name", ""))),
-        kind,
-        float(ev["ts"]),
-        float(ev["dur"]),
-        int(args["device"] if "device" in args else ev.get("pid", 0)),
-        _int_or(args.get("stream", ev.get("tid")), -1),
-        _int_or(args.get("correlation"), -1),
-        _dim3(args.get("grid")),
-        _dim3(args.get("block")),
-    )
 
 
 def _columns(rows: list[tuple[Any, ...]], width: int) -> tuple[list[Any], ...]:
@@ -353,31 +453,25 @@ def _int_or(value: Any, default: int) -> int:
         return default
 
 
-def _dim3(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return sys.intern(",".join(str(int(v)) for v in value))
-    return ""
-
-
 def _meta(
     path: Path,
     header: dict[str, Any],
     collected: dict[str, Any],
     ranges: pd.DataFrame,
-    kernels: pd.DataFrame,
+    activities: Activities,
     steps: list[dict[str, Any]],
 ) -> dict[str, Any]:
     warnings: list[str] = []
-    if kernels.empty:
+    if not len(activities):
         warnings.append(
             "no GPU kernels were recorded (a CPU-only run, or CUDA activity not profiled): "
             "only the CPU ranges are available"
         )
     else:
-        unlaunched = int(kernels["launch_start"].isna().sum())
+        unlaunched = activities.unlaunched()
         if unlaunched:
             warnings.append(
-                f"{unlaunched:,} of {len(kernels):,} GPU activities have no matching "
+                f"{unlaunched:,} of {len(activities):,} GPU activities have no matching "
                 "runtime/driver launch (correlation id); they stay unattributed"
             )
     if ranges.empty:
@@ -403,9 +497,8 @@ def _meta(
         "base_time_ns": _int_or(header.get("baseTimeNanoseconds"), 0),
         "display_time_unit": header.get("displayTimeUnit"),
         "warnings": warnings,
-        "dropped_events": collected["malformed"]
-        + collected["issues"].get("non-finite or out-of-range time", 0),
-        "clamped_activities": collected["issues"].get("negative duration (counted as 0)", 0),
+        "dropped_events": collected["malformed"] + collected["issues"].get(NON_FINITE, 0),
+        "clamped_activities": collected["issues"].get(NEGATIVE, 0),
     }
     for key in ("schemaVersion", "trace_id", "cuda_runtime_version", "cuda_driver_version",
                 "cupti_version", "record_shapes", "with_stack", "profile_memory",
@@ -436,7 +529,7 @@ def _register() -> None:
     from profkit.traces.load import register
 
     for suffix in (".json", ".json.gz"):
-        register(suffix, read_chrome_trace, reports_progress=True)
+        register(suffix, read_chrome_trace, reports_progress=True, columns=read_chrome_columns)
 
 
 _register()

@@ -1,8 +1,9 @@
-"""The two tables of a Chrome trace, from the columns the reader collected.
+"""A Chrome trace's ranges table, and the conversions every part of the Chrome reader shares.
 
-``to_ns`` turns Kineto's microsecond floats into exact integer nanoseconds; the ranges
-get their per-thread nesting depth; GPU activities get nsys-style names for copies and
-sets, a short name, and their launch (runtime/driver call) by correlation id.
+``to_ns`` turns Kineto's microsecond floats into exact integer nanoseconds, ``valid_times``
+drops (and counts) times no clock gives, ``int64_ids`` keeps 64-bit ids; the ranges get
+their per-thread nesting depth. The GPU activities are gathered as arrays by
+:mod:`.chrome_activities`.
 """
 
 from __future__ import annotations
@@ -13,21 +14,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.traces.schema import (
-    KERNEL_COLUMNS,
-    RANGE_COLUMNS,
-    conform,
-    empty_kernels,
-    empty_ranges,
-)
+from profkit.traces.schema import RANGE_COLUMNS, conform, empty_ranges
 
 _PROFILER_STEP = re.compile(r"ProfilerStep#\d+")
-_MEMCPY_KIND = re.compile(r"memcpy\s+(\w+)", re.IGNORECASE)
 # |ts| and dur bounds, µs: about year 2096 since the epoch; nanoseconds plus a base of up to
 # MAX_BASE_NS then stay inside int64.
 MAX_US = 4e15
 MAX_BASE_NS = 1 << 62
 _U64 = 1 << 64
+NON_FINITE = "non-finite or out-of-range time"
+NEGATIVE = "negative duration (counted as 0)"
 _I64 = 1 << 63
 
 
@@ -49,9 +45,9 @@ def valid_times(ts: Any, dur: Any, issues: Issues) -> tuple[np.ndarray, np.ndarr
     dur = np.asarray(dur, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         keep = (np.abs(ts) < MAX_US) & (np.abs(dur) < MAX_US)  # False for nan and inf
-    issues.add("non-finite or out-of-range time", int((~keep).sum()))
+    issues.add(NON_FINITE, int((~keep).sum()))
     negative = keep & (dur < 0)
-    issues.add("negative duration (counted as 0)", int(negative.sum()))
+    issues.add(NEGATIVE, int(negative.sum()))
     return ts, np.where(negative, 0.0, dur), keep
 
 
@@ -124,66 +120,6 @@ def _depths(threads: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nda
         depth[i] = len(open_ends)
         open_ends.append(ends[i])
     return depth
-
-
-def kernels_table(
-    gpu: tuple[list[Any], ...],
-    launches: tuple[list[Any], ...],
-    base_ns: int,
-    issues: Issues | None = None,
-) -> pd.DataFrame:
-    names, kinds, ts, dur, dev, stream, corr, grid, block = gpu
-    issues = issues if issues is not None else Issues()
-    ts_us, dur_us, keep = valid_times(ts, dur, issues)
-    if not keep.any():
-        return empty_kernels()
-    start = to_ns(ts_us[keep], base_ns)
-    df = pd.DataFrame(
-        {
-            "name": np.asarray(names, dtype=object)[keep],
-            "kind": np.asarray(kinds, dtype=object)[keep],
-            "start": start,
-            "end": start + to_ns(dur_us[keep]),
-            "device": int64_ids(dev)[keep],
-            "stream": int64_ids(stream)[keep],
-            "correlation_id": int64_ids(corr)[keep],
-            "grid": np.asarray(grid, dtype=object)[keep],
-            "block": np.asarray(block, dtype=object)[keep],
-        }
-    )
-    df["name"] = _activity_names(df["name"], df["kind"])
-    unique = df["name"].unique()
-    shorts = {n: (n if n.startswith("[") else kernel_function_name(n)) for n in unique}
-    df["short_name"] = df["name"].map(shorts)
-    l_corr, l_ts, l_tid = launches
-    l_us, _, l_keep = valid_times(l_ts, np.zeros(len(l_ts)), issues)
-    launch = pd.DataFrame(
-        {
-            "correlation_id": int64_ids(l_corr)[l_keep],
-            # Nullable from the start: the left merge's misses must not turn them into
-            # floats, which cannot hold every int64 id (2^63 - 1 comes back out of range).
-            "launch_start": pd.array(to_ns(l_us[l_keep], base_ns), dtype="Int64"),
-            "launch_thread": pd.array(int64_ids(l_tid)[l_keep], dtype="Int64"),
-        }
-    )
-    # One launch per correlation id: the outermost (earliest) call if a runtime call and
-    # the driver call inside it were both recorded under the same id.
-    launch = launch.sort_values("launch_start").drop_duplicates("correlation_id")
-    df = df.merge(launch, on="correlation_id", how="left")
-    df.loc[df["correlation_id"] < 0, ["launch_start", "launch_thread"]] = pd.NA
-    df = df.sort_values(["start", "end"], kind="stable")
-    return conform(df, KERNEL_COLUMNS)
-
-
-def _activity_names(names: pd.Series, kinds: pd.Series) -> pd.Series:
-    """Copies and sets named like nsys's: ``[memcpy HtoD]``, ``[memset]``."""
-    out = names.copy()
-    copies = kinds == "memcpy"
-    if copies.any():
-        kind = names[copies].str.extract(_MEMCPY_KIND, expand=False).fillna("")
-        out[copies] = ("[memcpy " + kind + "]").str.replace(" ]", "]", regex=False)
-    out[kinds == "memset"] = "[memset]"
-    return out
 
 
 def kernel_function_name(name: str) -> str:

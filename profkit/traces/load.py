@@ -43,6 +43,8 @@ from profkit.traces.ranks import rank_of_meta
 from profkit.traces.schema import Trace, check_time_span
 
 Reader = Callable[[Path], Trace]
+ColumnReader = Callable[..., ActivityColumns]
+"""``read(path, progress=None)``: a format's compact columns, read directly."""
 T = TypeVar("T")
 
 READERS: dict[str, Reader] = {
@@ -54,6 +56,9 @@ READERS: dict[str, Reader] = {
 }
 PROGRESS_READERS: set[str] = set()
 """Suffixes whose reader takes ``progress=`` (:func:`register`)."""
+COLUMN_READERS: dict[str, ColumnReader] = {}
+"""Suffixes whose format reads straight into compact columns (:func:`register`); the
+others' columns come from their tables (``from_trace``)."""
 # Readers living in modules of their own register themselves when imported; load_trace
 # imports the module named here the first time it meets one of its suffixes.
 PLUGINS: dict[str, str] = {".json": "profkit.traces.chrome", ".json.gz": "profkit.traces.chrome"}
@@ -61,13 +66,23 @@ NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 SUPPORTED = "an Nsight Systems .sqlite or .nsys-rep export, or a Chrome trace .json[.gz]"
 
 
-def register(suffix: str, reader: Reader, *, reports_progress: bool = False) -> None:
+def register(
+    suffix: str,
+    reader: Reader,
+    *,
+    reports_progress: bool = False,
+    columns: ColumnReader | None = None,
+) -> None:
     """Read files ending in ``suffix`` (``".json.gz"``) with ``reader``; one that
-    ``reports_progress`` is called with ``progress=`` when a caller listens."""
+    ``reports_progress`` is called with ``progress=`` when a caller listens. ``columns``
+    reads the same files as compact columns (:func:`load_columns`), taking ``progress=``."""
     READERS[suffix.lower()] = reader
     PROGRESS_READERS.discard(suffix.lower())
+    COLUMN_READERS.pop(suffix.lower(), None)
     if reports_progress:
         PROGRESS_READERS.add(suffix.lower())
+    if columns is not None:
+        COLUMN_READERS[suffix.lower()] = columns
 
 
 def load_trace(
@@ -109,7 +124,8 @@ def load_columns(
 ) -> ActivityColumns:
     """The compact columns of ``path`` (any supported trace), through the cache.
 
-    Nsight Systems exports are read chunk by chunk in bounded memory; other formats through
+    Nsight Systems exports are read chunk by chunk in bounded memory, Chrome traces a
+    batch of events at a time (their registered column reader); other formats through
     their reader's tables. ``cache`` overrides ``$PROFKIT_CACHE`` (:mod:`.cache`);
     ``progress`` hears from long reads: rows of an nsys export, bytes of a Chrome trace.
     """
@@ -121,6 +137,9 @@ def load_columns(
     def read() -> ActivityColumns:
         if _head(source).startswith(SQLITE_MAGIC):
             return check_column_span(read_nsys_columns(source, progress))
+        columns_reader = _columns_reader(source)
+        if columns_reader is not None:  # Chrome traces: read as columns, no tables
+            return columns_reader(source, progress=progress)
         trace = load_trace(source, progress=progress)
         # A rank of a run keeps its GPU starts and devices: joined to the other ranks' its
         # columns give the ranked report (profkit.analysis.stream_rank_files).
@@ -200,6 +219,18 @@ def _without_compression(name: str) -> str:
     for suffix in COMPRESSION_SUFFIXES:
         name = name.removesuffix(suffix)
     return name
+
+
+def _columns_reader(path: Path) -> ColumnReader | None:
+    """The column reader of the format :func:`load_trace` would read ``path`` as (by its
+    longest matching suffix), if that format has one."""
+    name = path.name.lower()
+    _import_plugin(name)
+    inner = _without_compression(name)
+    for suffix in sorted(READERS, key=len, reverse=True):
+        if name.endswith(suffix) or inner.endswith(suffix):
+            return COLUMN_READERS.get(suffix)
+    return None
 
 
 def _import_plugin(name: str) -> None:

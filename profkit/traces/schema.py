@@ -124,10 +124,17 @@ def check_time_span(trace: Trace) -> Trace:
         return trace
     low = min(int(v.min()) for v in values)
     high = max(int(v.max()) for v in values)
+    check_span(low, high, trace.meta.get("path", "the trace"))
+    return trace
+
+
+def check_span(low: int, high: int, path: str) -> None:
+    """Raise :class:`BadInput` if times from ``low`` to ``high`` (ns) span more than
+    ``MAX_SPAN_NS``: :func:`check_time_span`'s check, for readers that see the times
+    without building the tables."""
     if high - low > MAX_SPAN_NS:
         days = (high - low) / 86_400e9
         raise BadInput(
-            f"{trace.meta.get('path', 'the trace')}: its timestamps span {days:,.0f} days "
+            f"{path}: its timestamps span {days:,.0f} days "
             f"(from {low:,} to {high:,} ns): a damaged timestamp, not a capture"
         )
-    return trace
