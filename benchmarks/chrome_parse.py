@@ -12,6 +12,9 @@ shifted in time with fresh correlation/flow ids, until the JSON reaches each
 ``traceName`` after the events), one compact event per line or, with ``--layout
 kineto``, one indented block per event as torch.profiler writes them.
 
+``--copies N`` writes N copies of the source's events instead (``--source
+tests/data/torch-h200-unannotated-train.json.gz --copies 200``: about 300 MB, 1 M events).
+
 Each measurement runs in a fresh process; its wall and CPU time cover the read alone
 (imports excluded), its peak RSS is the whole process's (``os.wait4``), imports included.
 The readers run back to back, alternating, so the machine's load drifts over both:
@@ -20,6 +23,15 @@ The readers run back to back, alternating, so the machine's load drifts over bot
 
 ``whole`` is ``read_chrome_trace(path, chunk_bytes=None)`` (one ``orjson.loads`` of the
 document, then one pass: the reader before streaming); ``stream`` is the default reader.
+``columns`` is ``load_columns(path, cache=False)``: what the kernel report reads (compact
+columns; before they were read directly, ``from_trace`` of the tables). ``--tree DIR``
+adds the same read with profkit imported from another checkout (``columns@DIR``), so a
+change is timed against its base on the same file, alternating:
+
+    git worktree add --detach /tmp/base main
+    python benchmarks/chrome_parse.py --source tests/data/torch-h200-unannotated-train.json.gz \
+        --copies 200 --modes columns --tree /tmp/base --repeats 3
+
 With ``--ijson`` two more modes time only the parse and the pass over the events, without
 the tables: through ijson's C backend (``ijson.items(f, "traceEvents.item")``) and through
 the reader's own batches, so the two parsers are compared on equal terms.
@@ -129,9 +141,14 @@ def shifted(body: list[dict[str, Any]], k: int, span: float) -> list[dict[str, A
 
 
 def write_replicated(
-    doc: dict[str, Any], target_bytes: int, outs: list[IO[bytes]], layout: str
+    doc: dict[str, Any],
+    target_bytes: int,
+    outs: list[IO[bytes]],
+    layout: str,
+    copies: int | None = None,
 ) -> dict[str, int]:
-    """Write copies of ``doc``'s events to every stream in ``outs`` until target_bytes.
+    """Write copies of ``doc``'s events to every stream in ``outs`` until target_bytes
+    (or, given ``copies``, that many copies).
 
     A copy at a time, so the generator never holds the big document: the header keys,
     the metadata events once, then copies of the other events, then ``traceName``.
@@ -156,12 +173,12 @@ def write_replicated(
     opening = orjson.dumps(header, option=orjson.OPT_INDENT_2)[:-2] + b","
     put((opening if header else b"{") + b'\n  "traceEvents": [\n')
     put(text(meta))
-    copies = 0
-    while written < target_bytes:
-        put((b",\n" if meta or copies else b"") + text(shifted(body, copies, span)))
-        copies += 1
+    made = 0
+    while made < copies if copies is not None else written < target_bytes:
+        put((b",\n" if meta or made else b"") + text(shifted(body, made, span)))
+        made += 1
     put(b'\n  ],\n  "traceName": "replicated.json"\n}\n')
-    return {"events": len(meta) + copies * len(body), "copies": copies, "bytes": written}
+    return {"events": len(meta) + made * len(body), "copies": made, "bytes": written}
 
 
 def _events_text(events: list[dict[str, Any]]) -> bytes:
@@ -185,36 +202,53 @@ def vm_kib(field: str) -> int:
 
 def child(mode: str, path: str) -> None:
     """Runs in a fresh process: one read, printed as JSON."""
-    sys.path.insert(0, str(ROOT))
-    from itertools import chain
-
+    mode, _, tree = mode.partition("@")  # "columns@/tmp/base": profkit from that checkout
+    sys.path.insert(0, tree or str(ROOT))
     from profkit.traces import chrome  # imports untimed
+    from profkit.traces.load import load_columns
 
     result: dict[str, Any] = {"imports_rss_mib": vm_kib("VmRSS") / 1024}
+    result["profkit"] = str(Path(chrome.__file__).parents[2])  # which checkout was timed
     wall, cpu = time.perf_counter(), time.process_time()
     if mode == "whole":
         trace = chrome.read_chrome_trace(path, chunk_bytes=None)
         result.update(events=trace.meta["events"], kernels=len(trace.kernels))
+    elif mode == "columns":
+        columns = load_columns(path, cache=False)
+        result.update(events=columns.meta["events"], kernels=len(columns))
     elif mode.startswith("stream") and not mode.endswith("-events"):  # "stream-256": 256 KiB
         chunk = int(mode.split("-")[1]) * KIB if "-" in mode else chrome.CHUNK_BYTES
         trace = chrome.read_chrome_trace(path, chunk_bytes=chunk)
         result.update(events=trace.meta["events"], kernels=len(trace.kernels))
     else:  # the parse and the pass over the events only, no tables
-        import gc
-
-        gc.disable()  # as the reader does
-        with chrome.open_input(Path(path), "a trace") as stream:
-            if mode == "ijson-events":
-                import ijson
-
-                events = ijson.items(stream, "traceEvents.item", use_float=True)
-                collected = chrome._collect(events)
-            else:
-                batches = chrome.EventBatches(stream, orjson.loads, (orjson.JSONDecodeError,))
-                collected = chrome._collect(chain.from_iterable(batches))
-        result.update(events=collected["events"], kernels=len(collected["gpu"][0]))
+        result.update(events_only(mode, Path(path)))
     result.update(read_s=time.perf_counter() - wall, read_cpu_s=time.process_time() - cpu)
     print(json.dumps(result))
+
+
+def events_only(mode: str, path: Path) -> dict[str, int]:
+    """The parse (ijson's or the reader's batches) and the reader's pass, no tables."""
+    import gc
+    from itertools import islice
+
+    from profkit.files import open_input
+    from profkit.traces import chrome
+    from profkit.traces.chrome_activities import ActivityArrays
+
+    gc.disable()  # as the reader does
+    activities = ActivityArrays()
+    with open_input(path, "a trace") as stream:
+        if mode == "ijson-events":
+            import ijson
+
+            events = ijson.items(stream, "traceEvents.item", use_float=True)
+            batches = iter(lambda: list(islice(events, 1 << 14)), [])
+            collected = chrome._collect(batches, activities)
+        else:
+            batches = chrome.EventBatches(stream, orjson.loads, (orjson.JSONDecodeError,))
+            collected = chrome._collect(batches, activities)
+    found = activities.finish(0, collected["issues"])
+    return {"events": collected["events"], "kernels": len(found)}
 
 
 def measure(mode: str, path: Path) -> dict[str, Any]:
@@ -227,20 +261,29 @@ def measure(mode: str, path: Path) -> dict[str, Any]:
     if status != 0:
         raise SystemExit(f"{mode} on {path} failed ({status}):\n{err[-2000:]}")
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    tree = mode.partition("@")[2]
+    if tree and Path(result["profkit"]).resolve() != Path(tree).resolve():
+        raise SystemExit(f"{mode} imported profkit from {result['profkit']}, not from {tree}")
     result["peak_rss_mib"] = usage.ru_maxrss / 1024  # KiB on Linux
     result["load_1min"] = os.getloadavg()[0]
     return result
 
 
 def generate(
-    source: dict[str, Any], target_mb: float, workdir: Path, gz: bool, layout: str
+    source: dict[str, Any],
+    target_mb: float,
+    workdir: Path,
+    gz: bool,
+    layout: str,
+    copies: int | None = None,
 ) -> list[Path]:
-    path = workdir / f"trace-{target_mb:g}MB-{layout}.json"
+    size = f"x{copies}" if copies is not None else f"{target_mb:g}MB"
+    path = workdir / f"trace-{size}-{layout}.json"
     with ExitStack() as stack:
         outs: list[IO[bytes]] = [stack.enter_context(path.open("wb"))]
         if gz:
             outs.append(stack.enter_context(gzip.open(f"{path}.gz", "wb", compresslevel=6)))
-        info = write_replicated(source, int(target_mb * 1e6), outs, layout)
+        info = write_replicated(source, int(target_mb * 1e6), outs, layout, copies)
     print(
         f"{path.name}: {info['bytes'] / 1e6:,.0f} MB of JSON, {info['events']:,} events "
         f"(x{info['copies']})" + (f", {Path(f'{path}.gz').stat().st_size / 1e6:,.0f} MB gzip"
@@ -254,6 +297,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", default=str(DEFAULT_SOURCE), help="a trace, or 'cpu'")
     parser.add_argument("--target-mb", type=float, nargs="+", default=[200.0, 1000.0])
+    parser.add_argument("--copies", type=int, help="this many copies instead of --target-mb")
+    parser.add_argument(
+        "--modes", nargs="+", default=["whole", "stream"], help="whole, stream, columns"
+    )
+    parser.add_argument("--tree", type=Path, help="also read as columns with profkit from here")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gzip", action="store_true", help="also read a .json.gz of each")
     parser.add_argument("--ijson", action="store_true", help="also time ijson's parse")
@@ -274,11 +322,14 @@ def main() -> None:
         source = load(cpu_source_trace(workdir) if args.source == "cpu" else Path(args.source))
         if args.source == "cpu" and not args.no_gpu_synth:
             add_gpu_activity(source)
-        modes = ["whole", "stream"] + [f"stream-{kib}" for kib in args.chunk_kib]
+        modes = args.modes + [f"stream-{kib}" for kib in args.chunk_kib]
+        modes += [f"columns@{args.tree.resolve()}"] if args.tree else []
         modes += ["ijson-events", "stream-events"] if args.ijson else []
         rows = []
-        for target in args.target_mb:
-            for path in generate(source, target, workdir, args.gzip, args.layout):
+        targets = [0.0] if args.copies is not None else args.target_mb
+        for target in targets:
+            made = generate(source, target, workdir, args.gzip, args.layout, args.copies)
+            for path in made:
                 runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
                 for _ in range(args.repeats):
                     for mode in modes:
