@@ -178,14 +178,7 @@ def read_chrome_columns(
     """
     p = Path(path)
     read = _read(p, chunk_bytes, progress, keep_streams=False)
-    bounds = [read.activities.bounds()]
-    for column in ("start", "end"):
-        values = read.ranges[column].to_numpy(np.int64)
-        bounds.append((int(values.min()), int(values.max())) if len(values) else None)
-    known = [b for b in bounds if b is not None]
-    if known:
-        low, high = min(lo for lo, _ in known), max(hi for _, hi in known)
-        check_span(low, high, read.meta.get("path", "the trace"))
+    _check_span(read)
     timed = rank_of_meta(read.meta) is not None
     return columns_of(read.activities, read.ranges, read.meta, timed)
 
@@ -239,6 +232,18 @@ def _read(p: Path, chunk_bytes: int | None, progress: Progress | None, keep_stre
     meta = _meta(p, header, collected, ranges, activities, steps)
     meta["sidecar"] = read_sidecar(p)
     return _Read(activities, ranges, meta)
+
+
+def _check_span(read: _Read) -> None:
+    """``check_time_span`` of the tables, on the activities' times and the ranges'."""
+    bounds = [read.activities.bounds()]
+    for column in ("start", "end"):
+        values = read.ranges[column].to_numpy(np.int64)
+        bounds.append((int(values.min()), int(values.max())) if len(values) else None)
+    known = [b for b in bounds if b is not None]
+    if known:
+        low, high = min(lo for lo, _ in known), max(hi for _, hi in known)
+        check_span(low, high, read.meta.get("path", "the trace"))
 
 
 @contextlib.contextmanager
