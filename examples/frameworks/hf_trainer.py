@@ -33,6 +33,7 @@ Runs (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 from typing import Any
 
@@ -135,6 +136,7 @@ def main() -> None:
     mark_backward(trainer, truth)
     trainer.train()
     window.report("hf_trainer", training_args.world_size)
+    shutil.rmtree(training_args.output_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
