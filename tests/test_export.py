@@ -68,3 +68,40 @@ def test_failed_export_leaves_nothing_a_later_run_would_reuse(tmp_path: Path) ->
     assert good.returncode == 0, good.stderr
     assert (tmp_path / "run.sqlite").read_bytes() == PROBE.read_bytes()
     assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
+
+
+MAGIC_THEN_ZEROS = f"""#!{sys.executable}
+import sys
+data = open({str(PROBE)!r}, "rb").read()
+open(sys.argv[sys.argv.index("--output") + 1], "wb").write(data[:16] + bytes(len(data) - 16))
+"""
+
+
+def test_an_export_that_only_starts_like_sqlite_is_never_kept(tmp_path: Path) -> None:
+    """It passes the 16-byte magic check: its header and size are checked too."""
+    (tmp_path / "run.nsys-rep").write_bytes(b"a report")
+    bad = kernels(tmp_path, fake_nsys(tmp_path, "nsys-zeros", MAGIC_THEN_ZEROS))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "nsys export of run.nsys-rep wrote a damaged database" in bad.stderr
+    assert not (tmp_path / "run.sqlite").exists()
+    good = kernels(tmp_path, fake_nsys(tmp_path, "nsys-good", GOOD))
+    assert good.returncode == 0, good.stderr
+
+
+def test_a_kept_export_damaged_later_is_exported_again(tmp_path: Path) -> None:
+    report = tmp_path / "run.nsys-rep"
+    report.write_bytes(b"a report")
+    nsys = fake_nsys(tmp_path, "nsys-good", GOOD)
+    expected = kernels(tmp_path, nsys)
+    assert expected.returncode == 0, expected.stderr
+    kept = tmp_path / "run.sqlite"
+    for damage in (PROBE.read_bytes()[:8192], PROBE.read_bytes()[:16] + b"\x00" * 8192):
+        kept.write_bytes(damage)  # newer than the report: it would be reused as it is
+        again = kernels(tmp_path, nsys)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout == expected.stdout
+        assert kept.read_bytes() == PROBE.read_bytes()
+    kept.write_bytes(PROBE.read_bytes()[:8192])
+    missing = kernels(tmp_path, tmp_path / "no-nsys-here")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
+    assert "its export run.sqlite is damaged" in missing.stderr

@@ -244,16 +244,67 @@ def _import_plugin(name: str) -> None:
 
 
 def _export(report: Path, nsys: str | os.PathLike[str] | None) -> Path:
+    """The SQLite export of ``report``, kept beside it (``export_sqlite``) and reused only
+    while it is a whole database (:func:`_export_problem`): a kept one that is not is
+    exported again, and a fresh one that is not is removed (a later run never reuses it)."""
+    from profkit.files import export_path
     from profkit.run.tools import export_sqlite
 
+    kept = export_path(report)
+    problem = _export_problem(kept) if os.path.lexists(kept) else None
     try:
-        return export_sqlite(report, nsys)
+        target = export_sqlite(report, nsys, force=problem is not None)
     except MissingTool as exc:
+        damaged = f" (its export {kept.name} is damaged: {problem})" if problem else ""
         raise MissingTool(
-            f"reading {report.name} needs Nsight Systems to export it to SQLite: {exc} "
+            f"reading {report.name} needs Nsight Systems to export it to SQLite{damaged}: {exc} "
             f"(or export it elsewhere with `nsys export --type sqlite {report.name}` and "
             "give the .sqlite)"
         ) from None
+    problem = _export_problem(target)
+    if problem is not None:  # made just now: a kept one that failed was exported again
+        target.unlink(missing_ok=True)
+        raise BadInput(f"nsys export of {report.name} wrote a damaged database ({problem})")
+    return target
+
+
+def _export_problem(path: Path) -> str | None:
+    """What is wrong with an SQLite export (None: nothing seen). The header and size must
+    agree (a truncated or overwritten file does not) and SQLite must read its schema:
+    milliseconds, where checking every page would take as long as reading the export."""
+    import sqlite3
+
+    from profkit.traces._sqlite import open_readonly
+
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            header = handle.read(100)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        return "no SQLite header"
+    page = int.from_bytes(header[16:18], "big")
+    page = 65536 if page == 1 else page
+    if page < 512 or page & (page - 1) or header[21:24] != b"\x40\x20\x20":
+        return "its header is damaged"
+    pages = int.from_bytes(header[28:32], "big")
+    counted = pages > 0 and header[24:28] == header[92:96]  # the header's count is current
+    if size % page or (counted and pages * page != size):
+        return f"{size:,} bytes where its header says {pages * page if counted else 'pages'}"
+    try:
+        conn = open_readonly(path)
+    except BadInput as exc:
+        return str(exc)
+    try:
+        root = conn.execute("SELECT max(rootpage) FROM sqlite_master").fetchone()[0]
+    except sqlite3.Error as exc:
+        return f"SQLite cannot read its schema: {exc}"
+    finally:
+        conn.close()
+    if isinstance(root, int) and root > size // page:
+        return f"a table starts past its end (page {root:,} of {size // page:,})"
+    return None
 
 
 def _head(path: Path) -> bytes:
