@@ -290,8 +290,10 @@ def _export_problem(path: Path) -> str | None:
         return "its header is damaged"
     pages = int.from_bytes(header[28:32], "big")
     counted = pages > 0 and header[24:28] == header[92:96]  # the header's count is current
-    if size % page or (counted and pages * page != size):
-        return f"{size:,} bytes where its header says {pages * page if counted else 'pages'}"
+    if size % page:
+        return f"{size:,} bytes, not a whole number of {page:,}-byte pages"
+    if counted and pages * page != size:
+        return f"{size:,} bytes where its header says {pages * page:,}"
     try:
         conn = open_readonly(path)
     except BadInput as exc:
