@@ -481,7 +481,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @settings(
-    max_examples=int(os.environ.get("PROFKIT_FUZZ_EXAMPLES", "0")) or 24,
+    max_examples=int(os.environ.get("PROFKIT_FUZZ_EXAMPLES", "0")) or 40,
     derandomize=not os.environ.get("PROFKIT_FUZZ_EXAMPLES"),
     deadline=None,
     database=None,
