@@ -34,7 +34,9 @@ the trace again in the same run and replaces it; a derived file that fails is le
 (the analysis computes it again and rewrites it). The analysis then reads only the bytes
 checked. An entry is replaced by a rename (the old folder moved aside first), never
 changed in place, so another process may replace or remove it at any time: a reader has
-either the old files or the new, never a mix, and never deletes an entry. Off with
+either the old files or the new, never a mix, and never deletes an entry. The seal guards
+against damage, not forgery: a file rewritten with a matching CRC is trusted (its codes
+are still checked against their tables, the derived arrays' values are not). Off with
 ``PROFKIT_CACHE=0`` or ``--no-cache``.
 """
 
