@@ -9,8 +9,9 @@ attribution points) is stored beside them as it is computed, so a later query lo
 too and only adds up and sorts. docs/PERFORMANCE.md has the figures.
 
 Where: ``$PROFKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/profkit``, else ``~/.cache/profkit``,
-one entry per trace path (``columns/<hash of the resolved path's bytes>/``). Not beside the
-export: exports sit in read-only or shared folders, and a cache there would show in the
+one entry per trace path (``columns/<hash of the resolved path's bytes>/``), and one more
+for an export of one process read with its GPU starts (a node of a job: the ``timed``
+variant, :func:`cached_columns`). Not beside the export: exports sit in read-only or shared folders, and a cache there would show in the
 user's ``git status``. A cache folder that cannot be written, or whose names the file
 system refuses (too long), is skipped: the read still works, uncached.
 
@@ -100,16 +101,18 @@ def cache_dir() -> Path:
     return Path(base) / "profkit"
 
 
-def entry_dir(trace: Path) -> Path:
+def entry_dir(trace: Path, variant: str = "") -> Path:
     """The entry's folder: named by a hash of the resolved path's bytes (any bytes: a path
-    that is not UTF-8 has one too)."""
-    digest = hashlib.sha256(os.fsencode(trace.resolve())).hexdigest()[:24]
+    that is not UTF-8 has one too), and of the ``variant`` of the read it keeps, if any."""
+    key = os.fsencode(trace.resolve()) + (b"\0" + variant.encode() if variant else b"")
+    digest = hashlib.sha256(key).hexdigest()[:24]
     return cache_dir() / "columns" / digest
 
 
-def identity(trace: Path) -> dict[str, Any]:
-    """What must match for an entry to stand for ``trace`` (the module doc's rule): a stat
-    and two reads of :data:`FINGERPRINT` bytes, whatever the trace's size."""
+def identity(trace: Path, variant: str = "") -> dict[str, Any]:
+    """What must match for an entry to stand for ``trace`` (the module doc's rule), read the
+    ``variant`` way: a stat and two reads of :data:`FINGERPRINT` bytes, whatever the
+    trace's size."""
     with open(trace, "rb") as handle:
         stat = os.fstat(handle.fileno())
         ends = hashlib.blake2b(handle.read(FINGERPRINT), digest_size=16)
@@ -124,6 +127,7 @@ def identity(trace: Path) -> dict[str, Any]:
         "ctime_ns": stat.st_ctime_ns,
         "inode": stat.st_ino,
         "ends": ends.hexdigest(),
+        **({"variant": variant} if variant else {}),
     }
 
 
@@ -132,22 +136,26 @@ def cached_columns(
     read: Callable[[], ActivityColumns],
     use: bool | None = None,
     finish: Callable[[ActivityColumns], None] | None = None,
+    variant: str = "",
 ) -> ActivityColumns:
     """``read()``'s columns for ``trace``, from the cache when a valid entry holds them.
 
     ``finish`` is applied to the columns in both cases (the reader's fresh meta, say). The
     columns' :attr:`~ActivityColumns.keep` then stores what the analysis derives in the entry.
+    ``variant`` names a read that keeps other arrays than the plain one (``"timed"``: GPU
+    starts and devices of an export that keeps none alone): its entry is another one, so
+    that neither read evicts the other's.
     """
     if not enabled(use):
         return _finished(read(), finish)
     try:
-        entry, expected = entry_dir(trace), identity(trace)
+        entry, expected = entry_dir(trace, variant), identity(trace, variant)
     except (OSError, RuntimeError, ValueError):  # a path the cache cannot name: uncached
         return _finished(read(), finish)
     columns = load(entry, expected)
     if columns is None:
         columns = read()
-        if not _unchanged(trace, expected) or not store(entry, expected, columns):
+        if not _unchanged(trace, expected, variant) or not store(entry, expected, columns):
             return _finished(columns, finish)  # nothing in the entry to add derived files to
     columns.keep = lambda name, derived: store_derived(entry, expected, name, derived)
     return _finished(columns, finish)
@@ -161,10 +169,10 @@ def _finished(
     return columns
 
 
-def _unchanged(trace: Path, expected: dict[str, Any]) -> bool:
+def _unchanged(trace: Path, expected: dict[str, Any], variant: str) -> bool:
     """Whether ``trace`` still has the identity it had before it was read."""
     try:
-        return identity(trace) == expected
+        return identity(trace, variant) == expected
     except OSError:
         return False
 

@@ -38,7 +38,7 @@ from profkit.traces.columns import (
     from_trace,
 )
 from profkit.traces.nsys_sqlite import read_nsys_sqlite
-from profkit.traces.nsys_stream import read_nsys_columns, shape_reader
+from profkit.traces.nsys_stream import keeps_start_times, read_nsys_columns, shape_reader
 from profkit.traces.ranks import rank_of_meta
 from profkit.traces.schema import Trace, check_time_span
 
@@ -121,6 +121,7 @@ def load_columns(
     nsys: str | os.PathLike[str] | None = None,
     cache: bool | None = None,
     progress: Progress | None = None,
+    timed: bool = False,
 ) -> ActivityColumns:
     """The compact columns of ``path`` (any supported trace), through the cache.
 
@@ -128,15 +129,21 @@ def load_columns(
     batch of events at a time (their registered column reader); other formats through
     their reader's tables. ``cache`` overrides ``$PROFKIT_CACHE`` (:mod:`.cache`);
     ``progress`` hears from long reads: rows of an nsys export, bytes of a Chrome trace.
+    ``timed``: an export keeps each activity's GPU start and device even where it holds
+    one process (a node of a job: :func:`profkit.traces.job.load`); its cache entry is
+    then the ``timed`` one, unless its plain read keeps them anyway.
     """
     path = _checked(path)
     if path.name.lower().endswith(NSYS_REPORT_SUFFIXES):
         path = _export(path, nsys)
     source = path
+    variant = ""
+    if timed and not keeps_start_times(source) and _head(source).startswith(SQLITE_MAGIC):
+        variant = "timed"  # the plain read keeps no starts (or, compressed, may not)
 
     def read() -> ActivityColumns:
         if _head(source).startswith(SQLITE_MAGIC):
-            return check_column_span(read_nsys_columns(source, progress))
+            return check_column_span(read_nsys_columns(source, progress, timed))
         columns_reader = _columns_reader(source)
         if columns_reader is not None:  # Chrome traces: read as columns, no tables
             return columns_reader(source, progress=progress)
@@ -151,7 +158,7 @@ def load_columns(
         if columns.kernel_rows is not None and columns.read_shapes is None:  # from the cache
             columns.read_shapes = shape_reader(source, columns.kernel_rows)
 
-    return cached_columns(source, read, cache, finish)
+    return cached_columns(source, read, cache, finish, variant)
 
 
 def is_nsys_export(path: str | os.PathLike[str]) -> bool:
@@ -176,10 +183,12 @@ def load_columns_of(
     nsys: str | os.PathLike[str] | None = None,
     cache: bool | None = None,
     progress: Progress | None = None,
+    timed: bool = False,
 ) -> list[ActivityColumns]:
-    """:func:`load_columns` of each path, with one ``progress`` over all of them in bytes
-    of the files on disk (an export's rows counted as its share of its file's bytes)."""
-    return _each(paths, lambda path, inner: load_columns(path, nsys, cache, inner), progress)
+    """:func:`load_columns` of each path, each read on its own (no file's read needs
+    another's), with one ``progress`` over all of them in bytes of the files on disk (an
+    export's rows counted as its share of its file's bytes)."""
+    return _each(paths, lambda path, inner: load_columns(path, nsys, cache, inner, timed), progress)
 
 
 def _each(

@@ -441,15 +441,20 @@ class _Builder:
         return {name: array[: self.rows] for name, array in self.arrays.items()}
 
 
-def read_nsys_columns(path: str | Path, progress: Progress | None = None) -> ActivityColumns:
+def read_nsys_columns(
+    path: str | Path, progress: Progress | None = None, timed: bool = False
+) -> ActivityColumns:
     """Read an Nsight Systems export as compact columns (see the module doc).
 
     Raises what :func:`~profkit.traces.nsys_sqlite.read_nsys_sqlite` raises, with the same
     one-line messages. ``progress(rows_done, rows_total)`` is called after each chunk.
+    Each activity's GPU start and device (:data:`~profkit.traces.columns.TIMED`) are kept
+    where the export may hold several CUDA processes (:func:`keeps_start_times`), or
+    always with ``timed``: an export of one process read as a node of a job needs them.
     """
     path = Path(path)
     with opened_export(path) as (conn, plain):
-        columns = _columns(conn, plain, path, progress)
+        columns = _columns(conn, plain, path, progress, timed)
     if columns.kernel_rows is not None:
         columns.read_shapes = shape_reader(path, columns.kernel_rows)
     columns.meta["sidecar"] = read_sidecar(path)
@@ -457,14 +462,14 @@ def read_nsys_columns(path: str | Path, progress: Progress | None = None) -> Act
 
 
 def _columns(
-    conn: sqlite3.Connection, plain: Path, path: Path, progress: Progress | None
+    conn: sqlite3.Connection, plain: Path, path: Path, progress: Progress | None, timed: bool
 ) -> ActivityColumns:
     tables = _sqlite.table_columns(conn)
     _check_nsys(path, tables)
     _check_columns(conn, tables)
     meta = _meta(conn, tables, path)
     # A compressed export's plain copy is gone after the read: scan its shapes now.
-    read = _read(plain, conn, tables, progress, plain != path)
+    read = _read(plain, conn, tables, progress, plain != path, timed)
     builder, kernel_rows, threads, ranges, range_meta = read
     if not builder.rows:
         raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
@@ -497,20 +502,30 @@ class _Plan:
     one_process: int | None  # its process id, when every activity is that process's
     base: int  # the first API call's start: starts travel as offsets from it
     devices: _ProcessDevices | None  # several processes, one device each (no device column)
+    timed: bool = False  # starts and devices kept for one process too (a node of a job)
 
     @classmethod
-    def of(cls, conn: sqlite3.Connection, tables: dict[str, list[str]], api: list[str]) -> _Plan:
+    def of(
+        cls,
+        conn: sqlite3.Connection,
+        tables: dict[str, list[str]],
+        api: list[str],
+        timed: bool = False,
+    ) -> _Plan:
         codec = Codec.of(conn, tables)
         one_process = _single_cuda_process(conn, tables, codec)
         if one_process is not None:  # keys are correlation ids: no pid arithmetic per row
             codec = dataclasses.replace(codec, use_pid=False)
-            return cls(codec, one_process, _first_start(conn, api), None)
-        return cls(codec, None, _first_start(conn, api), _process_devices(conn, tables, codec))
+            # Its devices read with each activity: the contexts table's are keyed by process.
+            return cls(codec, one_process, _first_start(conn, api), None, timed)
+        devices = _process_devices(conn, tables, codec)
+        return cls(codec, None, _first_start(conn, api), devices, timed)
 
     @property
     def start_base(self) -> int | None:
-        """Several processes (or not known to be one): ranks need starts, kept from here."""
-        return self.base if self.one_process is None else None
+        """Several processes (or not known to be one), or a read asked to keep them: ranks
+        need starts, kept from here."""
+        return self.base if self.one_process is None or self.timed else None
 
     @property
     def calls_pid0(self) -> int | None:
@@ -527,11 +542,12 @@ def _read(
     tables: dict[str, list[str]],
     progress: Progress | None,
     scan_shapes: bool,
+    timed: bool,
 ) -> tuple[_Builder, RowMap | None, np.ndarray, pd.DataFrame, dict[str, Any]]:
     launch_ids = launch_name_ids(conn)
     activity = activity_tables(tables)
     api = [t for t in API_TABLES if t in tables and "globalTid" in tables[t]]
-    plan = _Plan.of(conn, tables, api)
+    plan = _Plan.of(conn, tables, api, timed)
     bounds = {t: _sqlite.row_bound(conn, t) for t in (*activity, *api)}
     done, total = 0, sum(bounds.values())
     capacity = sum(bounds[t] for t in activity)
