@@ -145,6 +145,8 @@ def add_up_ranks(
         nccl_parts.append(part.nccl)
     sums.keys = sums.keys[:at]
     sums.keys.sort()
+    if not nccl_parts:  # no activity at all (a CPU run's ranks): no NCCL kernel either
+        nccl_parts.append(_nccl_rows(cols, 0, 0, rank[:0], None, np.zeros(0, dtype=bool)))
     sums.nccl = {k: np.concatenate([p[k] for p in nccl_parts]) for k in nccl_parts[0]}
     return sums
 
