@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis.names import matching
+from profkit.traces.schema import NCCL_PREFIX
 
 NS_PER_MS = 1_000_000
-NCCL_PREFIX = re.compile(r"^\s*nccl", re.IGNORECASE)
 # Longest names first: "ReduceScatter" before "Reduce", "AllGather" before "Gather".
 COLLECTIVES = (
     ("ReduceScatter", r"reduce_?scatter"),

@@ -23,17 +23,18 @@ per-rank Chrome traces:
 :func:`merge_ranks_of_hosts` does the same for per-rank Chrome traces whose profkit header
 names several hosts (they count from the epoch: only the hosts' offset is estimated).
 
-:func:`is_node_set` tells such a set from exports to compare: all nsys exports with NCCL
-kernels and traced launches, captured at overlapping wall-clock times, no process given
-twice (:func:`not_one_job` says which condition fails).
+:func:`is_node_set` tells such a set from exports to compare by the loader's rule
+(:func:`profkit.traces.job.why_not_one_job`: all nsys exports with NCCL kernels and traced
+launches, captured at overlapping wall-clock times, no process given twice), here from the
+full tables (:func:`not_one_job` says which condition fails). This module's merges are the
+full tables' engine, kept as the tests' reference; commands read nodes as columns
+(:mod:`.stream_nodes`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ import pandas as pd
 
 from profkit.analysis.comm import is_nccl
 from profkit.analysis.ranks import kernel_processes, rank_processes
+from profkit.traces.job import NodeFacts, path_labels, process_ids, why_not_one_job
 from profkit.traces.ranks import merge_rank_traces, rank_info
 from profkit.traces.schema import (
     KERNEL_COLUMNS,
@@ -94,69 +96,22 @@ def is_node_set(traces: list[Trace]) -> bool:
     return len(traces) > 1 and not_one_job(traces) is None
 
 
-@dataclass(frozen=True)
-class NodeFacts:
-    """What of one export tells whether a set of them is the nodes of one job (from its
-    full tables, :meth:`of_trace`, or its compact columns)."""
-
-    path: str
-    nsys: bool
-    host: str | None
-    session_start_utc_ns: int | None
-    gpu_pids: list[int]
-    """Processes with a traced launch of GPU work, in pid order."""
-    nccl: bool
-    window: tuple[int, int]
-    """The first activity's start and the last one's end (ns from the session start)."""
-
-    @classmethod
-    def of_trace(cls, trace: Trace) -> NodeFacts:
-        meta, k = trace.meta, trace.kernels
-        window = (int(k["start"].min()), int(k["end"].max())) if len(k) else (0, 0)
-        start = meta.get("session_start_utc_ns")
-        return cls(
-            str(meta.get("path")), meta.get("format") == FORMAT, meta.get("host"),
-            None if start is None else int(start), sorted(_gpu_pids(trace)),
-            is_nccl_trace(trace), window,
-        )  # fmt: skip
+def facts_of_trace(trace: Trace) -> NodeFacts:
+    """:class:`~profkit.traces.job.NodeFacts` of one export's full tables."""
+    meta, k = trace.meta, trace.kernels
+    window = (int(k["start"].min()), int(k["end"].max())) if len(k) else (0, 0)
+    start = meta.get("session_start_utc_ns")
+    return NodeFacts(
+        str(meta.get("path")), meta.get("format") == FORMAT, meta.get("host"),
+        None if start is None else int(start), sorted(_gpu_pids(trace)),
+        is_nccl_trace(trace), window,
+    )  # fmt: skip
 
 
 def not_one_job(traces: list[Trace]) -> str | None:
     """Why these nsys exports are not the nodes of one job (None: they are); for traces of
     other formats, that they are not nsys exports."""
-    return why_not_one_job([NodeFacts.of_trace(t) for t in traces])
-
-
-def why_not_one_job(facts: list[NodeFacts]) -> str | None:
-    """:func:`not_one_job` from each export's :class:`NodeFacts`."""
-    labels = path_labels([f.path for f in facts])
-    if not all(f.nsys for f in facts):
-        return "not all of them are Nsight Systems exports"
-    files: dict[Path, str] = {}
-    for fact, label in zip(facts, labels, strict=True):
-        path = Path(fact.path).resolve()
-        if path in files:
-            return f"{files[path]} is given twice"
-        files[path] = label
-    windows = []
-    seen: dict[tuple[Any, int], str] = {}
-    for fact, label in zip(facts, labels, strict=True):
-        start = fact.session_start_utc_ns
-        if start is None:
-            return f"{label} records no session start (TARGET_INFO_SESSION_START_TIME)"
-        if not fact.gpu_pids:
-            return f"{label} has no GPU activity with a traced launch call"
-        if not fact.nccl:
-            return f"{label} has no NCCL kernels"
-        windows.append((start + fact.window[0], start + fact.window[1]))
-        for pid in fact.gpu_pids:
-            who = (fact.host, pid)
-            if who in seen:
-                return f"{seen[who]} and {label} hold the same process ({who[0]}, pid {pid})"
-            seen[who] = label
-    if max(w[0] for w in windows) >= min(w[1] for w in windows):
-        return "their captures do not overlap in time"
-    return None
+    return why_not_one_job([facts_of_trace(t) for t in traces])
 
 
 def is_nccl_trace(trace: Trace) -> bool:
@@ -167,22 +122,6 @@ def is_nccl_trace(trace: Trace) -> bool:
 def node_labels(traces: list[Trace]) -> list[str]:
     """How each file is named in tables and notes (:func:`path_labels`)."""
     return path_labels([str(t.meta.get("path")) for t in traces])
-
-
-def path_labels(given: list[str]) -> list[str]:
-    """Each file's name, or where two files share a name (``d0/report.sqlite``,
-    ``d1/report.sqlite``) its path below their common folder."""
-    paths = [Path(p) for p in given]
-    names = [p.name for p in paths]
-    if len(set(names)) == len(names):
-        return names
-    try:
-        common = Path(os.path.commonpath([p.resolve() for p in paths]))
-    except ValueError:  # paths on different drives
-        return [str(p) for p in paths]
-    below = [str(p.resolve().relative_to(common)) for p in paths]
-    # One file given twice (or under two names) has no path below the common folder.
-    return below if len(set(below)) == len(below) else [str(p) for p in paths]
 
 
 def merge_node_traces(traces: list[Trace]) -> Trace:
@@ -472,11 +411,6 @@ def _gpu_pids(trace: Trace) -> set[int]:
 
 def _pids(threads: pd.Series) -> np.ndarray:
     return process_ids(threads.to_numpy(dtype=np.int64, na_value=-1))
-
-
-def process_ids(threads: np.ndarray) -> np.ndarray:
-    """The distinct processes of global thread ids (-1, no thread, left out)."""
-    return np.unique((threads[threads >= 0] >> PROCESS_SHIFT) & PROCESS_MASK)
 
 
 def _rekeyed(threads: pd.Series, keys: dict[int, int]) -> pd.Series:

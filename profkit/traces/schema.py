@@ -32,6 +32,7 @@ domain             NVTX domain name ("" for the default domain)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,11 @@ STRING = pd.StringDtype("python")
 KINDS = ("kernel", "memcpy", "memset", "graph")
 """The values of the kernels table's ``kind`` column: kernel launches, copies, memsets, and
 whole CUDA graphs (nsys ``--cuda-graph-trace=graph``). Counts are reported per kind."""
+
+NCCL_PREFIX = re.compile(r"^\s*nccl", re.IGNORECASE)
+"""Names of NCCL's kernels, whatever the generation (``ncclKernel_AllReduce_RING_LL_Sum_float``,
+``ncclDevKernel_SendRecv``, ...): the one rule for the loader (which exports are nodes of a
+job) and the analysis (communication per rank; docs/MULTI_GPU.md)."""
 
 KERNEL_COLUMNS: dict[str, Any] = {
     "name": STRING,
