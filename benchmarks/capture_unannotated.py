@@ -145,11 +145,12 @@ def capture_nsys(args: argparse.Namespace, out: Path) -> Path:
 
 def summarize(paths: list[Path], out: Path) -> None:
     """``profkit kernels --format json`` of each capture, into summary.json and stdout."""
-    from profkit.analysis import kernels
+    from profkit.analysis import kernel_report
+    from profkit.traces.job import load
 
     summary = {}
     for path in paths:
-        report = kernels(path, top=5).to_json()
+        report = kernel_report(load([path]), top=5).to_json()
         summary[path.name] = {k: report[k] for k in ("source", "totals", "phases")}
         print(path.name, json.dumps(report["phases"], indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

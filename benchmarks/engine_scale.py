@@ -87,13 +87,14 @@ def fixture_phases(fixture: Path, work: Path) -> dict[str, Any]:
     """The ×1 fixture's phase source and kernels per phase, by this checkout's profkit in
     this process."""
     sys.path.insert(0, str(ROOT))
-    from profkit.analysis import kernels
+    from profkit.analysis import kernel_report
+    from profkit.traces.job import load
 
     plain = work / fixture.name.removesuffix(".xz")
     if not plain.exists():
         with lzma.open(fixture) as src, plain.open("wb") as dst:
             shutil.copyfileobj(src, dst)
-    return phases_of(kernels(plain, cache=False).to_json())
+    return phases_of(kernel_report(load([plain], cache=False)).to_json())
 
 
 def phases_of(report: dict[str, Any]) -> dict[str, Any]:

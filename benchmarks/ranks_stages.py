@@ -158,7 +158,7 @@ def full(export: Path) -> int:
 
 def stream(export: Path) -> int:
     """The stages of the streaming path (``analysis.stream_ranks``)."""
-    from profkit.analysis import stream_rank_tables, stream_ranks
+    from profkit.analysis import stream_ranks
     from profkit.formats import dumps
     from profkit.traces.nsys_stream import read_nsys_columns
 
@@ -175,30 +175,20 @@ def stream(export: Path) -> int:
     layout = timed("ranks (numbering)", s.ranks_of)(cols)
     if layout is None:
         return stream_one_process(export, cols)
-    try:
-        report = timed("analysis", s.analyze_rank_columns)(cols, layout)
-    except stream_rank_tables.NotStreamable:
-        print(
-            f"{export}: the streaming path leaves it to the full tables: try --path full",
-            file=sys.stderr,
-        )
-        return 2
+    report = timed("analysis", s.analyze_rank_columns)(cols, layout)
     timed("json", lambda: dumps(report.to_json()))()
     return summary(export, report, STREAM_ORDER)
 
 
 def stream_one_process(export: Path, cols: Any) -> int:
     """The one-process streaming path's stages (``analysis.streaming``), for an export of
-    one CUDA process (no ranks); one line and exit status 2 for one it does not take."""
-    from profkit.analysis import _one_process, stream_stats, streaming
+    one CUDA process (no ranks); one line and exit status 2 for columns of several processes
+    without GPU starts (which only a Chrome trace that names no rank gives)."""
+    from profkit.analysis import one_process, stream_stats, streaming
     from profkit.formats import dumps
 
-    if not _one_process(cols):
-        print(
-            f"{export}: no ranks the streaming path takes (CUDA graphs, or a tie of launch "
-            "counts): try --path full",
-            file=sys.stderr,
-        )
+    if not one_process(cols):
+        print(f"{export}: several processes, but no GPU starts to rank them", file=sys.stderr)
         return 2
     streaming.plan_of = timed("plan", streaming.plan_of)
     streaming.attributed = timed("attribution", streaming.attributed)

@@ -12,6 +12,7 @@ import os
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,11 +20,12 @@ import pytest
 from nsys_data import SMALL_BF16, SMALL_FP32, unpack
 from report_checks import assert_same_report
 
-from profkit.analysis import analyze
-from profkit.analysis import kernels as kernel_report
+from profkit import analysis
+from profkit.analysis import KernelReport, analyze
 from profkit.analysis.streaming import analyze_columns
 from profkit.traces import cache, load_trace
 from profkit.traces.columns import ActivityColumns, from_trace
+from profkit.traces.job import load
 from profkit.traces.load import load_columns
 from profkit.traces.nsys_stream import read_nsys_columns
 
@@ -43,6 +45,11 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def export(tmp_path: Path) -> Path:
     return unpack(SMALL_FP32, tmp_path)
+
+
+def kernel_report(path: Path, cache: bool | None = None, **options: Any) -> KernelReport:
+    """``profkit kernels PATH``'s report: the trace loaded (through the cache), analysed."""
+    return analysis.kernel_report(load([path], cache=cache), **options)
 
 
 def _entry(export: Path) -> ActivityColumns | None:
@@ -191,7 +198,7 @@ def test_diff_and_report_read_the_cache(
     from profkit.traces import load as loader
 
     chrome = DATA / "torch-small-ctx128-train.json.gz"
-    expected = diff(export, export, top=5)
+    expected = diff(load([export, export], side_by_side=True), top=5)
     kernel_report(export)
     kernel_report(chrome)
 
@@ -200,7 +207,7 @@ def test_diff_and_report_read_the_cache(
 
     monkeypatch.setattr(loader, "read_nsys_columns", no_read)
     monkeypatch.setattr(loader, "load_trace", no_read)
-    assert diff(export, export, top=5).to_json() == expected.to_json()
+    assert diff(load([export, export], side_by_side=True), top=5).to_json() == expected.to_json()
     part = _trace_part(trace_stem(chrome), [chrome], cache_dir, Pictures())
     assert "computing softmax" in part
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,17 +25,18 @@ from typer.testing import CliRunner
 
 import profkit.analysis.nodes as nodes_module
 import profkit.analysis.ranks as ranks_module
-import profkit.cli.kernels as cli_kernels
 import profkit.traces.load as load_module
 import profkit.traces.ranks as traces_ranks
-from profkit.analysis import analyze_any, kernel_report_markdown, kernels, rank_kernels
+from profkit.analysis import analyze_any, kernel_report, kernel_report_markdown
 from profkit.analysis.nodes import merge_ranks_of_hosts
 from profkit.analysis.ranks import RankedReport
 from profkit.analysis.stream_rank_files import analyze_rank_file_columns, merge_rank_columns
 from profkit.analysis.stream_ranks import ranks_of
 from profkit.cli import app
+from profkit.errors import BadInput
 from profkit.report.build import build_report
 from profkit.traces.columns import DEVICE, START
+from profkit.traces.job import load
 from profkit.traces.load import load_columns, load_trace, load_traces
 
 DATA = Path(__file__).parent / "data"
@@ -101,12 +103,18 @@ def _no_gpu(rank: int, doc: dict[str, Any]) -> None:
     doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in gpu]
 
 
+def _one_cpu_rank(rank: int, doc: dict[str, Any]) -> None:
+    if rank == 1:
+        _no_gpu(rank, doc)
+
+
 @pytest.fixture(scope="module")
 def sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
     folder = tmp_path_factory.mktemp("chrome-ranks")
     made = {"real": RANKS, "reversed": RANKS[::-1]}
     for name, edit in [("hosts", _other_host), ("one-pid", _one_pid), ("no-nccl", _no_nccl),
-                       ("no-phases", _no_phases), ("no-gpu", _no_gpu)]:  # fmt: skip
+                       ("no-phases", _no_phases), ("no-gpu", _no_gpu),
+                       ("one-cpu-rank", _one_cpu_rank)]:  # fmt: skip
         made[name] = _written(folder / name, edit)
     return made
 
@@ -162,7 +170,7 @@ def test_each_rank_infers_the_phases_it_infers_alone(sets: dict[str, list[Path]]
     annotated = _streamed(sets["real"], {})
     for entry, path, marked in zip(joined["ranks"], sets["no-phases"], annotated["ranks"],
                                    strict=True):  # fmt: skip
-        alone = _json(kernels(path, cache=False))
+        alone = _json(kernel_report(load([path], cache=False)))
         assert alone["source"]["phase_source"] == "inferred"
         counted = [(p["phase"], p["kernels"]) for p in entry["phases"]]
         assert counted == [(p["phase"], p["kernels"]) for p in alone["phases"]]
@@ -239,16 +247,28 @@ def test_a_cached_chrome_trace_reads_its_sidecar(
     assert cached.meta["sidecar"]["config"]["size"] == "tiny"
 
 
-def test_what_the_columns_cannot_tell_goes_to_the_full_tables(
-    sets: dict[str, list[Path]],
+@pytest.mark.parametrize("name", ["no-gpu", "one-cpu-rank"])
+@pytest.mark.parametrize("options", OPTIONS, ids=option_id)
+def test_ranks_without_gpu_activity_give_the_full_tables_report(
+    sets: dict[str, list[Path]], name: str, options: dict[str, Any]
 ) -> None:
-    """Ranks without GPU activity (a CPU run's): the columns give no report, and
-    rank_kernels gives the full tables'."""
-    columns = [load_columns(p, cache=False) for p in sets["no-gpu"]]
-    assert analyze_rank_file_columns(columns) is None
-    report = rank_kernels(sets["no-gpu"], cache=False)
-    assert report is not None
-    close_json(_json(report), _full(sets["no-gpu"], {}))
+    """Ranks without GPU activity (a CPU run's, every rank or one): the columns give the
+    full tables' report (the phases' CPU time, no kernels), or their error, loaded as the
+    ranks of one run (the streamed analysis once crashed on them)."""
+    job = load(sets[name], cache=False)
+    assert job.kind == "ranks" and [len(c) == 0 for c in job.files] == [name == "no-gpu", True]
+    try:
+        want = _full(sets[name], options)
+    except BadInput as refused:
+        with pytest.raises(BadInput, match=re.escape(str(refused))):
+            kernel_report(job, **_renamed(options))
+        return
+    close_json(_json(kernel_report(job, **_renamed(options))), want)
+
+
+def _renamed(options: dict[str, Any]) -> dict[str, Any]:
+    """The options as :func:`kernel_report` names them."""
+    return {("range" if k == "range_" else k): v for k, v in options.items()}
 
 
 def _refuse_full_tables(monkeypatch: pytest.MonkeyPatch, *, reading: bool) -> None:
@@ -260,7 +280,7 @@ def _refuse_full_tables(monkeypatch: pytest.MonkeyPatch, *, reading: bool) -> No
 
     for module, name in [(traces_ranks, "merge_rank_traces"), (nodes_module, "merge_rank_traces"),
                          (nodes_module, "merge_ranks_of_hosts"), (ranks_module, "analyze_ranks"),
-                         (cli_kernels, "load_traces"), (load_module, "load_traces")]:  # fmt: skip
+                         (load_module, "load_traces")]:  # fmt: skip
         monkeypatch.setattr(module, name, refuse)
     if reading:
         monkeypatch.setattr(load_module, "load_trace", refuse)
@@ -303,7 +323,7 @@ def test_the_cli_streams_uncached_and_inferred(
     sets: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--no-cache still joins the columns (each rank's read by its reader), and so does
-    --phases inferred; only traces without GPU activity take the full tables."""
+    --phases inferred, and traces without GPU activity."""
     paths = [str(p) for p in sets["real"]]
     merged: list[int] = []
     real_merge = nodes_module.merge_ranks_of_hosts
@@ -321,7 +341,7 @@ def test_the_cli_streams_uncached_and_inferred(
     assert merged == []
     cpu = runner.invoke(app, ["kernels", *map(str, sets["no-gpu"]), "--no-cache"])
     assert cpu.exit_code == 0, cpu.output
-    assert merged == [2]
+    assert merged == []
 
 
 def test_the_report_reads_rank_sets_without_the_full_tables(

@@ -314,10 +314,11 @@ def test_a_two_rank_side_says_its_steps_are_per_rank(data_dir: Path) -> None:
 def test_device_auto_against_cuda_is_no_difference(data_dir: Path) -> None:
     """`--device auto` ran on whatever the machine had (cuda there): not a change."""
     from profkit.analysis import diff as diff_lib
-    from profkit.analysis import kernels
+    from profkit.analysis import kernel_report
+    from profkit.traces.job import load
 
-    a = kernels(data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz")
-    b = kernels(data_dir / "nsys-2025.3-h100-small-bf16.sqlite.xz")
+    a = kernel_report(load([data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz"]))
+    b = kernel_report(load([data_dir / "nsys-2025.3-h100-small-bf16.sqlite.xz"]))
     assert a.source["config"]["device"] == b.source["config"]["device"] == "auto"
     b.source["config"] = {**b.source["config"], "device": "cuda"}
     assert diff_lib._notes(a, b, True)[-1] == "The runs differ in: dtype fp32 → bf16."

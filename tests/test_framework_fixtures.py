@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from profkit import analysis
+from profkit.traces.job import load
 
 FRAMEWORKS = Path(__file__).parent / "data" / "frameworks"
 NSYS = sorted(FRAMEWORKS.glob("nsys-*.sqlite.xz"))
@@ -39,7 +40,7 @@ def test_every_kernel_of_an_export_is_read(export: Path, tmp_path: Path) -> None
     plain.write_bytes(lzma.decompress(export.read_bytes()))
     with sqlite3.connect(plain) as db:
         (kernels,) = db.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
-    report = analysis.kernels(plain, cache=False).to_json()
+    report = analysis.kernel_report(load([plain], cache=False)).to_json()
     assert report["totals"]["kernels"] == kernels
     if "h200x2" in export.name:
         assert len(report["ranks"]) == 2
@@ -49,5 +50,5 @@ def test_every_kernel_of_an_export_is_read(export: Path, tmp_path: Path) -> None
 def test_every_kernel_of_a_torch_trace_is_read(trace: Path) -> None:
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     kernels = sum(1 for e in events if e.get("cat") == "kernel" and e.get("ph") == "X")
-    report = analysis.kernels(trace, cache=False).to_json()
+    report = analysis.kernel_report(load([trace], cache=False)).to_json()
     assert report["totals"]["kernels"] == kernels

@@ -509,20 +509,23 @@ def test_python_ms_of_one_rank_is_not_shown_beside_every_ranks_ranges(data_dir: 
     """A 2-rank run's sidecar times rank 0's phases only, while the trace's phases table
     sums both ranks' ranges (instances 6 for 3 steps): no python_ms there. A one-process
     run keeps it."""
-    from profkit.analysis import display_tables, kernels
+    from profkit.analysis import display_tables, kernel_report
+    from profkit.traces.job import load
 
-    two = kernels(data_dir / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz")
+    two = kernel_report(load([data_dir / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz"]))
     phases = display_tables(two)[0][1]
     assert list(phases["instances"]) == [6, 6, 6] and "python_ms" not in phases
-    one = display_tables(kernels(data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz"))[0][1]
+    one = kernel_report(load([data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz"]))
+    one = display_tables(one)[0][1]
     assert "python_ms" in one and one["python_ms"].notna().all()
 
 
 def test_the_ranks_table_names_hosts_only_where_ranks_span_several(data_dir: Path) -> None:
-    from profkit.analysis import kernels
+    from profkit.analysis import kernel_report
     from profkit.analysis.ranks import rank_tables
+    from profkit.traces.job import load
 
-    report = kernels(data_dir / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz")
+    report = kernel_report(load([data_dir / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz"]))
     assert "host" not in rank_tables(report)[0][1]  # one host: its name adds nothing
     report.ranks[1].info["host"] = "node1"
     table = rank_tables(report)[0][1]

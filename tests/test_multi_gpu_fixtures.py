@@ -128,6 +128,7 @@ def test_a_multi_process_export_is_read_as_columns_whatever_its_phases(
     full tables never built)."""
     from profkit import analysis
     from profkit.analysis.ranks import RankedReport
+    from profkit.traces.job import load
 
     plain = tmp_path / fixture.name.removesuffix(".xz")
     plain.write_bytes(lzma.decompress(fixture.read_bytes()))
@@ -142,13 +143,15 @@ def test_a_multi_process_export_is_read_as_columns_whatever_its_phases(
 
     with monkeypatch.context() as patch:
         patch.setattr("profkit.traces.load_trace", lambda *a, **k: pytest.fail("full read"))
-        assert isinstance(analysis.kernels(plain, phases="inferred"), RankedReport)
-        first = analysis.kernels(plain)
+        assert isinstance(analysis.kernel_report(load([plain]), phases="inferred"), RankedReport)
+        first = analysis.kernel_report(load([plain]))
         assert isinstance(first, RankedReport)
         assert len(list(cache.rglob(ACTIVITIES))) == 1
-        again = analysis.kernels(plain)  # from the cache: its starts and devices too
+        again = analysis.kernel_report(load([plain]))  # from the cache: its starts and devices too
     assert again.to_json() == first.to_json()
-    analysis.kernels(single)  # one process: the streaming read, which caches its columns
+    analysis.kernel_report(
+        load([single])
+    )  # one process: the streaming read, which caches its columns
     assert len(list(cache.rglob(ACTIVITIES))) == 2
 
 

@@ -19,9 +19,12 @@ from typing import Any
 import numpy as np
 import pytest
 from bench_scripts import benchmark
+from report_checks import close_json, option_id
 from typer.testing import CliRunner
 
-from profkit.analysis import analyze_any
+import profkit.analysis.nodes as nodes_module
+import profkit.traces.load as load_module
+from profkit.analysis import analyze_any, kernel_report
 from profkit.analysis.nodes import (
     _clock,
     estimate_offset,
@@ -33,6 +36,9 @@ from profkit.analysis.nodes import (
 from profkit.analysis.ranks import RankedReport
 from profkit.cli import app
 from profkit.traces import load_trace
+from profkit.traces.columns import START
+from profkit.traces.job import load
+from profkit.traces.nsys_stream import keeps_start_times
 
 DDP2 = "nsys-2025.3-h200x2-small-ddp2"
 SHIFT_NS = 3_000_000  # node 1's clock 3 ms ahead
@@ -258,6 +264,44 @@ def test_exports_of_two_times_are_compared_and_the_cli_says_why(
     assert result.exit_code == 0, result.output
     assert "nsys#2" in result.stdout  # the comparison
     assert "not read as one job: their captures do not overlap in time" in result.stderr
+
+
+ONE_GPU_OPTIONS = [
+    {},
+    {"phase": "backward"},
+    {"range": "computing softmax"},
+    {"top": 0},
+    {"rank": 1},
+    {"rank": 0, "phase": "optimizer"},
+    {"phases": "inferred"},
+    {"phases": "annotated", "rank": 1},
+]
+
+
+@pytest.mark.parametrize("second", ["node1", "node1-ahead"])
+@pytest.mark.parametrize("options", ONE_GPU_OPTIONS, ids=option_id)
+def test_nodes_of_one_gpu_are_read_as_columns_with_their_starts(
+    nodes: dict[str, Path], second: str, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each node's export holds one process, whose columns alone keep no GPU starts: read
+    together they keep them, are one job, and give the full tables' report (which they
+    once needed) with every option and phase mode, the full tables never read."""
+    paths = [nodes["node0"], nodes[second]]
+    want = _json(analyze_any(merge_node_traces([load_trace(p) for p in paths]), **options))
+    assert not any(keeps_start_times(p) for p in paths)
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise AssertionError("the full tables were read")
+
+    monkeypatch.setattr(load_module, "load_trace", refuse)
+    monkeypatch.setattr(nodes_module, "merge_node_traces", refuse)
+    job = load(paths, cache=False)
+    assert job.kind == "nodes" and all(START in c.arrays for c in job.files)
+    close_json(_json(kernel_report(job, **options)), want)
+
+
+def _json(report: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(report.to_json(), default=str))
 
 
 def test_the_cli_reads_node_files_as_one_job(nodes: dict[str, Path]) -> None:

@@ -5,7 +5,8 @@ No multi-host capture exists here, so a second node is made from the real 2-GPU 
 (``kernels_scale.another_node``): the same rows with every process id moved by 100,000
 (another host's processes), and in one variant every time 3 ms later (a clock ahead). Read as a 2-node, 4-rank job, the
 streamed report must equal the full tables' (``merge_node_traces``) everywhere, with every
-option; the CLI takes the streamed path for such sets and the full tables otherwise.
+option and phase mode; the CLI reads every set of exports as columns (a node of one GPU
+too: tests/test_nodes.py), and compares those that are not one job.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from nsys_data import SMALL_FP32, unpack
 from report_checks import close_json, option_id
 from typer.testing import CliRunner
 
-import profkit.cli.kernels as cli_kernels
+import profkit.analysis.nodes as nodes_module
+import profkit.traces.load as load_module
 from profkit.analysis import analyze_any, kernel_report_markdown
-from profkit.analysis.nodes import merge_node_traces, not_one_job, why_not_one_job
-from profkit.analysis.ranks import RankedReport
-from profkit.analysis.stream_nodes import analyze_node_columns, node_facts
+from profkit.analysis.nodes import merge_node_traces, not_one_job
+from profkit.analysis.stream_nodes import analyze_node_columns
 from profkit.cli import app
 from profkit.errors import BadInput
+from profkit.traces.columns import START
+from profkit.traces.job import load, node_facts, why_not_one_job
 from profkit.traces.load import load_columns, load_columns_of, load_traces
 from profkit.traces.nsys_stream import keeps_start_times
 
@@ -45,6 +48,8 @@ OPTIONS = [
     {"top": 0},
     {"rank": 3},
     {"rank": 2, "phase": "optimizer"},
+    {"phases": "inferred"},
+    {"phases": "inferred", "rank": 1, "phase": "backward"},
 ]
 runner = CliRunner()
 
@@ -64,14 +69,14 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _full(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
     top, phase = options.get("top", 20), options.get("phase")
     merged = merge_node_traces(load_traces(paths))
-    report = analyze_any(merged, top, phase, options.get("range_"), options.get("rank"))
+    phases = options.get("phases", "auto")
+    report = analyze_any(merged, top, phase, options.get("range_"), options.get("rank"), phases)
     return json.loads(json.dumps(report.to_json(), default=str))
 
 
 def _streamed(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
     columns = [load_columns(p, cache=False) for p in paths]
     report = analyze_node_columns(columns, **options)
-    assert isinstance(report, RankedReport)
     return json.loads(json.dumps(report.to_json(), default=str))
 
 
@@ -119,8 +124,9 @@ def test_the_cli_streams_node_sets_and_prints_what_the_full_tables_print(
     def refuse(*_: Any) -> None:
         raise AssertionError("the full tables were read")
 
-    monkeypatch.setattr(cli_kernels, "merge_node_traces", refuse)
-    monkeypatch.setattr(cli_kernels, "load_traces", refuse)
+    monkeypatch.setattr(nodes_module, "merge_node_traces", refuse)
+    monkeypatch.setattr(load_module, "load_traces", refuse)
+    monkeypatch.setattr(load_module, "load_trace", refuse)
     printed = {}
     for fmt in ("json", "md", "csv"):
         result = runner.invoke(app, ["kernels", *paths, "--no-cache", "--format", fmt])
@@ -138,19 +144,25 @@ def test_the_cli_streams_node_sets_and_prints_what_the_full_tables_print(
     assert bad.stderr.strip().splitlines() == ["error: no rank 4 in this trace; ranks: 0, 1, 2, 3"]
 
 
-def test_what_the_columns_cannot_read_goes_to_the_full_tables(
+def test_exports_read_together_keep_their_starts_and_say_why_they_are_apart(
     nodes: dict[str, Path], tmp_path: Path
 ) -> None:
-    """One GPU per node keeps no start times in its columns; the same file twice is not
-    one job: the CLI reads the full tables for both, and says why for the second."""
+    """A one-GPU export alone keeps no start times in its columns; read with others it
+    does (each could be a node), through a cache entry of its own. The same file twice is
+    not one job: the CLI compares them and says why, as the full tables' rule says."""
     single = unpack(SMALL_FP32, tmp_path)
     assert keeps_start_times(nodes["node0"]) and not keeps_start_times(single)
     assert not keeps_start_times(tmp_path / "none.sqlite")
-    assert node_facts(load_columns(single, cache=False)) is None
+    assert START not in load_columns(single).arrays
+    both = load([single, nodes["node0"]])
+    assert both.kind == "side_by_side" and both.why_apart is None  # one of them has no NCCL
+    assert all(START in c.arrays for c in both.files)
+    assert START not in load_columns(single).arrays  # its own entry stayed as it was
     twice = [nodes["node0"], nodes["node0"]]
     facts = [node_facts(c) for c in load_columns_of(twice, cache=False)]
-    assert why_not_one_job(facts) == not_one_job(load_traces(twice))  # type: ignore[arg-type]
-    assert why_not_one_job(facts) == f"{nodes['node0']} is given twice"  # type: ignore[arg-type]
+    assert why_not_one_job(facts) == not_one_job(load_traces(twice))
+    assert why_not_one_job(facts) == f"{nodes['node0']} is given twice"
+    assert load(twice, cache=False).why_apart == why_not_one_job(facts)
     result = runner.invoke(app, ["kernels", *map(str, twice), "--no-cache"])
     assert result.exit_code == 0, result.output
     assert "not read as one job: " + f"{nodes['node0']} is given twice" in result.stderr
@@ -219,12 +231,12 @@ def test_consumed_nodes_give_the_same_report_and_their_arrays_up(nodes: dict[str
     paths = [nodes["node0"], nodes["node1"]]
     kept = [load_columns(p, cache=False) for p in paths]
     first = analyze_node_columns(kept)
-    assert first is not None and all(len(c) for c in kept)  # not consumed: still whole
+    assert all(len(c) for c in kept)  # not consumed: still whole
     again = analyze_node_columns(kept)
-    assert again is not None and again.to_json() == first.to_json()
+    assert again.to_json() == first.to_json()
     given = [load_columns(p, cache=False) for p in paths]
     consumed = analyze_node_columns(given, consume=True)
-    assert consumed is not None and consumed.to_json() == first.to_json()
+    assert consumed.to_json() == first.to_json()
     assert all("name" not in c.arrays for c in given)
 
 

@@ -13,6 +13,7 @@ from nsys_data import PID, Export
 
 from profkit import analysis
 from profkit.analysis.ranks import RankedReport
+from profkit.traces.job import load
 
 DATA = Path(__file__).parent / "data"
 OTHER = 200
@@ -40,7 +41,7 @@ def test_a_tie_of_launches_gives_the_unlaunched_activity_to_the_lowest_pid(tmp_p
         export.kernel("gemm_a", 100, 10, launch_at=10, thread=thread, pid=pid)
         export.kernel("gemm_b", 200, 10, launch_at=20, thread=thread, pid=pid)
     export.kernel("lost_kernel", 500, 10, launch_at=None, pid=OTHER)
-    report = analysis.kernels(export.save(), cache=False)
+    report = analysis.kernel_report(load([export.save()], cache=False))
     assert isinstance(report, RankedReport)
     assert [e.info["pid"] for e in report.ranks] == [PID, OTHER]
     assert [e.totals["kernels"] for e in report.ranks] == [3, 2]
@@ -60,7 +61,7 @@ def test_a_rank_that_marks_phases_in_its_own_domain_keeps_them(tmp_path: Path) -
         export.kernel("fwd", 300, 10, launch_at=50, thread=thread, pid=pid, device=device)
         export.kernel("bwd", 400, 10, launch_at=150, thread=thread, pid=pid, device=device)
         export.kernel("bwd", 500, 10, launch_at=160, thread=thread, pid=pid, device=device)
-    report = analysis.kernels(export.save(), cache=False)
+    report = analysis.kernel_report(load([export.save()], cache=False))
     assert isinstance(report, RankedReport)
     assert _phases(report, 0) == {"forward": 1, "backward": 2}
     assert _phases(report, 1) == {"forward": 1, "backward": 2}
@@ -76,8 +77,8 @@ def test_ranks_with_cuda_graphs_add_up(tmp_path: Path, kind: str) -> None:
     fixture = DATA / f"nsys-2025.3-h100-cudagraph-{kind}.sqlite.xz"
     export = tmp_path / "graphs.sqlite"
     benchmark("kernels_scale").build(fixture, 2, export, world=2)
-    one = analysis.kernels(fixture, cache=False).to_json()["totals"]
-    report = analysis.kernels(export, cache=False)
+    one = analysis.kernel_report(load([fixture], cache=False)).to_json()["totals"]
+    report = analysis.kernel_report(load([export], cache=False))
     assert isinstance(report, RankedReport)
     ranks = [entry.report.to_json()["totals"] for entry in report.ranks]
     assert ranks[0] == pytest.approx(one)

@@ -31,12 +31,12 @@ from typer.testing import CliRunner
 import profkit.analysis as analysis
 from profkit.analysis import analyze_any, chunked, stream_tables
 from profkit.analysis.ranks import RankedReport
-from profkit.analysis.stream_rank_tables import NotStreamable
 from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.formats import dumps
 from profkit.traces import load_trace
+from profkit.traces.job import Job, load
 from profkit.traces.nsys_stream import read_nsys_columns
 
 DATA = Path(__file__).parent / "data"
@@ -169,10 +169,11 @@ def test_the_command_streams_and_prints_what_the_full_tables_print(
         patch.setattr("profkit.traces.load_trace", unread)
         streamed = [run(argv) for argv in argvs]
 
-    def refused(*args: object, **kwargs: object) -> None:
-        raise NotStreamable
+    def full_tables(job: Job, top: int, phase: Any, range: Any, rank: Any, phases: Any,
+                    **_: Any) -> Any:  # fmt: skip
+        return analyze_any(load_trace(job.paths[0]), top, phase, range, rank, phases)
 
-    monkeypatch.setattr("profkit.analysis.stream_ranks.analyze_rank_columns", refused)
+    monkeypatch.setattr(analysis, "kernel_report", full_tables)  # the reference
     full = [run(argv) for argv in argvs]
     close_json(json.loads(streamed[0]), json.loads(full[0]))
     for mine, theirs in zip(streamed[1:], full[1:], strict=True):
@@ -303,8 +304,8 @@ def test_a_world_of_four_ranks_is_the_two_side_by_side(
     four = tmp_path / "world4.sqlite"
     rows = scale.build(NSYS, 2, four, world=4)
     assert rows["CUPTI_ACTIVITY_KIND_KERNEL"] == 2 * kernels
-    got = analysis.kernels(four, cache=False).to_json()
-    two = analysis.kernels(exports["x1"], cache=False).to_json()["ranks"]
+    got = analysis.kernel_report(load([four], cache=False)).to_json()
+    two = analysis.kernel_report(load([exports["x1"]], cache=False)).to_json()["ranks"]
     step = scale.PID_STEP
     assert [(r["rank"], r["device"], r["pid"]) for r in got["ranks"]] == [
         (0, 0, pids[0]), (1, 1, pids[1]), (2, 2, pids[0] + step), (3, 3, pids[1] + step)

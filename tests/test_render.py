@@ -74,11 +74,13 @@ def test_a_table_wider_than_the_terminal_hides_details_not_names() -> None:
     and no line is wider than the terminal; at 200 columns every column stays."""
     from rich.console import Console
 
-    from profkit.analysis import kernels
+    from profkit.analysis import kernel_report
     from profkit.analysis.presentation import display_tables
     from profkit.cli.render import NARROW_HIDDEN, rich_table
+    from profkit.traces.job import load
 
-    report = kernels(Path(__file__).parent / "data" / "nsys-2025.3-h100-small-fp32.sqlite.xz")
+    export = Path(__file__).parent / "data" / "nsys-2025.3-h100-small-fp32.sqlite.xz"
+    report = kernel_report(load([export]))
     top = display_tables(report)[1][1].head(3)  # the top kernels of all phases
     assert list(top.columns)[:2] == ["short_name", "category"] and "grid" in top.columns
     for width, hidden in ((80, ["std_us", "min_us", "max_us", "grid", "block", "med_us"]),

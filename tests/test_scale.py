@@ -29,7 +29,7 @@ from nsys_data import (
 )
 from report_checks import assert_same_report
 
-from profkit.analysis import _one_process, analyze
+from profkit.analysis import analyze, one_process
 from profkit.analysis.streaming import analyze_columns
 from profkit.traces import load_trace
 from profkit.traces.columns import ActivityColumns, from_trace
@@ -133,7 +133,7 @@ def test_synthetic_edge_cases_give_the_same_columns_and_report(tmp_path: Path, b
     pd.testing.assert_frame_equal(streamed.ranges, tables.ranges)
     if build is _two_processes_one_correlation_id:
         # Two processes: the one-process analysis is not theirs (ranks are).
-        assert not _one_process(streamed)
+        assert not one_process(streamed)
         return
     assert_same_report(analyze_columns(streamed), analyze(load_trace(path)))
 

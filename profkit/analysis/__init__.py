@@ -1,13 +1,14 @@
 """Analysis of traces: attribution of GPU activity to phases and ranges, and the tables.
 
-Analysis never reads files itself: :func:`analyze` takes a :class:`~profkit.traces.Trace`
-from a reader; :func:`kernels` (one trace) and :func:`rank_kernels` (the per-rank traces of
-one run) are the one-call facades (read, then analyze) the CLI uses.
+Analysis never reads files: a command loads its traces once
+(:func:`profkit.traces.job.load`) and hands the :class:`~profkit.traces.job.Job` here.
+:func:`kernel_report` gives its kernel report (one process's, or per rank for the ranks of
+a run, one file or several), :func:`side_by_side` each file's where they are compared.
+:func:`analyze` and :func:`analyze_any` (a reader's full tables) are being retired.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,9 @@ from profkit.errors import BadInput
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, Trace
 
 if TYPE_CHECKING:
-    from profkit.traces.columns import ActivityColumns, Progress
+    from profkit.analysis.crosscheck import SideBySide
+    from profkit.traces.columns import ActivityColumns
+    from profkit.traces.job import Job
 
 __all__ = [
     "CATEGORIES",
@@ -33,119 +36,91 @@ __all__ = [
     "attribute",
     "categorize",
     "display_tables",
+    "kernel_report",
     "kernel_report_markdown",
-    "kernels",
-    "rank_kernels",
+    "one_process",
     "short_kernel_name",
+    "side_by_side",
 ]
 
 
-def kernels(
-    path: str | os.PathLike[str],
+def kernel_report(
+    job: Job,
     top: int = 20,
     phase: str | None = None,
     range: str | None = None,
-    nsys: str | os.PathLike[str] | None = None,
     rank: int | None = None,
     phases: PhaseMode = "auto",
-    cache: bool | None = None,
-    progress: Progress | None = None,
+    consume: bool = False,
 ) -> KernelReport:
-    """Read the trace at ``path`` (any supported format) and build its kernel report.
+    """The kernel report of a loaded job (:func:`profkit.traces.job.load`), from its files'
+    compact columns, in bounded memory, phases annotated or inferred (``phases``).
 
-    The trace is read as compact columns, through the columnar cache unless ``cache`` is
-    False or ``$PROFKIT_CACHE=0`` (:mod:`profkit.traces.cache`), and one process's report is
-    built from them in bounded memory by :func:`~.streaming.analyze_columns`, its phases
-    annotated or inferred. Several processes (ranks) go to
-    :func:`~.stream_ranks.analyze_rank_columns` where its rule holds, else to the full
-    tables (:func:`analyze_any`). A multi-process trace gives a
-    :class:`~profkit.analysis.ranks.RankedReport`; ``rank`` narrows its tables to one rank.
+    One trace of one process: :func:`~.streaming.analyze_columns`. One trace of several
+    processes, the per-rank traces of one run, several nodes' exports of one job: their
+    ranks, joined where they are several files (:mod:`.stream_rank_files`,
+    :mod:`.stream_nodes`), give a :class:`~profkit.analysis.ranks.RankedReport`
+    (:func:`~.stream_ranks.analyze_rank_columns`); ``rank`` narrows its tables to one rank.
+    ``consume``: a join gives each file's arrays up as it copies them (the job's columns
+    are of no further use then). Traces to compare side by side have no one report:
+    :func:`side_by_side`.
     """
-    from profkit.analysis.stream_rank_tables import NotStreamable
-    from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
-    from profkit.analysis.streaming import analyze_columns
-    from profkit.traces import load_trace
-    from profkit.traces.load import load_columns
+    from profkit.analysis.stream_nodes import analyze_node_columns
+    from profkit.analysis.stream_rank_files import analyze_rank_file_columns
 
-    columns = load_columns(path, nsys=nsys, cache=cache, progress=progress)
-    layout = None if _one_process(columns) else ranks_of(columns)
-    if layout is None and not columns.meta.get("ranks"):  # one process ran GPU work
-        if rank is not None:
-            raise BadInput(_one_rank_message(columns.meta))
-        return analyze_columns(columns, top=top, phase=phase, range=range, phases=phases)
-    if layout is not None:
-        try:
-            return analyze_rank_columns(columns, layout, top, phase, range, rank, phases)
-        except NotStreamable:
-            pass
-    return analyze_any(load_trace(path, nsys, progress), top, phase, range, rank, phases)
+    if job.kind == "ranks":
+        return analyze_rank_file_columns(job.files, top, phase, range, rank, consume, phases)
+    if job.kind == "nodes":
+        return analyze_node_columns(job.files, top, phase, range, rank, consume, phases)
+    if job.kind != "trace":
+        raise ValueError(f"a job of {job.kind} traces has no one report")
+    return _one_file(job.files[0], top, phase, range, rank, phases)
 
 
-def rank_kernels(
-    paths: list[Path],
-    top: int = 20,
-    phase: str | None = None,
-    range: str | None = None,
-    nsys: str | os.PathLike[str] | None = None,
-    rank: int | None = None,
-    phases: PhaseMode = "auto",
-    cache: bool | None = None,
-    progress: Progress | None = None,
-) -> KernelReport | None:
-    """The ranked report of the per-rank traces of one run at ``paths`` (torch.profiler's,
-    each naming a distinct rank; several hosts' put on one clock), or None where they are
-    not that (nsys exports, traces that name no rank or one rank twice): the caller
-    compares them instead. Raises :class:`~profkit.errors.BadInput` where they name ranks
-    but cannot be one run's (world sizes differ, too many of them).
-
-    Each trace is read as compact columns, through the columnar cache unless ``cache`` is
-    False or ``$PROFKIT_CACHE=0``, and the ranks are joined and analysed from them
-    (:mod:`.stream_rank_files`), their phases annotated or inferred. What the columns
-    cannot tell (traces without GPU activity, say) takes the full tables
-    (:func:`~.nodes.merge_ranks_of_hosts`, :func:`analyze_any`). ``rank`` narrows the
-    tables to one rank.
-    """
-    from profkit.analysis.stream_rank_files import analyze_rank_file_columns, rank_infos
-    from profkit.errors import BadInput
-    from profkit.traces.load import is_nsys_export, load_columns_of
-    from profkit.traces.ranks import names_distinct_ranks
-
-    if len(paths) < 2 or any(is_nsys_export(p) for p in paths):
-        return None  # an export names no rank: its processes are numbered, not named
-    try:
-        columns = load_columns_of(paths, nsys, cache, progress)
-    except BadInput:  # the full tables' read says what is wrong (or reads what these cannot)
-        return _ranks_of_tables(paths, top, phase, range, nsys, rank, phases, progress)
-    if not names_distinct_ranks(rank_infos(columns)):
-        return None
-    report = analyze_rank_file_columns(columns, top, phase, range, rank, True, phases)
-    if report is not None:
-        return report
-    return _ranks_of_tables(paths, top, phase, range, nsys, rank, phases, progress)
-
-
-def _ranks_of_tables(
-    paths: list[Path],
+def _one_file(
+    cols: ActivityColumns,
     top: int,
     phase: str | None,
     range: str | None,
-    nsys: str | os.PathLike[str] | None,
     rank: int | None,
     phases: PhaseMode,
-    progress: Progress | None,
-) -> KernelReport | None:
-    """:func:`rank_kernels` from the full tables: where the streaming analysis cannot."""
-    from profkit.analysis.nodes import merge_ranks_of_hosts
-    from profkit.traces.load import load_traces
-    from profkit.traces.ranks import is_rank_set
+) -> KernelReport:
+    """The report of one file's columns: ranked where several of its processes ran GPU
+    work (an nsys export of a torchrun tree)."""
+    from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
+    from profkit.analysis.streaming import analyze_columns
 
-    traces = load_traces(paths, nsys, progress)
-    if not is_rank_set(traces):
-        return None
-    return analyze_any(merge_ranks_of_hosts(traces), top, phase, range, rank, phases)
+    layout = None if one_process(cols) else ranks_of(cols)
+    if layout is None:
+        if rank is not None:
+            raise BadInput(_one_rank_message(cols.meta))
+        return analyze_columns(cols, top=top, phase=phase, range=range, phases=phases)
+    return analyze_rank_columns(cols, layout, top, phase, range, rank, phases)
 
 
-def _one_process(columns: ActivityColumns) -> bool:
+def side_by_side(
+    job: Job,
+    top: int = 20,
+    phase: str | None = None,
+    range: str | None = None,
+    phases: PhaseMode = "auto",
+    tolerance: float = 5.0,
+) -> SideBySide:
+    """The files of a job compared side by side: each analysed alone as one trace (its
+    processes together, not per rank: the phases of the run are compared) by
+    :func:`~.streaming.analyze_columns`, then their phases per step, each against the
+    first's (:func:`~.crosscheck.compare_reports`)."""
+    from profkit.analysis.crosscheck import compare_reports
+    from profkit.analysis.streaming import analyze_columns
+
+    if len(job.files) < 2:
+        raise BadInput("--compare needs two or more traces (e.g. run.sqlite run.json.gz)")
+    reports = [analyze_columns(c, top=top, phase=phase, range=range, phases=phases)
+               for c in job.files]  # fmt: skip
+    return compare_reports(reports, [p.stem for p in job.paths], tolerance)
+
+
+def one_process(columns: ActivityColumns) -> bool:
     """Whether the columns hold one process's activities (one rank's trace included)."""
     if len(columns.meta.get("ranks") or ()) > 1:
         return False

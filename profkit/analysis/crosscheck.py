@@ -1,7 +1,8 @@
 """One backend against another: per-phase kernel launches and GPU times side by side.
 
-``profkit kernels A.sqlite B.json.gz --compare`` loads each trace, analyses it as usual,
-and hands the ``phases`` tables to :func:`compare_phases`. Nsight Systems and
+``profkit kernels A.sqlite B.json.gz --compare`` loads each trace, analyses it as usual
+(:func:`profkit.analysis.side_by_side`), and hands the reports to :func:`compare_reports`,
+which compares their ``phases`` tables per step (:func:`compare_phases`). Nsight Systems and
 torch.profiler (CUPTI both) time the same kernels, so for the same config the phase
 times should agree closely; a large gap means a phase attributed differently (or a run
 that differed), which is what the check is for.
@@ -10,11 +11,13 @@ that differed), which is what the check is for.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from profkit.analysis.attribution import UNATTRIBUTED
+from profkit.analysis.report import KernelReport
 from profkit.errors import BadInput
 from profkit.workload.names import PHASES
 
@@ -22,6 +25,32 @@ PHASE_ORDER = PHASES
 TRAILING = (UNATTRIBUTED,)
 TOTAL = "total"
 NEEDED = ("phase", "kernels", "gpu_time_ms")
+BACKENDS = {"nsys-sqlite": "nsys", "chrome": "torch"}
+
+
+@dataclass
+class SideBySide:
+    """Traces compared: ``labels`` name each (its backend, numbered where two share one),
+    ``table`` is :func:`compare_phases` of their phases per step, each against the first."""
+
+    labels: list[str]
+    table: pd.DataFrame
+
+
+def compare_reports(
+    reports: Sequence[KernelReport], stems: Sequence[str], tolerance_pct: float = 5.0
+) -> SideBySide:
+    """Several traces' reports side by side, per step; each labelled by its backend (its
+    ``stems`` entry where the format has no short name): short labels keep the table
+    readable, numbered where two traces share one (``nsys#1``, ``nsys#2``)."""
+    labels = [
+        BACKENDS.get(r.source.get("format", ""), s) for r, s in zip(reports, stems, strict=True)
+    ]
+    labels = [
+        f"{x}#{labels[:i].count(x) + 1}" if labels.count(x) > 1 else x for i, x in enumerate(labels)
+    ]
+    steps = [(label, per_step(r.phases)) for label, r in zip(labels, reports, strict=True)]
+    return SideBySide(labels, compare_phases(steps, tolerance_pct=tolerance_pct))
 
 
 def compare_phases(

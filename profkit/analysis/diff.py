@@ -1,7 +1,8 @@
 """What changed between two profiles: GPU time deltas per phase, per category and per kernel.
 
 :func:`diff_reports` compares two :class:`~profkit.analysis.KernelReport` (any mix of
-backends); :func:`diff` reads two trace files first (the facade ``profkit diff`` calls).
+backends); :func:`diff` reports the two traces of a loaded job first (what ``profkit diff``
+calls).
 Times are per step by default (each phase divided by its range instances, as in
 ``profkit kernels --compare``): two captures rarely hold the same number of steps.
 
@@ -14,7 +15,6 @@ mixed-format diff would call most kernels vanished and then appeared.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,7 +29,7 @@ from profkit.errors import BadInput
 from profkit.formats import plural
 
 if TYPE_CHECKING:
-    from profkit.traces.columns import Progress
+    from profkit.traces.job import Job
 
 GROUPS = {
     "appeared": "Appeared (only in B)",
@@ -144,21 +144,15 @@ class ProfileDiff:
         return tables
 
 
-def diff(
-    path_a: str | os.PathLike[str],
-    path_b: str | os.PathLike[str],
-    per_step: bool = True,
-    top: int = 10,
-    nsys: str | os.PathLike[str] | None = None,
-    progress: Progress | None = None,
-) -> ProfileDiff:
-    """Read two traces (any supported formats) and compare B against A; ``progress``
-    hears from the read of A, then from B's."""
-    from profkit.analysis import kernels
+def diff(job: Job, per_step: bool = True, top: int = 10) -> ProfileDiff:
+    """Compare two loaded traces (:func:`profkit.traces.job.load` of A and B, side by side),
+    B against A, each reported as `profkit kernels` reports it alone (per rank where it
+    holds several processes)."""
+    from profkit.analysis import kernel_report
 
-    # As `profkit kernels` reads them: bounded memory and the columnar cache where the
-    # phases are annotated, inferred phases and ranks where they are not.
-    a, b = (kernels(p, top=0, nsys=nsys, progress=progress) for p in (path_a, path_b))
+    if len(job.files) != 2:
+        raise BadInput(f"profkit diff takes two profiles, A and B; got {len(job.files)}")
+    a, b = (kernel_report(part, top=0) for part in job.parts())
     return diff_reports(a, b, per_step=per_step, top=top)
 
 

@@ -15,10 +15,9 @@ same as the full tables':
 - each node's times are put on the first node's clock by the session starts, then by the
   offset its first rank's NCCL kernel ends show (:func:`.nodes.estimate_offset`).
 
-:func:`analyze_node_columns` gives the report, or None where the columns cannot: a node of
-one process (its columns keep no start times), a node whose ranks a tie would decide, or
-more threads or GPUs than the columns' 16-bit codes hold. The caller then reads the full
-tables, as for anything :func:`.stream_ranks.ranks_of` leaves to them.
+:func:`analyze_node_columns` gives the report. A node of one GPU is one rank (its columns
+read with their GPU starts: :func:`profkit.traces.job.load`); more threads or GPUs than the
+columns' 16-bit codes hold are refused with one line.
 """
 
 from __future__ import annotations
@@ -31,50 +30,33 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.comm import is_nccl
+from profkit.analysis.attribution import PhaseMode
 from profkit.analysis.nodes import (
     NodeClock,
-    NodeFacts,
     _clock,
     _no_ends,
     _warnings_of,
     lifted,
     merged_thread_names,
-    path_labels,
-    process_ids,
     rekeyed_ids,
 )
 from profkit.analysis.ranks import RankedReport
-from profkit.analysis.stream_rank_tables import NotStreamable
 from profkit.analysis.stream_ranks import Layout, analyze_rank_columns, ranks_of
+from profkit.errors import BadInput
 from profkit.traces.columns import (
     DEVICE,
-    MAX_THREADS,
+    DEVICE_LIMIT,
     NO_SHAPE,
     SHAPE,
     START,
     ActivityColumns,
     ShapeReader,
+    check_threads,
 )
+from profkit.traces.job import nccl_name_codes, path_labels, process_ids
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 ARRAYS = ("name", "duration", "launch_start", "launch_thread", START, DEVICE)
-DEVICE_LIMIT = np.iinfo(np.int16).max
-
-
-def node_facts(cols: ActivityColumns) -> NodeFacts | None:
-    """:class:`.nodes.NodeFacts` of one export's columns; None for columns without start
-    times (one process's: its capture window is not in them)."""
-    meta = cols.meta
-    if START not in cols.arrays:
-        return None
-    cols.load([*ARRAYS[:4], START])
-    start = meta.get("session_start_utc_ns")
-    return NodeFacts(
-        str(meta.get("path")), meta.get("format") == "nsys-sqlite", meta.get("host"),
-        None if start is None else int(start), sorted(process_ids(_launching(cols)).tolist()),
-        bool(_nccl_names(cols).any()), _window(cols),
-    )  # fmt: skip
 
 
 def analyze_node_columns(
@@ -84,18 +66,14 @@ def analyze_node_columns(
     range_: str | None = None,
     rank: int | None = None,
     consume: bool = False,
-) -> RankedReport | None:
-    """The ranked report of the nodes of one job (:func:`.nodes.why_not_one_job` says
-    they are) from their columns; None where the full tables must give it. ``consume``:
-    the nodes' arrays are given up as they are merged (:func:`merge_node_columns`)."""
-    merged = merge_node_columns(nodes, consume)
-    if merged is None:
-        return None
-    cols, layout, real = merged
-    try:
-        report = analyze_rank_columns(cols, layout, top, phase, range_, rank)
-    except NotStreamable:
-        return None
+    phases: PhaseMode = "auto",
+) -> RankedReport:
+    """The ranked report of the nodes of one job (:func:`profkit.traces.job.why_not_one_job`
+    says they are) from their columns, each read with its GPU starts. ``consume``: the
+    nodes' arrays are given up as they are merged (:func:`merge_node_columns`); ``phases``:
+    where phases come from (auto, annotated, inferred)."""
+    cols, layout, real = merge_node_columns(nodes, consume)
+    report = analyze_rank_columns(cols, layout, top, phase, range_, rank, phases)
     for entry in report.ranks:  # the merged keys gave the analysis its processes
         entry.info.update(real[entry.info["rank"]])
     report.nodes = list(cols.meta["nodes"])
@@ -104,25 +82,30 @@ def analyze_node_columns(
 
 def merge_node_columns(
     nodes: list[ActivityColumns], consume: bool = False
-) -> tuple[ActivityColumns, Layout, list[dict[str, Any]]] | None:
+) -> tuple[ActivityColumns, Layout, list[dict[str, Any]]]:
     """The nodes' columns as one export's, its ranks, and each rank's real pid, host and
-    GPU (the layout's ``pid`` is its merged process key); None where the columns cannot
-    be merged (see the module doc). ``consume``: each node's arrays are given up as soon
-    as they are copied into the merged ones (the node keeps only what reads its shapes),
-    so memory holds them about once; the nodes' columns are of no further use then."""
+    GPU (the layout's ``pid`` is its merged process key). ``consume``: each node's arrays
+    are given up as soon as they are copied into the merged ones (the node keeps only what
+    reads its shapes), so memory holds them about once; the nodes' columns are of no
+    further use then. Raises :class:`~profkit.errors.BadInput` where the merged codes would
+    not fit their 16 bits (GPUs, launching threads)."""
     layouts = []
     for cols in nodes:
-        layout = ranks_of(cols)  # None also for columns without starts, or Chrome ranks
+        if START not in cols.arrays:
+            raise ValueError(f"{cols.meta.get('path')}: a node's columns need its GPU starts")
+        layout = ranks_of(cols, fewest=1)  # a node of one GPU is one rank
         if layout is None:
-            return None
+            raise BadInput(f"{cols.meta.get('path')}: no GPU activity, so no rank of a job")
         cols.load(list(ARRAYS))
         layouts.append(layout)
     # GPUs numbered apart, node after node (ranks_of orders ranks by GPU), in 16 bits.
     stride = max(int(c.arrays[DEVICE].max(initial=0)) for c in nodes) + 1
     if len(nodes) * stride > DEVICE_LIMIT:
-        return None
-    if sum(len(c.threads) for c in nodes) > MAX_THREADS:
-        return None
+        raise BadInput(
+            f"{len(nodes)} nodes of up to {stride} GPUs each: profkit numbers at most "
+            f"{DEVICE_LIMIT:,} GPUs in one job"
+        )
+    check_threads(sum(len(c.threads) for c in nodes))
     labels = path_labels([str(c.meta.get("path")) for c in nodes])
     first = nodes[0].meta
     reference = _no_ends()
@@ -164,9 +147,9 @@ def merge_node_columns(
     rekeys = [functools.partial(rekeyed_ids, keys=keys) for keys in keys_of]
     merged = joined_columns(nodes, rekeys, lifted(shifts), stride, consume)
     merged.meta, merged.read_shapes = meta, read_shapes
-    layout = ranks_of(merged)
-    if layout is None or [i["pid"] for i in layout.info] != [r["process"] for r in real]:
-        return None  # the merged columns would number the ranks otherwise
+    layout = ranks_of(merged, fewest=1)
+    # Each node's ranks keep their order: GPUs apart node by node, keys in rank order.
+    assert layout is not None and [i["pid"] for i in layout.info] == [r["process"] for r in real]
     for info in layout.info:
         info["world_size"] = len(real)
     return merged, layout, real
@@ -242,30 +225,12 @@ def shapes_of(nodes: list[ActivityColumns]) -> ShapeReader:
     return read
 
 
-def _launching(cols: ActivityColumns) -> np.ndarray:
-    """Global ids of the threads that launched GPU work."""
-    return cols.launch_threads(np.unique(cols.arrays["launch_thread"]))
-
-
-def _nccl_names(cols: ActivityColumns) -> np.ndarray:
-    """Per name code: whether it is an NCCL kernel."""
-    kernel = np.array([k == "kernel" for k in cols.kinds], dtype=bool)
-    return kernel & is_nccl(np.array(cols.names, dtype=object))
-
-
-def _window(cols: ActivityColumns) -> tuple[int, int]:
-    if not len(cols):
-        return 0, 0
-    start = cols.arrays[START]
-    return int(start.min()), int((start + cols.arrays["duration"]).max())
-
-
 def nccl_ends(cols: ActivityColumns, pid: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Process ``pid``'s NCCL kernels in launch order: names and end times (``pid`` None:
     the columns are one process's, a per-rank trace's); the columns keep start times."""
     a = cols.arrays
     thread = cols.launch_threads(a["launch_thread"])
-    mine = _nccl_names(cols)[a["name"]] & (thread >= 0)
+    mine = nccl_name_codes(cols)[a["name"]] & (thread >= 0)
     if pid is not None:
         mine &= ((thread >> PROCESS_SHIFT) & PROCESS_MASK) == pid
     rows = np.flatnonzero(mine)

@@ -19,59 +19,50 @@ every activity in it is that rank's, launched or not. The :class:`~.stream_ranks
 the files', where :func:`.stream_ranks.ranks_of` (for an export that names no ranks)
 infers ranks from devices and launch counts.
 
-:func:`analyze_rank_file_columns` gives the report, or None where the columns cannot: a
-trace whose device ordinals do not fit the columns' 16 bits (it keeps no start times), a
-rank without GPU activity (a CPU run's traces: the streaming analysis knows ranks by their
-activities, as :func:`.stream_ranks.ranks_of` finds them), more launching threads than the
-columns' 16-bit codes hold, or what the streaming analysis leaves to
-the full tables (:class:`~.stream_rank_tables.NotStreamable`: a rank that would take its
-phases from another NVTX domain, say). The caller then reads the full tables.
+:func:`analyze_rank_file_columns` gives the report, ranks without GPU activity included (a
+CPU run's traces: their phases' CPU time, no kernels). What the columns cannot hold is
+refused with one line: a trace whose device ordinals do not fit their 16 bits (it keeps
+no start times), more launching threads than their 16-bit codes hold.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import numpy as np
 
 from profkit.analysis.attribution import PhaseMode
-from profkit.analysis.nodes import clock_notes, host_clocks, path_labels
+from profkit.analysis.nodes import clock_notes, host_clocks
 from profkit.analysis.ranks import RankedReport
 from profkit.analysis.stream_nodes import ARRAYS, joined_columns, nccl_ends, shapes_of
-from profkit.analysis.stream_rank_tables import NotStreamable
 from profkit.analysis.stream_ranks import Layout, analyze_rank_columns
-from profkit.traces.columns import DEVICE, MAX_THREADS, START, ActivityColumns
-from profkit.traces.ranks import process_key, rank_info_of, rank_set, rank_thread_ids
-
-
-def rank_infos(columns: list[ActivityColumns]) -> list[dict[str, Any] | None]:
-    """:func:`~profkit.traces.ranks.rank_info` of each trace's columns (None: it names no
-    rank); its device is its activities' most frequent one, as for the tables."""
-    infos = []
-    for cols in columns:
-        devices = cols.arrays[DEVICE] if DEVICE in cols.arrays else np.zeros(0, np.int16)
-        infos.append(rank_info_of(cols.meta, devices))
-    return infos
+from profkit.errors import BadInput
+from profkit.traces.columns import DEVICE_LIMIT, START, ActivityColumns, check_threads
+from profkit.traces.job import path_labels, rank_infos
+from profkit.traces.ranks import process_key, rank_set, rank_thread_ids
 
 
 def merge_rank_columns(
     columns: list[ActivityColumns], consume: bool = False
-) -> tuple[ActivityColumns, Layout] | None:
+) -> tuple[ActivityColumns, Layout]:
     """The per-rank traces' columns as one multi-process set, and its ranks (each info's
     ``pid`` the rank's process key in the merged thread ids; ``meta["ranks"]`` has the real
-    ones); None where the columns cannot hold them (see the module doc).
+    ones).
 
     Raises :class:`~profkit.errors.BadInput` where they cannot be the ranks of one run, with
-    :func:`~profkit.traces.ranks.merge_rank_traces`'s words. ``consume``: each trace's
-    arrays are given up as they are copied into the merged ones.
+    :func:`~profkit.traces.ranks.merge_rank_traces`'s words, or where the columns cannot
+    hold them (see the module doc). ``consume``: each trace's arrays are given up as they
+    are copied into the merged ones.
     """
     infos = rank_infos(columns)
     ranked = rank_set([c.meta for c in columns], infos)
-    if any(START not in c.arrays or not len(c) for c in columns):
-        return None  # no start times, or a rank without GPU activity (a CPU run's)
-    if sum(len(c.threads) for c in columns) > MAX_THREADS:
-        return None
+    for cols in columns:
+        if START not in cols.arrays:
+            raise BadInput(
+                f"{cols.meta.get('path')}: device ordinals beyond {DEVICE_LIMIT:,}: its GPU "
+                "activity cannot be joined to the other ranks'"
+            )
+    check_threads(sum(len(c.threads) for c in columns))
     for cols in columns:
         cols.load(list(ARRAYS))
     labels = path_labels([str(c.meta.get("path")) for c in columns])
@@ -107,20 +98,13 @@ def analyze_rank_file_columns(
     rank: int | None = None,
     consume: bool = False,
     phases: PhaseMode = "auto",
-) -> RankedReport | None:
+) -> RankedReport:
     """The ranked report of per-rank traces of one run from their columns: what
-    :func:`.ranks.analyze_ranks` gives of :func:`.nodes.merge_ranks_of_hosts`' trace; None
-    where the full tables must give it (see the module doc). ``consume``: as for
-    :func:`merge_rank_columns`; ``phases``: where phases come from (auto, annotated,
-    inferred)."""
-    merged = merge_rank_columns(columns, consume)
-    if merged is None:
-        return None
-    cols, layout = merged
-    try:
-        report = analyze_rank_columns(cols, layout, top, phase, range_, rank, phases)
-    except NotStreamable:
-        return None
+    :func:`.ranks.analyze_ranks` gives of :func:`.nodes.merge_ranks_of_hosts`' trace.
+    ``consume``: as for :func:`merge_rank_columns`; ``phases``: where phases come from
+    (auto, annotated, inferred)."""
+    cols, layout = merge_rank_columns(columns, consume)
+    report = analyze_rank_columns(cols, layout, top, phase, range_, rank, phases)
     real = {int(info["rank"]): info for info in cols.meta["ranks"]}
     for entry in report.ranks:  # the layout's pid was the merged key
         entry.info = dict(real[int(entry.info["rank"])])

@@ -32,12 +32,21 @@ from profkit.analysis.stream_rank_sums import RankSums
 from profkit.analysis.stream_stats import STAT_COLUMNS
 from profkit.analysis.stream_sums import QUANTITIES
 from profkit.analysis.streaming import _notes
+from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.schema import KINDS
 
 
-class NotStreamable(Exception):
-    """The columns cannot tell what the full tables would: read those instead."""
+class RanksUntold(BadInput):
+    """What the ranked report cannot tell from a trace's columns, said in one line: a rank
+    with GPU activity in a phase only another rank marks, say. The attribution works per
+    process, so real traces do not do it; no other reading of the trace is tried."""
+
+
+ACTIVITY_ELSEWHERE = (
+    "a rank's GPU activity falls in a phase that only another rank marks: its tables "
+    "cannot be split from the other ranks'"
+)
 
 
 @dataclass
@@ -89,7 +98,7 @@ def _local(values: np.ndarray, to_local: np.ndarray, n_local: int) -> np.ndarray
     """Rows indexed by whole-trace phase codes, added up by the rank's phase codes."""
     keep = to_local >= 0
     if (values[~keep] != 0).any():
-        raise NotStreamable  # the rank has activities in a phase it has no range of
+        raise RanksUntold(ACTIVITY_ELSEWHERE)
     out = np.zeros((n_local, *values.shape[1:]), dtype=values.dtype)
     np.add.at(out, to_local[keep], values[keep])
     return out

@@ -16,13 +16,14 @@ each activity's GPU start and device besides what one process needs
    and the whole trace's; a second pass finds the compute kernels that
    meet NCCL and each rank's step spans (:mod:`.stream_rank_comm`).
 
-The rule (:func:`ranks_of`): an nsys export whose activities belong to several processes,
-each with phase ranges in the NVTX domain the whole trace takes its phases from, without
-CUDA graph activities, where no tie of launch counts decides a rank. Per-rank traces name
-their ranks: joined, their layout is their files' (:mod:`.stream_rank_files`). Anything
-else (phases to infer, those odd cases) takes the full tables; where the pass
-finds something the columns cannot settle it raises :class:`NotStreamable`, and the caller
-reads the full tables instead.
+Which activities are which rank's (:func:`ranks_of`): in an nsys export, each process that
+ran GPU work is a rank (ties of launch counts go to the lowest pid and device; each process
+takes its phases from its own default NVTX domain); several nodes' exports are joined first
+(:mod:`.stream_nodes`); per-rank traces name their ranks, and joined their layout is their
+files' (:mod:`.stream_rank_files`). Phases are annotated or inferred, per rank as it alone
+would. What the columns cannot tell (a rank with activity in a phase only another rank
+marks: the attribution works per process, so real traces do not do it) raises
+:class:`~.stream_rank_tables.RanksUntold`, one line; no other reading is tried.
 
 Every pass over the activities (numbering the ranks, attributing, adding up, the second
 pass) runs its chunks on up to four threads (:mod:`.chunked`), its result the same as on one.
@@ -62,7 +63,8 @@ from profkit.analysis.stream_rank_comm import (
 from profkit.analysis.stream_rank_stats import kernel_statistics
 from profkit.analysis.stream_rank_sums import KERNEL, RankSelection, add_up_ranks
 from profkit.analysis.stream_rank_tables import (
-    NotStreamable,
+    ACTIVITY_ELSEWHERE,
+    RanksUntold,
     by_range,
     first_steps,
     rank_scope,
@@ -104,9 +106,10 @@ class RankView:
     inferred_spans: dict[str, tuple[int, int]]
 
 
-def ranks_of(cols: ActivityColumns) -> Layout | None:
-    """The ranks of a multi-process export's columns; None for one process, or where the
-    columns keep no start times, or a tie of launch counts would decide."""
+def ranks_of(cols: ActivityColumns, fewest: int = 2) -> Layout | None:
+    """The ranks of an export's columns; None for fewer than ``fewest`` processes that ran
+    GPU work (one process is a rank where it is a node of a job), or where the columns keep
+    no start times."""
     if START not in cols.arrays or cols.meta.get("ranks"):
         return None
     thread_pid = (np.asarray(cols.threads, dtype=np.int64) >> PROCESS_SHIFT) & PROCESS_MASK
@@ -121,7 +124,7 @@ def ranks_of(cols: ActivityColumns) -> Layout | None:
     per_pid = launched.copy()
     per_pid[np.arange(len(main)), main] += unlaunched
     present = np.flatnonzero(per_pid.sum(axis=0))
-    if len(present) < 2:
+    if len(present) < max(fewest, 1):
         return None
     device = per_pid[:, present].argmax(axis=0)
     order = sorted(zip(device.tolist(), present.tolist(), strict=True))
@@ -165,10 +168,9 @@ def _device_counts(cols: ActivityColumns, index_of_code: np.ndarray, n_pids: int
     return counts.reshape(-1, width)
 
 
-def rank_views(cols: ActivityColumns, plan: Plan, layout: Layout) -> list[RankView] | None:
+def rank_views(cols: ActivityColumns, plan: Plan, layout: Layout) -> list[RankView]:
     """Each rank's view of the plan (what attributing its activities alone would give, as
-    :func:`.by_process.restrict` says); None where a rank would take its phases from
-    another NVTX domain."""
+    :func:`.by_process.restrict` says)."""
     lane = plan.p_start // plan.lanes.span
     thread = plan.lanes.lanes[np.minimum(lane, len(plan.lanes.lanes) - 1)]
     phase_pid = (thread >> PROCESS_SHIFT) & PROCESS_MASK
@@ -221,7 +223,8 @@ def analyze_rank_columns(
     phases: PhaseMode = "auto",
 ) -> RankedReport:
     """:func:`.ranks.analyze_ranks` for the columns of a multi-process export (the same
-    report); raises :class:`NotStreamable` where the columns cannot tell it."""
+    report); raises :class:`~.stream_rank_tables.RanksUntold` where the columns cannot
+    tell it (no other reading is tried)."""
     if rank is not None and rank not in [p["rank"] for p in layout.info]:
         known = ", ".join(str(p["rank"]) for p in layout.info) or "none"
         raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
@@ -229,8 +232,6 @@ def analyze_rank_columns(
         raise BadInput(f"--top must be 0 (all) or more, got {top}")
     plan = plan_of(cols, phases=phases)
     views = rank_views(cols, plan, layout)
-    if views is None:
-        raise NotStreamable
     att = attributed(cols, plan)
     labels = _range_labels(cols.ranges)
     selection = _selection(cols, plan, att, layout, views, labels, phase, range_)
@@ -240,8 +241,11 @@ def analyze_rank_columns(
     sums = add_up_ranks(cols, plan, att, layout.rank, len(views), nccl_name, selection)
     n_phases = len(plan.phase_names)
     seen = sums.seen.reshape(len(views), n_phases)
-    if any((seen[r][v.to_local < 0] > 0).any() for r, v in enumerate(views)):
-        raise NotStreamable  # an activity in a phase its rank has no range of
+    for r, view in enumerate(views):
+        elsewhere = np.flatnonzero((view.to_local < 0) & (seen[r] > 0))
+        if len(elsewhere):
+            name = plan.phase_names[int(elsewhere[0])]
+            raise RanksUntold(f"rank {r}: {ACTIVITY_ELSEWHERE} ({name!r})")
     stats = kernel_statistics(sums.keys, len(cols.names), n_phases)
     frames = stat_frames(cols, sums.group, stats, len(views), n_phases)
     ranges_sums = by_range(sums, plan)
@@ -315,8 +319,14 @@ def _selection(
     if phase is not None:
         unattributed = np.array([n_phases - 1] if seen[:, -1].any() else [])
         index = _phase_index(cast(Attribution, _PhaseView(plan.phase_names, unattributed)), phase)
-        if ((chosen != index) & (seen[np.arange(len(views)), chosen] > 0)).any():
-            raise NotStreamable  # a rank would choose another phase than the whole trace
+        other = np.flatnonzero((chosen != index) & (seen[np.arange(len(views)), chosen] > 0))
+        if len(other):  # names that differ in case only, each rank spelling its own
+            r = int(other[0])
+            raise RanksUntold(
+                f"--phase {phase!r} is {plan.phase_names[index]!r} in the trace but "
+                f"{plan.phase_names[int(chosen[r])]!r} on rank {r}: give the phase as it is "
+                "spelled on every rank"
+            )
         selection.phase_of_rank = chosen
     if range_ is not None:
         selection.inside = plan.slots_inside(plan.range_start[rows], plan.range_end[rows])

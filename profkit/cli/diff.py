@@ -13,6 +13,7 @@ from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
 from profkit.formats import check_format, file_format, markdown_table, write_text
+from profkit.traces.job import load
 
 ProfilesArg = Annotated[
     list[Path] | None,
@@ -53,7 +54,8 @@ def diff(
     if len(paths) != 2:
         raise BadInput(f"profkit diff takes two profiles, A and B; got {len(paths)}")
     with read_progress(f"{paths[0].name} and {paths[1].name}") as progress:
-        result = diff_lib.diff(paths[0], paths[1], per_step, top, nsys, progress)
+        job = load(paths, nsys, progress=progress, side_by_side=True)
+    result = diff_lib.diff(job, per_step, top)
     tables = result.display_tables()
     fmt = file_format(fmt, out)
     if fmt == "md":

@@ -9,25 +9,14 @@ import typer
 
 from profkit import analysis
 from profkit.analysis.attribution import PHASE_MODES, PhaseMode
-from profkit.analysis.nodes import (
-    NodeFacts,
-    is_nccl_trace,
-    merge_node_traces,
-    not_one_job,
-    why_not_one_job,
-)
 from profkit.analysis.ranks import RankedReport, rank_tables
-from profkit.analysis.report import KernelReport
-from profkit.analysis.stream_nodes import analyze_node_columns, node_facts
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
 from profkit.formats import check_format, file_format, write_text
 from profkit.memory.plot import check_image_path
-from profkit.traces import Trace
-from profkit.traces.load import load_columns_of, load_traces
-from profkit.traces.nsys_stream import keeps_start_times
+from profkit.traces.job import Job, load
 
 PathArg = Annotated[
     list[Path],
@@ -124,36 +113,15 @@ def kernels(
         raise BadInput(f"--tolerance must be >= 0 (a percentage); got {tolerance:g}")
     if plot is not None:
         check_image_path(plot)
+    mode = _mode(phases)
     paths = list(path)
-    report: KernelReport | None = None
-    cache = False if no_cache else None
-    if len(paths) > 1 and not compare:
-        report = _nodes_streamed(paths, nsys, no_cache, top, phase, range_, rank, _mode(phases))
-        if report is None:
-            with read_progress(f"{len(paths)} traces") as progress:
-                report = analysis.rank_kernels(
-                    paths, top, phase, range_, nsys, rank, _mode(phases), cache, progress
-                )
-    if report is None and (len(paths) > 1 or compare):
-        with read_progress(f"{len(paths)} traces") as progress:
-            traces = load_traces(paths, nsys, progress)
-        merged = None if compare or len(traces) < 2 else _one_job(traces)
-        if merged is not None:
-            report = analysis.analyze_any(merged, top, phase, range_, rank, _mode(phases))
-        else:
-            if plot is not None:
-                raise BadInput(
-                    "--plot draws the ranks of one multi-GPU run; these traces are compared "
-                    "side by side instead"
-                )
-            _compare(paths, traces, top, phase, range_, tolerance, fmt, out, phases)
-            return
-    elif report is None:
-        with read_progress(paths[0].name) as progress:
-            report = analysis.kernels(
-                paths[0], top, phase, range_, nsys, rank, _mode(phases),
-                cache=cache, progress=progress,
-            )  # fmt: skip
+    label = paths[0].name if len(paths) == 1 else f"{len(paths)} traces"
+    with read_progress(label) as progress:
+        job = load(paths, nsys, False if no_cache else None, progress, side_by_side=compare)
+    if compare or job.kind == "side_by_side":
+        _compare(job, top, phase, range_, mode, tolerance, fmt, out, plot)
+        return
+    report = analysis.kernel_report(job, top, phase, range_, rank, mode, consume=True)
     names = ", ".join(p.name for p in paths)
     if plot is not None:
         if not isinstance(report, RankedReport):
@@ -179,82 +147,35 @@ def kernels(
             console.print(f"[dim]• {note}[/]", highlight=False)
 
 
-def _nodes_streamed(
-    paths: list[Path],
-    nsys: str | None,
-    no_cache: bool,
-    top: int,
-    phase: str | None,
-    range_: str | None,
-    rank: int | None,
-    phases: PhaseMode,
-) -> RankedReport | None:
-    """Several nodes' multi-GPU exports of one job, read as compact columns (each through
-    the cache) and analysed in bounded memory; None where the full tables must read them:
-    other files, a node of one GPU, inferred phases, or what the columns cannot settle."""
-    if phases == "inferred" or not all(keeps_start_times(p) for p in paths):
-        return None
-    try:
-        with read_progress(f"{len(paths)} traces") as progress:
-            columns = load_columns_of(paths, nsys, False if no_cache else None, progress)
-    except BadInput:  # the full tables' read says what is wrong (or reads what these cannot)
-        return None
-    facts = [node_facts(c) for c in columns]
-    if any(f is None for f in facts) or why_not_one_job(cast(list[NodeFacts], facts)):
-        return None
-    return analyze_node_columns(columns, top, phase, range_, rank, consume=True)
-
-
-def _one_job(traces: list[Trace]) -> Trace | None:
-    """The traces merged where they are the nodes (nsys) of one job (the ranks of one run
-    were read by :func:`analysis.rank_kernels` before); else None (they are compared),
-    saying why where they are all multi-GPU nsys exports."""
-    why = not_one_job(traces)
-    if why is None:
-        return merge_node_traces(traces)
-    if all(t.meta.get("format") == "nsys-sqlite" and is_nccl_trace(t) for t in traces):
-        err_console.print(
-            f"[dim]compared side by side, not read as one job: {why}[/]", highlight=False
-        )
-    return None
-
-
 def _compare(
-    paths: list[Path],
-    traces: list[Trace],
+    job: Job,
     top: int,
     phase: str | None,
     range_: str | None,
+    phases: PhaseMode,
     tolerance: float,
     fmt: str,
     out: Path | None,
-    phases: str,
+    plot: Path | None,
 ) -> None:
-    from profkit.analysis.crosscheck import compare_phases, per_step
-
-    if len(paths) < 2:
-        raise BadInput("--compare needs two or more traces (e.g. run.sqlite run.json.gz)")
-    reports = []
-    for trace, p in zip(traces, paths, strict=True):
-        report = analysis.analyze(trace, top=top, phase=phase, range=range_, phases=_mode(phases))
-        reports.append((BACKENDS.get(report.source.get("format", ""), p.stem), report.phases))
-    # Short labels keep the table readable: the backend, numbered if two traces share one.
-    labels = [label for label, _ in reports]
-    labels = [
-        f"{x}#{labels[:i].count(x) + 1}" if labels.count(x) > 1 else x for i, x in enumerate(labels)
-    ]
-    for label, p in zip(labels, paths, strict=True):
+    """Traces side by side: their phases per step, each against the first."""
+    if job.why_apart is not None:
+        err_console.print(
+            f"[dim]compared side by side, not read as one job: {job.why_apart}[/]", highlight=False
+        )
+    if plot is not None:
+        raise BadInput(
+            "--plot draws the ranks of one multi-GPU run; these traces are compared "
+            "side by side instead"
+        )
+    compared = analysis.side_by_side(job, top, phase, range_, phases, tolerance)
+    for label, p in zip(compared.labels, job.paths, strict=True):
         err_console.print(f"{label} = {p}", highlight=False)
-    steps = [(label, per_step(phases)) for label, (_, phases) in zip(labels, reports, strict=True)]
-    table = compare_phases(steps, tolerance_pct=tolerance)
     title = (
         "Per step: kernel launches and GPU ms (kernels, memcpy, memset) of each phase, "
-        f"each trace against {labels[0]}"
+        f"each trace against {compared.labels[0]}"
     )
-    emit_tables([(title, table)], fmt, out, json_value=table)
-
-
-BACKENDS = {"nsys-sqlite": "nsys", "chrome": "torch"}
+    emit_tables([(title, compared.table)], fmt, out, json_value=compared.table)
 
 
 def _mode(phases: str) -> PhaseMode:

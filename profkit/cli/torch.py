@@ -136,19 +136,21 @@ def _ranks(
     config: WorkloadConfig, name: str | None, out_dir: Path | None, fmt: str, out: Path | None
 ) -> None:
     """Several ranks: one trace per rank, then their per-rank kernel tables."""
-    from profkit.analysis import display_tables, kernel_report_markdown, rank_kernels
+    from profkit.analysis import display_tables, kernel_report, kernel_report_markdown
     from profkit.analysis.ranks import RankedReport, rank_tables
     from profkit.files import output_dirs
     from profkit.torchprof.ranks import profile_ranks, ranks_report_markdown
+    from profkit.traces.job import load
 
     name = torchprof.check_name(name or torchprof.default_name(config))
     artefacts, reports = output_dirs(out_dir)
     with err_console.status(f"torch.profiler on {config.nproc} ranks"):
         run = profile_ranks(config, name, artefacts)
-        report = rank_kernels(list(run.traces))
-    if report is None:  # each rank's trace names its rank: a trace without one is no rank's
-        names = ", ".join(Path(p).name for p in run.traces)
-        raise BadInput(f"{names}: not the traces of one run's ranks (each names its own)")
+        job = load(list(run.traces))
+        if job.kind != "ranks":  # each rank's trace names its rank: one without is no rank's
+            names = ", ".join(Path(p).name for p in run.traces)
+            raise BadInput(f"{names}: not the traces of one run's ranks (each names its own)")
+        report = kernel_report(job, consume=True)
     title = report_title(config, name)
     markdown = ranks_report_markdown(config, run, kernel_report_markdown(report, title))
     report_path = reports / f"{name}.md"

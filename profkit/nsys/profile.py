@@ -240,10 +240,10 @@ def _timed(record: dict[str, Any], part: str) -> Iterator[None]:
 
 def _post_process(sqlite_path: Path, name: str) -> str:
     """The kernel report of an export, as markdown: the same analysis as ``profkit kernels``."""
-    from profkit.analysis import analyze_any, kernel_report_markdown
-    from profkit.traces.load import load_trace
+    from profkit.analysis import kernel_report, kernel_report_markdown
+    from profkit.traces.job import load
 
-    report = analyze_any(load_trace(sqlite_path), top=20)
+    report = kernel_report(load([sqlite_path]), top=20)
     return str(kernel_report_markdown(report, f"Kernels: {name}"))  # with its ranks, if any
 
 

@@ -118,13 +118,13 @@ EXAMPLE_EXPORT = (
 
 
 def _kernels_step(ctx: DemoContext) -> str:
-    from profkit.analysis import analyze
+    from profkit.analysis import kernel_report
     from profkit.analysis.presentation import attention_sentence
-    from profkit.traces.load import load_trace
+    from profkit.traces.job import load
 
     if not EXAMPLE_EXPORT.exists():  # an installed wheel ships no profiles/
         return "The example export is not in this installation; skipped."
-    report = analyze(load_trace(EXAMPLE_EXPORT), top=10)
+    report = kernel_report(load([EXAMPLE_EXPORT]), top=10)
     counted = ["kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms"]
     phases = report.phases[["phase", *counted, "python_ms"]].copy()
     phases.insert(len(counted) + 1, "share %", 100 * report.phases["share"])

@@ -102,11 +102,13 @@ def _read(paths: list[Path]) -> Any:
     """The kernel report of one trace, or of the per-rank traces of one run (several hosts'
     on one clock), as `profkit kernels` reads them (cache too); None when these traces are
     not the ranks of one run."""
-    from profkit.analysis import kernels, rank_kernels
+    from profkit.analysis import kernel_report
+    from profkit.traces.job import load
 
-    if len(paths) == 1:
-        return kernels(paths[0], top=TOP_KERNELS)
-    return rank_kernels(paths, top=TOP_KERNELS)
+    job = load(paths)
+    if job.kind == "side_by_side":
+        return None
+    return kernel_report(job, top=TOP_KERNELS, consume=True)
 
 
 def _trace_part(stem: str, paths: list[Path], out_dir: Path, pictures: Pictures) -> str:
