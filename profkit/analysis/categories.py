@@ -69,6 +69,16 @@ def categorize(name: str) -> str:
     return "other"
 
 
+def category_of(name: str, kind: str) -> str:
+    """The category of an activity of this name and kind (``KINDS``): copies and memsets
+    are ``memory``, whole CUDA graphs ``graph``, kernels by their name."""
+    if kind in ("memcpy", "memset"):
+        return "memory"
+    if kind == "graph":
+        return "graph"
+    return categorize(name)
+
+
 def categorize_all(names: Iterable[str]) -> list[str]:
     """Categories of many names; callers pass the distinct names only."""
     return [categorize(name) for name in names]

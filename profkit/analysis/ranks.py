@@ -14,7 +14,7 @@ the NCCL time each rank spent waiting for the last one to arrive.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,67 +29,18 @@ from profkit.analysis.attribution import (
     default_phase_domain,
 )
 from profkit.analysis.by_process import processes_of, restrict
-from profkit.analysis.comm import CommStats, Intervals, comm_stats_of, is_nccl
-from profkit.analysis.report import (
-    CONTRACT,
-    Activities,
-    KernelReport,
-    check_options,
-    table_records,
-    tables_of,
-)
-from profkit.analysis.steps import RankSteps, job_summary, step_table
+from profkit.analysis.comm import Intervals, comm_stats_of, is_nccl
+from profkit.analysis.report import Activities, check_options, tables_of
+from profkit.analysis.report_types import RANK_FIELDS as RANK_FIELDS
+from profkit.analysis.report_types import KernelReport
+from profkit.analysis.report_types import RankedReport as RankedReport
+from profkit.analysis.report_types import RankEntry as RankEntry
+from profkit.analysis.steps import RankSteps, step_table
 from profkit.analysis.tables import GRAPH, range_counts
 from profkit.errors import BadInput
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, Trace
 
 NS_PER_MS = 1_000_000
-RANK_FIELDS = ("rank", "device", "pid", "host")
-
-
-@dataclass
-class RankEntry:
-    """One rank: who it is, its tables and its communication."""
-
-    info: dict[str, Any]
-    report: KernelReport
-    comm: CommStats
-    totals: dict[str, Any]
-    steps: RankSteps
-    # No copy of the rank's trace is kept: the copies of every rank would double the peak.
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **{key: self.info.get(key) for key in RANK_FIELDS},
-            **self.totals,
-            "phases": table_records(self.report.phases, CONTRACT["phases"]),
-            "kernels_top": [
-                {k: v for k, v in row.items() if k != "phase"}
-                for row in self.report.top_kernels().to_dict(orient="records")
-            ],
-            "categories": table_records(self.report.categories, CONTRACT["categories"]),
-            "comm": self.comm.to_json(),
-        }
-
-
-@dataclass
-class RankedReport(KernelReport):
-    """A :class:`KernelReport` plus ``ranks`` and the ``job`` across them."""
-
-    ranks: list[RankEntry] = field(default_factory=list)
-    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
-    world_size: int = 0
-    nodes: list[dict[str, Any]] = field(default_factory=list)
-    """Several nodes' reports read as one job: each node's file, host, ranks and clock
-    (:class:`profkit.analysis.nodes.NodeClock`); empty for one report."""
-
-    def to_json(self) -> dict[str, Any]:
-        base = super().to_json()
-        base["ranks"] = [entry.to_json() for entry in self.ranks]
-        base["job"] = job_summary(self.steps, self.world_size)
-        if self.nodes:
-            base["nodes"] = self.nodes
-        return base
 
 
 def rank_processes(trace: Trace, pids: np.ndarray | None = None) -> list[dict[str, Any]]:

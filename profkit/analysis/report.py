@@ -10,14 +10,13 @@ alone. Overlapping streams can make either exceed wall time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from profkit.analysis.attribution import (
-    PHASE_MODES,
     UNATTRIBUTED,
     Attribution,
     PhaseMode,
@@ -25,8 +24,14 @@ from profkit.analysis.attribution import (
     attribute,
     inference_note,
 )
-from profkit.analysis.categories import CATEGORIES, categorize
+from profkit.analysis.categories import CATEGORIES, category_of
 from profkit.analysis.names import factorize as _factorize
+from profkit.analysis.report_types import CONTRACT as CONTRACT
+from profkit.analysis.report_types import KernelReport as KernelReport
+from profkit.analysis.report_types import run_config as run_config
+from profkit.analysis.report_types import source_of
+from profkit.analysis.selection import check_options as check_options
+from profkit.analysis.selection import no_range, phase_index, range_labels
 from profkit.analysis.tables import (
     COUNT_COLUMNS,
     NS_PER_MS,
@@ -34,73 +39,10 @@ from profkit.analysis.tables import (
     category_table,
     first_rows,
     kernel_tables,
-    pair_groups,
     phase_table,
     range_table,
 )
-from profkit.errors import BadInput
 from profkit.traces.schema import KINDS, Trace
-
-# What ``--format json`` promises (docs/JSON.md, ``profkit kernels``): exactly these keys,
-# plus ``graphs`` after ``memset`` where the trace holds whole CUDA graphs.
-CONTRACT = {
-    "phases": ["phase", "kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms", "share"],
-    "ranges": [
-        "range", "instances", "kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms",
-    ],
-    "kernels": [
-        "name", "phase", "category", "kind", "instances", "total_ms", "share",
-        "avg_us", "med_us", "min_us", "max_us", "std_us",
-    ],
-    "categories": ["phase", "category", "kernels", "memcpy", "memset", "gpu_time_ms", "share"],
-}  # fmt: skip
-
-
-@dataclass
-class KernelReport:
-    """The tables of one trace. Shares are fractions (0-1).
-
-    ``kernels`` has one row per (kernel name, phase), its share being of that phase's GPU
-    time; ``overall`` one row per kernel name across phases (phase ``all``), its share of
-    the total. ``categories``' share is of its phase's GPU time; ``phases``' of the total.
-    """
-
-    source: dict[str, Any]
-    totals: dict[str, Any]
-    phases: pd.DataFrame
-    ranges: pd.DataFrame
-    kernels: pd.DataFrame
-    overall: pd.DataFrame
-    categories: pd.DataFrame
-    top: int = 20
-    notes: list[str] = field(default_factory=list)
-    selected: np.ndarray | None = None
-    """Which of the trace's activities these tables count (after ``phase``/``range``)."""
-
-    @property
-    def activities(self) -> int:
-        """GPU activities of every kind (0 for a CPU-only trace)."""
-        return sum(int(self.totals.get(c, 0)) for c in COUNT_COLUMNS.values())
-
-    def top_kernels(self, phase: str | None = None, n: int | None = None) -> pd.DataFrame:
-        """The ``n`` (default ``top``; 0 = all) kernels with the most GPU time overall or in a phase."""
-        n = self.top if n is None else n
-        table = self.overall if phase is None else self.kernels[self.kernels["phase"] == phase]
-        return (table.head(n) if n else table).reset_index(drop=True)
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``profkit kernels`` JSON (docs/JSON.md); ``kernels`` holds each phase's top rows."""
-        kernels = self.kernels
-        if self.top:
-            kernels = kernels.groupby("phase", sort=False).head(self.top)
-        return {
-            "source": self.source,
-            "totals": self.totals,
-            "phases": table_records(self.phases, CONTRACT["phases"]),
-            "ranges": table_records(self.ranges, CONTRACT["ranges"]),
-            "kernels": table_records(kernels, CONTRACT["kernels"]),
-            "categories": table_records(self.categories, CONTRACT["categories"]),
-        }
 
 
 def analyze(
@@ -122,14 +64,6 @@ def analyze(
     k, r = trace.kernels, trace.ranges
     att = attribute(k, r, phase_domain, TraceHints.of(trace.meta), phases)
     return tables_of(att, Activities.of(k), r, trace.meta, top, phase, range)
-
-
-def check_options(top: int, phases: str) -> None:
-    """Raise :class:`BadInput` for a ``top`` or ``phases`` :func:`analyze` cannot take."""
-    if top < 0:
-        raise BadInput(f"--top must be 0 (all) or more, got {top}")
-    if phases not in PHASE_MODES:
-        raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
 
 
 @dataclass
@@ -196,7 +130,7 @@ def tables_of(
 
     ``counts_of_all()`` gives the range counts of every activity (``tables.range_counts``),
     used when no activity is filtered out."""
-    labels = _range_labels(ranges)
+    labels = range_labels(ranges)
     selected = _selected(att, ranges, labels, phase, range)
     category_names = np.array(CATEGORIES, dtype=object)
     phase_names = np.array(att.phase_names, dtype=object)
@@ -219,7 +153,7 @@ def tables_of(
         phase_names,
     )
     report = KernelReport(
-        source={**_source_of(meta, phase, range, top, config), "phase_source": att.phase_source},
+        source={**source_of(meta, phase, range, top, config), "phase_source": att.phase_source},
         totals=_totals(frame),
         phases=phase_table(frame, att, ranges, phase_names, sidecar, phase is not None),
         ranges=range_table(
@@ -252,13 +186,13 @@ def _selected(
     n = len(att.kernel_phase)
     selected = np.ones(n, dtype=bool)
     if phase is not None:
-        selected &= att.kernel_phase == _phase_index(att, phase)
+        unattributed_seen = bool((att.kernel_phase == len(att.phase_names) - 1).any())
+        selected &= att.kernel_phase == phase_index(att.phase_names, unattributed_seen, phase)
     if range_ is not None:
         names = ranges["name"].to_numpy(dtype=object)
         rows = np.flatnonzero((labels == range_) | (names == range_))
         if not len(rows):
-            known = ", ".join(list(dict.fromkeys(labels.tolist()))[:12]) or "none"
-            raise BadInput(f"no range named {range_!r} in this trace; ranges: {known}")
+            raise no_range(range_, labels)
         selected &= att.enclosed_by(rows, n)
     return selected
 
@@ -274,7 +208,7 @@ def _name_facts(
     name_kinds = np.array([kind_index[kind] for kind in kinds], dtype=np.int8)
     category_index = {c: i for i, c in enumerate(CATEGORIES)}
     categories = np.array(
-        [category_index[_category(n, kind)] for n, kind in zip(names, kinds, strict=True)],
+        [category_index[category_of(n, kind)] for n, kind in zip(names, kinds, strict=True)],
         dtype=np.int64,
     )
     return kinds, name_kinds, categories
@@ -294,83 +228,6 @@ def _totals(frame: pd.DataFrame) -> dict[str, Any]:
     totals["kernel_time_ms"] = float(counts["kernel_ns"][0]) / NS_PER_MS
     totals["gpu_time_ms"] = float(counts["gpu_ns"][0]) / NS_PER_MS
     return totals
-
-
-def _phase_index(att: Attribution, phase: str) -> int:
-    # The last name is the catch-all ``unattributed``: offered only when some kernel has it.
-    last = len(att.phase_names) - 1
-    present = [
-        name
-        for index, name in enumerate(att.phase_names)
-        if index < last or bool((att.kernel_phase == last).any())
-    ]
-    lowered = [p.lower() for p in present]
-    if phase.lower() not in lowered:
-        listed = ", ".join(present) or "none"
-        raise BadInput(f"no phase {phase!r} in this trace; phases: {listed}")
-    return lowered.index(phase.lower())
-
-
-def _range_labels(ranges: pd.DataFrame) -> np.ndarray:
-    """``name`` for the default NVTX domain, ``domain:name`` for others (as nsys shows them)."""
-    names = ranges["name"].to_numpy(dtype=object)
-    domains = ranges["domain"].fillna("").to_numpy(dtype=object)
-
-    def label(n: object, d: object) -> object:
-        return f"{d}:{n}" if d else n
-
-    # One label per distinct (name, domain), not one f-string per range row.
-    group, first = pair_groups(names, domains)
-    distinct = np.array([label(names[f], domains[f]) for f in first.tolist()], dtype=object)
-    labels = np.empty(len(names), dtype=object)
-    known = group >= 0
-    labels[known] = distinct[group[known]]
-    for row in np.flatnonzero(~known).tolist():  # a missing name: as it reads
-        labels[row] = label(names[row], domains[row])
-    return labels
-
-
-def _category(name: str, kind: str) -> str:
-    if kind in ("memcpy", "memset"):
-        return "memory"
-    if kind == "graph":
-        return "graph"
-    return categorize(name)
-
-
-def run_config(sidecar: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The run's config: the sidecar's beside the trace, else the trace's own (a Chrome
-    trace written by ``profkit torch`` carries it in its header)."""
-    for config in (sidecar.get("config"), meta.get("config")):
-        if isinstance(config, dict):
-            return config
-    return None
-
-
-def _source(
-    trace: Trace, phase: str | None, range_: str | None, top: int, config: dict[str, Any] | None
-) -> dict[str, Any]:
-    return _source_of(trace.meta, phase, range_, top, config)
-
-
-def _source_of(
-    meta: dict[str, Any],
-    phase: str | None,
-    range_: str | None,
-    top: int,
-    config: dict[str, Any] | None,
-) -> dict[str, Any]:
-    source = {"path": meta.get("path"), "format": meta.get("format")}
-    # What the reader dropped or clamped (negative durations, non-finite times): counts
-    # appear only when non-zero, beside the warnings that say why.
-    for key in ("tool", "tool_version", "gpu", "dropped_events", "clamped_activities",
-                "clamped_ranges"):  # fmt: skip
-        if meta.get(key):
-            source[key] = meta[key]
-    if config:
-        source["config"] = config
-    source.update(phase=phase, range=range_, top=top)
-    return source
 
 
 def _notes(
@@ -412,14 +269,3 @@ def _notes(
             "was not traced): they are unattributed and in no range."
         )
     return notes
-
-
-def table_records(table: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
-    """The JSON rows of a report table: ``columns`` (and ``graphs`` after ``memset``)."""
-    if "graphs" in table and "memset" in columns:
-        columns = [
-            *columns[: columns.index("memset") + 1],
-            "graphs",
-            *columns[columns.index("memset") + 1 :],
-        ]
-    return table[columns].to_dict(orient="records") if len(table) else []

@@ -19,7 +19,7 @@ import pandas as pd
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import UNATTRIBUTED, inference_sentence
 from profkit.analysis.categories import CATEGORIES
-from profkit.analysis.report import KernelReport, _source_of, run_config
+from profkit.analysis.report_types import KernelReport, run_config, source_of
 from profkit.analysis.steps import step_starts
 from profkit.analysis.stream_attribution import Plan
 from profkit.analysis.stream_rank_stats import (
@@ -150,7 +150,7 @@ def scope_report(
     sidecar = cols.meta.get("sidecar") or {}
     config = run_config(sidecar, cols.meta)
     source = {
-        **_source_of(cols.meta, phase, range_, top, config),
+        **source_of(cols.meta, phase, range_, top, config),
         "phase_source": scope.phase_source,
     }
     instances, wall = tables.range_spans(scope.ranges[scope.is_phase])

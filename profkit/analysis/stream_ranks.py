@@ -32,25 +32,20 @@ pass) runs its chunks on up to four threads (:mod:`.chunked`), its result the sa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from profkit.analysis import stream_tables as tables
 from profkit.analysis.attribution import (
-    Attribution,
     PhaseMode,
     ordered_phase_names,
     phase_source,
 )
 from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import is_nccl
-from profkit.analysis.ranks import RankedReport, RankEntry
-from profkit.analysis.report import (
-    KernelReport,
-    _phase_index,
-    _range_labels,
-)
+from profkit.analysis.report_types import KernelReport, RankedReport, RankEntry
+from profkit.analysis.selection import phase_index, range_labels
 from profkit.analysis.steps import step_table
 from profkit.analysis.stream_attribution import Plan, attributed, plan_of
 from profkit.analysis.stream_rank_comm import (
@@ -73,7 +68,6 @@ from profkit.analysis.stream_rank_tables import (
     whole_scope,
 )
 from profkit.analysis.stream_sums import name_codes
-from profkit.analysis.streaming import _PhaseView
 from profkit.errors import BadInput
 from profkit.traces.columns import START, ActivityColumns
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
@@ -233,7 +227,7 @@ def analyze_rank_columns(
     plan = plan_of(cols, phases=phases)
     views = rank_views(cols, plan, layout)
     att = attributed(cols, plan)
-    labels = _range_labels(cols.ranges)
+    labels = range_labels(cols.ranges)
     selection = _selection(cols, plan, att, layout, views, labels, phase, range_)
     name_kind = name_codes(cols)[0]
     kernel_name = name_kind == KERNEL
@@ -309,16 +303,14 @@ def _selection(
     chosen = np.full(len(views), -1, dtype=np.int64)
     for r, view in enumerate(views):
         if phase is not None:
-            unattributed = np.array([len(view.names) - 1] if seen[r, -1] else [])
-            index = _phase_index(cast(Attribution, _PhaseView(view.names, unattributed)), phase)
+            index = phase_index(view.names, bool(seen[r, -1]), phase)
             chosen[r] = plan.phase_names.index(view.names[index])
         if range_ is not None and not (layout.range_rank[rows] == r).any():
             own = labels[view.range_rows]
             known = ", ".join(list(dict.fromkeys(own.tolist()))[:12]) or "none"
             raise BadInput(f"no range named {range_!r} in this trace; ranges: {known}")
     if phase is not None:
-        unattributed = np.array([n_phases - 1] if seen[:, -1].any() else [])
-        index = _phase_index(cast(Attribution, _PhaseView(plan.phase_names, unattributed)), phase)
+        index = phase_index(plan.phase_names, bool(seen[:, -1].any()), phase)
         other = np.flatnonzero((chosen != index) & (seen[np.arange(len(views)), chosen] > 0))
         if len(other):  # names that differ in case only, each rank spelling its own
             r = int(other[0])

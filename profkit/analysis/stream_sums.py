@@ -22,9 +22,8 @@ import pandas as pd
 
 from profkit.analysis import stream_stats as stats_of
 from profkit.analysis import stream_tables as tables
-from profkit.analysis.categories import CATEGORIES
+from profkit.analysis.categories import CATEGORIES, category_of
 from profkit.analysis.chunked import map_chunks
-from profkit.analysis.report import _category
 from profkit.analysis.stream_attribution import Plan
 from profkit.traces.columns import ActivityColumns, Derived
 from profkit.traces.schema import KINDS
@@ -256,7 +255,7 @@ def name_codes(cols: ActivityColumns) -> tuple[np.ndarray, np.ndarray]:
     """Per name: the index of its kind in ``KINDS`` and of its category in ``CATEGORIES``."""
     kind = np.array([KINDS.index(k) for k in cols.kinds], dtype=np.int64)
     index = {c: i for i, c in enumerate(CATEGORIES)}
-    category = [index[_category(n, k)] for n, k in zip(cols.names, cols.kinds, strict=True)]
+    category = [index[category_of(n, k)] for n, k in zip(cols.names, cols.kinds, strict=True)]
     return kind, np.array(category, dtype=np.int64)
 
 

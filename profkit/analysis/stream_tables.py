@@ -18,7 +18,7 @@ from profkit.analysis.categories import CATEGORIES
 from profkit.analysis.tables import (
     COUNT_COLUMNS,
     NS_PER_MS,
-    _count_columns,
+    count_columns,
     labelled_kernel_tables,
     phases_from_counts,
     ranges_from_counts,
@@ -97,7 +97,7 @@ def category_table(by_phase_category: np.ndarray, phase_names: list[str]) -> pd.
     found = counts(by_phase_category)
     gpu_ns = found["gpu_ns"][present]
     phase_total = np.bincount(phase, weights=gpu_ns, minlength=len(phase_names))
-    columns = _count_columns(found, present)
+    columns = count_columns(found, present)
     del columns["kernel_time_ms"]
     table = pd.DataFrame(
         {

@@ -21,28 +21,19 @@ the kept sums and touches no per-activity array.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from profkit.analysis import stream_tables as tables
-from profkit.analysis.attribution import UNATTRIBUTED, Attribution, PhaseMode, inference_sentence
+from profkit.analysis.attribution import UNATTRIBUTED, PhaseMode, inference_sentence
 from profkit.analysis.categories import CATEGORIES
-from profkit.analysis.report import (
-    KernelReport,
-    _phase_index,
-    _range_labels,
-    _source,
-    check_options,
-    run_config,
-)
+from profkit.analysis.report_types import KernelReport, run_config, source_of
+from profkit.analysis.selection import check_options, no_range, phase_index, range_labels
 from profkit.analysis.stream_attribution import Plan, attributed, attribution_identity, plan_of
 from profkit.analysis.stream_sums import KEPT_AS, VERSION, Selection, Sums, add_up, name_codes
-from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
-from profkit.traces.schema import KINDS, Trace
+from profkit.traces.schema import KINDS
 
 
 def analyze_columns(
@@ -56,21 +47,19 @@ def analyze_columns(
     """:func:`~profkit.analysis.report.analyze` for compact columns (the same report)."""
     check_options(top, phases)
     plan = plan_of(cols, phase_domain, phases)
-    labels = _range_labels(cols.ranges)
+    labels = range_labels(cols.ranges)
     selection = Selection()
     if range is not None:
         names = cols.ranges["name"].to_numpy(dtype=object)
         rows = np.flatnonzero((labels == range) | (names == range))
         if not len(rows):
-            known = ", ".join(list(dict.fromkeys(labels.tolist()))[:12]) or "none"
-            raise BadInput(f"no range named {range!r} in this trace; ranges: {known}")
+            raise no_range(range, labels)
         selection.inside = plan.slots_inside(plan.range_start[rows], plan.range_end[rows])
     sums = whole_trace_sums(cols, plan) if range is None else None
     if sums is None:
         sums = add_up(cols, plan, attributed(cols, plan), selection)
     if phase is not None:  # the same check and message as analyze()
-        seen = np.array([len(plan.phase_names) - 1] if sums.unattributed_seen else [])
-        index = _phase_index(cast(Attribution, _PhaseView(plan.phase_names, seen)), phase)
+        index = phase_index(plan.phase_names, sums.unattributed_seen, phase)
         if sums.slot_phase is not None:
             sums = sums.restricted(index)
         else:  # slots mix phases (several processes): add this phase's activities up
@@ -92,15 +81,6 @@ def whole_trace_sums(cols: ActivityColumns, plan: Plan) -> Sums:
     return found
 
 
-@dataclass
-class _PhaseView:
-    """What ``report._phase_index`` reads of an Attribution: names, and whether
-    ``unattributed`` occurs (one entry of its index when it does)."""
-
-    phase_names: list[str]
-    kernel_phase: np.ndarray
-
-
 def _report(
     cols: ActivityColumns,
     plan: Plan,
@@ -117,9 +97,8 @@ def _report(
     _, categories = name_codes(cols)
     stats = (sums.per_phase, sums.overall)
     per_phase, overall = tables.kernel_tables(stats, cols, categories, plan.phase_names)
-    trace = Trace(kernels=pd.DataFrame(), ranges=cols.ranges, meta=cols.meta)
     report = KernelReport(
-        source=_source(trace, phase, range_, top, config),
+        source=source_of(cols.meta, phase, range_, top, config),
         totals=tables.totals_of(sums.by_phase_category),
         phases=tables.phase_table(
             by_phase, plan.phase_names, plan.phase_spans(cols.ranges), sidecar, phase is not None

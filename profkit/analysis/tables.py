@@ -53,7 +53,7 @@ def activity_counts(
     return out
 
 
-def _count_columns(counts: dict[str, np.ndarray], rows: np.ndarray | slice) -> dict[str, Any]:
+def count_columns(counts: dict[str, np.ndarray], rows: np.ndarray | slice) -> dict[str, Any]:
     """The count columns and the two times (ms) of ``activity_counts``, at ``rows``."""
     columns: dict[str, Any] = {
         column: counts[column][rows] for column in COUNT_COLUMNS.values() if column in counts
@@ -179,7 +179,7 @@ def phases_from_counts(
         {
             "phase": phase_names,
             "instances": [int(instances.get(p, 0)) for p in phase_names],
-            **_count_columns(counts, slice(None)),
+            **count_columns(counts, slice(None)),
             "share": gpu_ns / total if total else np.zeros(n),
             "cpu_time_ms": [cpu_ns.get(p, np.nan) / NS_PER_MS for p in phase_names],
         }
@@ -272,7 +272,7 @@ def category_table(
     phase, category = present // n_categories, present % n_categories
     gpu_ns = counts["gpu_ns"][present]
     phase_total = np.bincount(phase, weights=gpu_ns, minlength=len(phase_names))
-    columns = _count_columns(counts, present)
+    columns = count_columns(counts, present)
     del columns["kernel_time_ms"]
     table = pd.DataFrame(
         {

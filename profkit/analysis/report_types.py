@@ -1,0 +1,165 @@
+"""What a kernel report is, whichever engine builds it: :class:`KernelReport`, the ranked
+:class:`RankedReport` with its :class:`RankEntry` per rank, the JSON columns they promise
+(:data:`CONTRACT`), and the ``source`` every report opens with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.analysis.comm import CommStats
+from profkit.analysis.steps import RankSteps, job_summary
+from profkit.analysis.tables import COUNT_COLUMNS
+
+# What ``--format json`` promises (docs/JSON.md, ``profkit kernels``): exactly these keys,
+# plus ``graphs`` after ``memset`` where the trace holds whole CUDA graphs.
+CONTRACT = {
+    "phases": ["phase", "kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms", "share"],
+    "ranges": [
+        "range", "instances", "kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms",
+    ],
+    "kernels": [
+        "name", "phase", "category", "kind", "instances", "total_ms", "share",
+        "avg_us", "med_us", "min_us", "max_us", "std_us",
+    ],
+    "categories": ["phase", "category", "kernels", "memcpy", "memset", "gpu_time_ms", "share"],
+}  # fmt: skip
+RANK_FIELDS = ("rank", "device", "pid", "host")
+
+
+@dataclass
+class KernelReport:
+    """The tables of one trace. Shares are fractions (0-1).
+
+    ``kernels`` has one row per (kernel name, phase), its share being of that phase's GPU
+    time; ``overall`` one row per kernel name across phases (phase ``all``), its share of
+    the total. ``categories``' share is of its phase's GPU time; ``phases``' of the total.
+    """
+
+    source: dict[str, Any]
+    totals: dict[str, Any]
+    phases: pd.DataFrame
+    ranges: pd.DataFrame
+    kernels: pd.DataFrame
+    overall: pd.DataFrame
+    categories: pd.DataFrame
+    top: int = 20
+    notes: list[str] = field(default_factory=list)
+    selected: np.ndarray | None = None
+    """Which of the trace's activities these tables count (after ``phase``/``range``)."""
+
+    @property
+    def activities(self) -> int:
+        """GPU activities of every kind (0 for a CPU-only trace)."""
+        return sum(int(self.totals.get(c, 0)) for c in COUNT_COLUMNS.values())
+
+    def top_kernels(self, phase: str | None = None, n: int | None = None) -> pd.DataFrame:
+        """The ``n`` (default ``top``; 0 = all) kernels with the most GPU time overall or in a phase."""
+        n = self.top if n is None else n
+        table = self.overall if phase is None else self.kernels[self.kernels["phase"] == phase]
+        return (table.head(n) if n else table).reset_index(drop=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``profkit kernels`` JSON (docs/JSON.md); ``kernels`` holds each phase's top rows."""
+        kernels = self.kernels
+        if self.top:
+            kernels = kernels.groupby("phase", sort=False).head(self.top)
+        return {
+            "source": self.source,
+            "totals": self.totals,
+            "phases": table_records(self.phases, CONTRACT["phases"]),
+            "ranges": table_records(self.ranges, CONTRACT["ranges"]),
+            "kernels": table_records(kernels, CONTRACT["kernels"]),
+            "categories": table_records(self.categories, CONTRACT["categories"]),
+        }
+
+
+@dataclass
+class RankEntry:
+    """One rank: who it is, its tables and its communication."""
+
+    info: dict[str, Any]
+    report: KernelReport
+    comm: CommStats
+    totals: dict[str, Any]
+    steps: RankSteps
+    # No copy of the rank's trace is kept: the copies of every rank would double the peak.
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **{key: self.info.get(key) for key in RANK_FIELDS},
+            **self.totals,
+            "phases": table_records(self.report.phases, CONTRACT["phases"]),
+            "kernels_top": [
+                {k: v for k, v in row.items() if k != "phase"}
+                for row in self.report.top_kernels().to_dict(orient="records")
+            ],
+            "categories": table_records(self.report.categories, CONTRACT["categories"]),
+            "comm": self.comm.to_json(),
+        }
+
+
+@dataclass
+class RankedReport(KernelReport):
+    """A :class:`KernelReport` plus ``ranks`` and the ``job`` across them."""
+
+    ranks: list[RankEntry] = field(default_factory=list)
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    world_size: int = 0
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    """Several nodes' reports read as one job: each node's file, host, ranks and clock
+    (:class:`profkit.analysis.nodes.NodeClock`); empty for one report."""
+
+    def to_json(self) -> dict[str, Any]:
+        base = super().to_json()
+        base["ranks"] = [entry.to_json() for entry in self.ranks]
+        base["job"] = job_summary(self.steps, self.world_size)
+        if self.nodes:
+            base["nodes"] = self.nodes
+        return base
+
+
+def table_records(table: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
+    """The JSON rows of a report table: ``columns`` (and ``graphs`` after ``memset``)."""
+    if "graphs" in table and "memset" in columns:
+        columns = [
+            *columns[: columns.index("memset") + 1],
+            "graphs",
+            *columns[columns.index("memset") + 1 :],
+        ]
+    return table[columns].to_dict(orient="records") if len(table) else []
+
+
+def run_config(sidecar: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's config: the sidecar's beside the trace, else the trace's own (a Chrome
+    trace written by ``profkit torch`` carries it in its header)."""
+    for config in (sidecar.get("config"), meta.get("config")):
+        if isinstance(config, dict):
+            return config
+    return None
+
+
+def source_of(
+    meta: dict[str, Any],
+    phase: str | None,
+    range_: str | None,
+    top: int,
+    config: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The report's ``source``: the trace's path and format, what its reader dropped or
+    clamped, the run's config, and the query."""
+    source = {"path": meta.get("path"), "format": meta.get("format")}
+    # What the reader dropped or clamped (negative durations, non-finite times): counts
+    # appear only when non-zero, beside the warnings that say why.
+    for key in ("tool", "tool_version", "gpu", "dropped_events", "clamped_activities",
+                "clamped_ranges"):  # fmt: skip
+        if meta.get(key):
+            source[key] = meta[key]
+    if config:
+        source["config"] = config
+    source.update(phase=phase, range=range_, top=top)
+    return source
