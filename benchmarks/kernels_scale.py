@@ -430,7 +430,7 @@ def breakdown(path: Path) -> dict[str, dict[str, float]]:
         stages[stage] = {"wall_s": now[0] - clock[0], "cpu_s": now[1] - clock[1]}
         clock = now
 
-    from profkit.analysis.streaming import analyze_columns
+    from profkit.analysis.engine import analyze_columns
     from profkit.formats import dumps
     from profkit.traces.load import load_columns
 

@@ -5,14 +5,12 @@ Nsight Systems export whose phases are annotated, in this process, and prints th
 seconds and the CPU seconds (all threads: ``time.process_time``) of each stage: the
 analysis runs its chunks on up to four threads, so wall and CPU differ. ``--path stream``
 (the default, what the command runs): the imports, the columns' read, the ranks, the one
-attribution, the one pass adding up every rank's sums, the kernel statistics (one sort,
-three merges), their longest activities and shapes, the reports' other tables, the
-second pass (compute kernels meeting NCCL, step spans), the NCCL overlap, the job and
-the JSON. An export of one CUDA process (no ranks) gets the one-process streaming path's
-stages instead (the plan, the attribution, the one pass with its kernel statistics, the
-tables). ``--path full`` (the full tables, what inferred phases take): the imports,
-``load_trace``, the one attribution,
-each rank's entry (its tables from that attribution, its NCCL time and overlap, its
+attribution, the one pass adding up every rank's sums, the kernel statistics (sorted
+keys in batches of names), their longest activities and shapes, the reports' other
+tables, the second pass (compute kernels meeting NCCL, step spans), the NCCL overlap, the
+job and the JSON. An export of one CUDA process (a world of one rank) gets the same
+stages but the second pass's. ``--path full`` (the full tables, what inferred phases
+take): the imports, ``load_trace``, the one attribution, each rank's entry (its tables from that attribution, its NCCL time and overlap, its
 steps; the first one also adds up the range totals of the one attribution), the whole
 trace's tables, the job across ranks, and the JSON. Peak RSS and minor page faults
 come from ``getrusage``. Each stage is timed by wrapping the function that does it, so the
@@ -45,7 +43,7 @@ STREAM_ORDER = [
     "analysis",
     "ranks (numbering)",
     "attribution (once)",
-    "one pass: sums per rank",
+    "one pass: sums",
     "kernel statistics",
     "  longest and shapes",
     "reports' tables",
@@ -54,18 +52,8 @@ STREAM_ORDER = [
     "job across ranks (steps)",
     "json",
 ]
-ONE_PROCESS_ORDER = [
-    "import",
-    "read_nsys_columns",
-    "ranks (numbering)",
-    "analysis",
-    "plan",
-    "attribution",
-    "one pass: sums",
-    "  kernel statistics",
-    "tables",
-    "json",
-]
+SECOND_PASS = ("second pass: NCCL, steps", "  NCCL overlap per rank", "job across ranks (steps)")
+ONE_PROCESS_ORDER = [s for s in STREAM_ORDER if s not in SECOND_PASS]
 ORDER = [
     "import",
     "load_trace",
@@ -124,7 +112,7 @@ def main() -> int:
 
 def _import_profkit() -> tuple[type[Exception], ...]:
     """The modules the stages wrap, imported (timed as ``import``); the user errors."""
-    from profkit.analysis import ranks, stream_ranks, streaming  # noqa: F401
+    from profkit.analysis import engine, ranks  # noqa: F401
     from profkit.errors import ProfkitError
     from profkit.traces import load_trace  # noqa: F401
     from profkit.traces.nsys_stream import read_nsys_columns  # noqa: F401
@@ -157,47 +145,30 @@ def full(export: Path) -> int:
 
 
 def stream(export: Path) -> int:
-    """The stages of the streaming path (``analysis.stream_ranks``)."""
-    from profkit.analysis import stream_ranks
+    """The stages of the analysis of columns (``analysis.engine``); one line and exit
+    status 2 for columns of several processes without GPU starts (which only a Chrome
+    trace that names no rank gives)."""
+    from profkit.analysis import engine, kernel_stats, one_process, rank_layout, sums
     from profkit.formats import dumps
     from profkit.traces.nsys_stream import read_nsys_columns
 
-    s = stream_ranks
-    s.attributed = timed("attribution (once)", s.attributed)
-    s.add_up_ranks = timed("one pass: sums per rank", s.add_up_ranks)
-    s.kernel_statistics = timed("kernel statistics", s.kernel_statistics)
-    s.stat_frames = timed("  longest and shapes", s.stat_frames)
-    s.scope_report = timed("reports' tables", s.scope_report)
-    s.second_pass = timed("second pass: NCCL, steps", s.second_pass)
-    s.rank_comm = timed("  NCCL overlap per rank", s.rank_comm)
-    s.step_table = timed("job across ranks (steps)", s.step_table)
+    attributed = timed("attribution (once)", engine.attributed)
+    engine.attributed = sums.attributed = attributed
+    sums.add_up = timed("one pass: sums", sums.add_up)
+    sums.kernel_stats = timed("kernel statistics", sums.kernel_stats)
+    kernel_stats._add_shapes = timed("  longest and shapes", kernel_stats._add_shapes)
+    engine.scope_report = timed("reports' tables", engine.scope_report)
+    engine.second_pass = timed("second pass: NCCL, steps", engine.second_pass)
+    engine.rank_comm = timed("  NCCL overlap per rank", engine.rank_comm)
+    engine.step_table = timed("job across ranks (steps)", engine.step_table)
     cols = timed("read_nsys_columns", read_nsys_columns)(export)
-    layout = timed("ranks (numbering)", s.ranks_of)(cols)
-    if layout is None:
-        return stream_one_process(export, cols)
-    report = timed("analysis", s.analyze_rank_columns)(cols, layout)
-    timed("json", lambda: dumps(report.to_json()))()
-    return summary(export, report, STREAM_ORDER)
-
-
-def stream_one_process(export: Path, cols: Any) -> int:
-    """The one-process streaming path's stages (``analysis.streaming``), for an export of
-    one CUDA process (no ranks); one line and exit status 2 for columns of several processes
-    without GPU starts (which only a Chrome trace that names no rank gives)."""
-    from profkit.analysis import one_process, stream_stats, streaming
-    from profkit.formats import dumps
-
-    if not one_process(cols):
+    layout = timed("ranks (numbering)", rank_layout.ranks_of)(cols)
+    if layout is None and not one_process(cols):
         print(f"{export}: several processes, but no GPU starts to rank them", file=sys.stderr)
         return 2
-    streaming.plan_of = timed("plan", streaming.plan_of)
-    streaming.attributed = timed("attribution", streaming.attributed)
-    streaming.add_up = timed("one pass: sums", streaming.add_up)
-    stream_stats.kernel_stats = timed("  kernel statistics", stream_stats.kernel_stats)
-    streaming._report = timed("tables", streaming._report)
-    report = timed("analysis", streaming.analyze_columns)(cols)
+    report = timed("analysis", engine.analyze_columns)(cols, layout=layout)
     timed("json", lambda: dumps(report.to_json()))()
-    return summary(export, report, ONE_PROCESS_ORDER)
+    return summary(export, report, STREAM_ORDER if layout else ONE_PROCESS_ORDER)
 
 
 def _one_process(export: Path) -> int:
@@ -210,7 +181,7 @@ def summary(export: Path, report: Any, order: list[str]) -> int:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     whole = report.totals["kernels"]
     ranks = getattr(report, "ranks", None)
-    what = f"{len(ranks)} ranks" if ranks else "one CUDA process: the one-process path's stages"
+    what = f"{len(ranks)} ranks" if ranks else "one CUDA process: no ranks' stages"
     print(f"{export.name}: {whole:,} kernels, {what}")
     print(f"  {'stage':36s} {'wall':>8s} {'CPU':>8s}")
     for stage in order:

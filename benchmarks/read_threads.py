@@ -36,7 +36,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from profkit.analysis import stream_attribution, stream_stats, stream_sums
+    from profkit.analysis import kernel_stats, stream_attribution, sums
+    from profkit.analysis.selection import Selection
     from profkit.traces import _sqlite
     from profkit.traces.nsys_stream import read_nsys_columns
 
@@ -54,10 +55,11 @@ def main() -> int:
     att = stream_attribution.attributed(cols, plan)
     result["attribution"] = since(start)
     start = clocks()
-    stream_sums.add_up(cols, plan, att, stream_sums.Selection())
+    sums.with_stats(cols, plan, att, Selection())
     result["sums and kernel statistics"] = since(start)
     start = clocks()
-    stream_stats.kernel_stats(cols, att["phase"], len(plan.phase_names))
+    groups = kernel_stats.Groups(cols, att, None, 1, len(plan.phase_names), Selection())
+    kernel_stats.kernel_stats(groups)
     result["kernel statistics alone"] = since(start)
     result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     print(json.dumps(result, indent=1))

@@ -22,7 +22,7 @@ from report_checks import assert_same_report
 
 from profkit import analysis
 from profkit.analysis import KernelReport, analyze
-from profkit.analysis.streaming import analyze_columns
+from profkit.analysis.engine import analyze_columns
 from profkit.traces import cache, load_trace
 from profkit.traces.columns import ActivityColumns, from_trace
 from profkit.traces.job import load

@@ -29,9 +29,9 @@ import profkit.traces.load as load_module
 import profkit.traces.ranks as traces_ranks
 from profkit.analysis import analyze_any, kernel_report, kernel_report_markdown
 from profkit.analysis.nodes import merge_ranks_of_hosts
+from profkit.analysis.rank_layout import ranks_of
 from profkit.analysis.ranks import RankedReport
 from profkit.analysis.stream_rank_files import analyze_rank_file_columns, merge_rank_columns
-from profkit.analysis.stream_ranks import ranks_of
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.report.build import build_report

@@ -1,4 +1,4 @@
-"""The chunked passes of the streaming analysis on several threads (analysis/chunked.py).
+"""The chunked passes of the analysis of columns on several threads (analysis/chunked.py).
 
 Threads must change nothing: results come back in chunk order, an error in a chunk is
 the caller's, and a report computed on four threads in small chunks is the one computed
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from nsys_data import SMALL_FP32, unpack
 
-from profkit.analysis import chunked, stream_stats, stream_tables
-from profkit.analysis.streaming import analyze_columns
+from profkit.analysis import chunked, kernel_stats
+from profkit.analysis.engine import analyze_columns
+from profkit.analysis.selection import Selection
 from profkit.formats import dumps
 from profkit.traces.nsys_stream import read_nsys_columns
 
@@ -54,7 +55,7 @@ def test_four_threads_give_the_one_thread_report_to_the_bit(
 ) -> None:
     """Small chunks (1,000 activities), so every pass has many chunks in flight."""
     path = unpack(name, tmp_path)
-    monkeypatch.setattr(stream_tables, "CHUNK", 1000)
+    monkeypatch.setattr(chunked, "CHUNK", 1000)
     reports = {}
     for threads in (1, 4):
         monkeypatch.setattr(chunked, "MAX_THREADS", threads)
@@ -75,9 +76,10 @@ def test_statistics_in_batches_of_names_are_the_same(
     path = unpack(SMALL_FP32, tmp_path)
     whole = analyze_columns(read_nsys_columns(path), top=0, **options)
     cols = read_nsys_columns(path)
-    monkeypatch.setattr(stream_stats, "BATCH", 500)
-    phase = np.zeros(len(cols), dtype=np.int16)
-    assert len(stream_stats._name_batches(cols, phase, 1)) >= 8
+    monkeypatch.setattr(kernel_stats, "BATCH", 500)
+    att = {"phase": np.zeros(len(cols), dtype=np.int16)}
+    groups = kernel_stats.Groups(cols, att, None, 1, 1, Selection())
+    assert len(kernel_stats._name_batches(groups)) >= 8
     batched = analyze_columns(cols, top=0, **options)
     assert dumps(batched.to_json()) == dumps(whole.to_json())
     for table in ("kernels", "overall"):

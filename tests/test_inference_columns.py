@@ -32,7 +32,7 @@ from nsys_data import (
     unpack,
 )
 
-from profkit.analysis import stream_attribution, stream_tables
+from profkit.analysis import chunked, stream_attribution
 from profkit.analysis.attribution import attribute
 from profkit.analysis.inference import (
     BACKWARD,
@@ -109,7 +109,7 @@ def check(trace: Trace, cols: ActivityColumns, chunks: tuple[int, ...] = CHUNKS)
     for ranges, col_ranges in pairs:
         expected = infer_phases(launches, ranges, hints)
         assert expected.instance is not None and expected.phase.dtype == np.int64
-        for chunk in (stream_tables.CHUNK, *chunks):
+        for chunk in (chunked.CHUNK, *chunks):
             found = infer_columns(
                 LaunchColumns.of_columns(cols), col_ranges, col_hints, chunk=chunk
             )
@@ -132,15 +132,15 @@ def test_other_fixtures(name: str) -> None:
 def test_the_engine_reads_columns_in_chunks_of_chunk(
     unpacked: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``stream_attribution.inferred_phases`` reads ``stream_tables.CHUNK`` activities at a
+    """``stream_attribution.inferred_phases`` reads ``chunked.CHUNK`` activities at a
     time: a small one (14 chunks of the 2-rank export) changes nothing."""
     path = unpack("nsys-2025.3-h200x2-small-ddp2", unpacked)
     whole = stream_attribution.inferred_phases(load_columns(path, cache=False))
-    monkeypatch.setattr(stream_tables, "CHUNK", 1000)
+    monkeypatch.setattr(chunked, "CHUNK", 1000)
     cols = load_columns(path, cache=False)
-    assert len(cols) > 10 * stream_tables.CHUNK
-    chunked = stream_attribution.inferred_phases(cols)
-    assert_same(chunked, dataclasses.replace(whole, phase=whole.phase.astype(np.int64)))
+    assert len(cols) > 10 * chunked.CHUNK
+    in_chunks = stream_attribution.inferred_phases(cols)
+    assert_same(in_chunks, dataclasses.replace(whole, phase=whole.phase.astype(np.int64)))
 
 
 # --- synthetic corners ----------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A multi-process nsys export read as compact columns gives the full tables' ranked report.
 
 ``profkit kernels`` analyses a multi-process export whose phases are annotated from its
-columns (``analysis.stream_ranks``); the full-table path (``load_trace`` +
+columns (``analysis.engine``); the full-table path (``load_trace`` +
 ``analyze_ranks``) stays for everything else. Checked here on the real 2-rank DDP export
 and on it replicated three times: every table of the whole trace and of each rank, the
 notes, the source, the NCCL statistics (exact), the steps across ranks (exact), and the
@@ -29,9 +29,10 @@ from report_checks import assert_same_report, close_json, option_id
 from typer.testing import CliRunner
 
 import profkit.analysis as analysis
-from profkit.analysis import analyze_any, chunked, stream_tables
+from profkit.analysis import analyze_any, chunked
+from profkit.analysis.engine import analyze_columns
+from profkit.analysis.rank_layout import ranks_of
 from profkit.analysis.ranks import RankedReport
-from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.formats import dumps
@@ -80,14 +81,16 @@ def _streamed(path: Path, options: dict[str, Any]) -> RankedReport:
     cols = read_nsys_columns(path)
     layout = ranks_of(cols)
     assert layout is not None
-    return analyze_rank_columns(
+    report = analyze_columns(
         cols,
-        layout,
         options.get("top", 20),
         options.get("phase"),
         options.get("range"),
-        options.get("rank"),
+        layout=layout,
+        rank=options.get("rank"),
     )
+    assert isinstance(report, RankedReport)
+    return report
 
 
 @pytest.mark.parametrize("which", ["x1", "x3"])
@@ -195,7 +198,7 @@ def test_four_threads_give_the_one_thread_report_to_the_bit(
 ) -> None:
     """Small chunks (1,000 activities), so every pass has many chunks in flight: the JSON
     and each step's kernels (what the rank pictures read) are the same strings."""
-    monkeypatch.setattr(stream_tables, "CHUNK", 1000)
+    monkeypatch.setattr(chunked, "CHUNK", 1000)
     monkeypatch.setattr(chunked.os, "cpu_count", lambda: 4)
     reports, kernels = {}, {}
     for threads in (1, 4):
@@ -219,7 +222,7 @@ def test_the_stages_script_times_ranks_one_process_and_says_what_it_cannot(
     two = run(exports["x1"])
     assert two.returncode == 0, two.stderr
     assert "12,360 kernels, 2 ranks" in two.stdout
-    assert re.search(r"one pass: sums per rank +\d+\.\d\d s +\d+\.\d\d s", two.stdout)
+    assert re.search(r"one pass: sums +\d+\.\d\d s +\d+\.\d\d s", two.stdout)
     one = run(unpack(SMALL_FP32, tmp_path))
     assert one.returncode == 0, one.stderr
     assert "3,858 kernels, one CUDA process" in one.stdout
@@ -352,7 +355,26 @@ def test_ranks_without_phase_ranges_infer_theirs_on_the_columns(tmp_path: Path) 
     cols = read_nsys_columns(path)
     layout = ranks_of(cols)
     assert layout is not None and len(cols.ranges)
-    got = analyze_rank_columns(cols, layout).to_json()
+    got = analyze_columns(cols, layout=layout).to_json()
     assert got["source"]["phase_source"] == "inferred"
     assert [p["phase"] for p in got["phases"]] == ["forward", "backward", "optimizer"]
     close_json(got, analyze_any(load_trace(path)).to_json())
+
+
+@pytest.mark.parametrize("options", [{}, {"phase": "backward"}], ids=["all", "phase"])
+def test_statistics_in_batches_of_names_are_the_same(
+    exports: dict[str, Path], monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    """Batches of at most 2,000 activities (a name with more is a batch alone), each with
+    every rank's groups of its names: every statistic as when all names are sorted at once."""
+    from profkit.analysis import kernel_stats
+
+    whole = dumps(_streamed(exports["x3"], options).to_json())
+    monkeypatch.setattr(kernel_stats, "BATCH", 2000)
+    batches = []
+    name_batches = kernel_stats._name_batches
+    monkeypatch.setattr(
+        kernel_stats, "_name_batches", lambda g: batches.append(name_batches(g)) or batches[-1]
+    )
+    assert dumps(_streamed(exports["x3"], options).to_json()) == whole
+    assert min(len(b) for b in batches) >= 8

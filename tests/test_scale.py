@@ -30,7 +30,7 @@ from nsys_data import (
 from report_checks import assert_same_report
 
 from profkit.analysis import analyze, one_process
-from profkit.analysis.streaming import analyze_columns
+from profkit.analysis.engine import analyze_columns
 from profkit.traces import load_trace
 from profkit.traces.columns import ActivityColumns, from_trace
 from profkit.traces.nsys_stream import read_nsys_columns
@@ -144,7 +144,7 @@ def test_a_phase_is_its_share_of_the_whole_trace_sums(
 ) -> None:
     """--phase keeps one phase's share of the sums of every activity (each slot holds one
     phase's points); adding that phase's activities up again gives the same report."""
-    from profkit.analysis import stream_attribution, streaming
+    from profkit.analysis import engine, stream_attribution
 
     path = DATA / name if name in CHROME else unpack(name, exports)
     trace = load_trace(path)
@@ -159,7 +159,7 @@ def test_a_phase_is_its_share_of_the_whole_trace_sums(
         found.slot_phase = None  # as where several processes share a slot
         return found
 
-    monkeypatch.setattr(streaming, "plan_of", mixed_slots)
+    monkeypatch.setattr(engine, "plan_of", mixed_slots)
     for phase in phases:
         added_up = analyze_columns(from_trace(trace), phase=phase)
         assert_same_report(shares[phase], added_up)
@@ -167,8 +167,9 @@ def test_a_phase_is_its_share_of_the_whole_trace_sums(
 
 
 def test_a_slot_holding_several_phases_is_seen(exports: Path) -> None:
+    from profkit.analysis.selection import Selection
     from profkit.analysis.stream_attribution import attributed, plan_of
-    from profkit.analysis.stream_sums import Selection, add_up
+    from profkit.analysis.sums import add_up
 
     columns = read_nsys_columns(unpack(SMALL_FP32, exports))
     plan = plan_of(columns)
@@ -197,13 +198,13 @@ def test_a_time_that_is_not_an_integer_is_one_line(tmp_path: Path, cell: str, sa
 
 def test_small_chunks_give_the_same_report(exports: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk seams (reader and analysis) change nothing: 1,000-row chunks on 4,028 rows."""
-    from profkit.analysis import stream_tables
+    from profkit.analysis import chunked
     from profkit.traces import nsys_stream
 
     path = unpack(SMALL_FP32, exports)
     expected = analyze(load_trace(path), range="forward")
     monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
-    monkeypatch.setattr(stream_tables, "CHUNK", 1000)
+    monkeypatch.setattr(chunked, "CHUNK", 1000)
     assert_same_report(analyze_columns(read_nsys_columns(path), range="forward"), expected)
 
 

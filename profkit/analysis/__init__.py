@@ -56,11 +56,12 @@ def kernel_report(
     """The kernel report of a loaded job (:func:`profkit.traces.job.load`), from its files'
     compact columns, in bounded memory, phases annotated or inferred (``phases``).
 
-    One trace of one process: :func:`~.streaming.analyze_columns`. One trace of several
-    processes, the per-rank traces of one run, several nodes' exports of one job: their
-    ranks, joined where they are several files (:mod:`.stream_rank_files`,
-    :mod:`.stream_nodes`), give a :class:`~profkit.analysis.ranks.RankedReport`
-    (:func:`~.stream_ranks.analyze_rank_columns`); ``rank`` narrows its tables to one rank.
+    One trace of one process, a world of one rank: :func:`~.engine.analyze_columns`. One
+    trace of several processes, the per-rank traces of one run, several nodes' exports of
+    one job: their ranks (:func:`~.rank_layout.ranks_of`), joined where they are several
+    files (:mod:`.stream_rank_files`, :mod:`.stream_nodes`), give the same analysis's
+    :class:`~profkit.analysis.report_types.RankedReport`; ``rank`` narrows its tables to
+    one rank.
     ``consume``: a join gives each file's arrays up as it copies them (the job's columns
     are of no further use then). Traces to compare side by side have no one report:
     :func:`side_by_side`.
@@ -87,15 +88,15 @@ def _one_file(
 ) -> KernelReport:
     """The report of one file's columns: ranked where several of its processes ran GPU
     work (an nsys export of a torchrun tree)."""
-    from profkit.analysis.stream_ranks import analyze_rank_columns, ranks_of
-    from profkit.analysis.streaming import analyze_columns
+    from profkit.analysis.engine import analyze_columns
+    from profkit.analysis.rank_layout import ranks_of
 
     layout = None if one_process(cols) else ranks_of(cols)
     if layout is None:
         if rank is not None:
             raise BadInput(_one_rank_message(cols.meta))
         return analyze_columns(cols, top=top, phase=phase, range=range, phases=phases)
-    return analyze_rank_columns(cols, layout, top, phase, range, rank, phases)
+    return analyze_columns(cols, top, phase, range, phases=phases, layout=layout, rank=rank)
 
 
 def side_by_side(
@@ -108,10 +109,10 @@ def side_by_side(
 ) -> SideBySide:
     """The files of a job compared side by side: each analysed alone as one trace (its
     processes together, not per rank: the phases of the run are compared) by
-    :func:`~.streaming.analyze_columns`, then their phases per step, each against the
+    :func:`~.engine.analyze_columns`, then their phases per step, each against the
     first's (:func:`~.crosscheck.compare_reports`)."""
     from profkit.analysis.crosscheck import compare_reports
-    from profkit.analysis.streaming import analyze_columns
+    from profkit.analysis.engine import analyze_columns
 
     if len(job.files) < 2:
         raise BadInput("--compare needs two or more traces (e.g. run.sqlite run.json.gz)")

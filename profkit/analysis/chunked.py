@@ -1,8 +1,8 @@
 """A pass over per-activity arrays, chunk by chunk, on a few threads.
 
-The streaming analysis (attribution, sums; for several ranks too: :mod:`.stream_ranks`,
-:mod:`.stream_rank_sums`, :mod:`.stream_rank_comm`) is a loop over chunks of activities, each
-chunk's work independent of the others'. Its work is numpy's binary searches, gathers and
+The analysis of compact columns (attribution, sums, kernel statistics, the ranks' second
+pass: :mod:`.engine`) is a loop over chunks of :data:`CHUNK` activities, each chunk's work
+independent of the others'. Its work is numpy's binary searches, gathers and
 arithmetic, which release the GIL, so :func:`map_chunks` runs chunks on up to
 :data:`MAX_THREADS` threads and hands their results back in chunk order, with at most one
 chunk per thread (plus one) in flight: memory holds a few chunks' temporaries, whatever
@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
+CHUNK = 1 << 17  # activities per analysis chunk: ~15 MB of temporaries, a few in flight
 MAX_THREADS = 4
 """Threads of a pass, whatever the core count: each holds a chunk's temporaries (tens of
 MB), and the reader's threads (``traces._sqlite.MAX_READ_THREADS``) stop at four too."""

@@ -1,8 +1,11 @@
 """What a query picks of a trace: its options checked, the phase a ``--phase`` name means,
-and the labels ``--range`` matches.
+the labels ``--range`` matches, and :class:`Selection`, the activities a pass adds up.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -55,3 +58,31 @@ def no_range(range_: str, labels: np.ndarray) -> BadInput:
     """The error of a ``--range`` that names none of these ranges (``labels``)."""
     known = ", ".join(list(dict.fromkeys(labels.tolist()))[:12]) or "none"
     return BadInput(f"no range named {range_!r} in this trace; ranges: {known}")
+
+
+@dataclass
+class Selection:
+    """Which activities a pass adds up: per rank the phase code ``--phase`` keeps (-1:
+    none of its activities), and per slot whether it lies in a range ``--range`` names
+    (:meth:`.stream_attribution.Plan.slots_inside`). None: no such filter."""
+
+    phase_of_rank: np.ndarray | None = None
+    inside: np.ndarray | None = None
+
+    @property
+    def everything(self) -> bool:
+        return self.phase_of_rank is None and self.inside is None
+
+    def of(
+        self, rank: np.ndarray | int, att: Mapping[str, np.ndarray], lo: int, hi: int
+    ) -> np.ndarray | None:
+        """Mask of the chunk's selected activities (``rank``: theirs, or one for all;
+        None: every activity is)."""
+        if self.everything:
+            return None
+        keep = np.ones(hi - lo, dtype=bool)
+        if self.phase_of_rank is not None:
+            keep &= att["phase"][lo:hi] == self.phase_of_rank[rank]
+        if self.inside is not None:
+            keep &= self.inside[att["self_slot"][lo:hi]] | self.inside[att["owner_slot"][lo:hi]]
+        return keep

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis import stream_tables as tables
+from profkit.analysis import chunked
 from profkit.analysis.attribution import (
     PHASE_MODES,
     PhaseMode,
@@ -120,15 +120,6 @@ class Plan:
         inside = np.cumsum(marks) > 0
         inside[-1] = False
         return inside
-
-    def phase_spans(self, ranges: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-        """Per phase name: instances and wall ns (its ranges', plus inferred launch spans)."""
-        instances, wall = tables.range_spans(ranges[self.is_phase])
-        extra = pd.DataFrame.from_dict(
-            self.inferred_spans, orient="index", columns=["instances", "wall"]
-        )
-        instances = instances.add(extra["instances"], fill_value=0).astype(np.int64)
-        return instances, wall.add(extra["wall"], fill_value=0)
 
 
 def plan_of(
@@ -286,7 +277,7 @@ def _check_inference(cols: ActivityColumns, plan: Plan) -> bool:
         keys = owner_lane[code[mine]] * span + (launch[mine] - base)
         return bool((plan.phase_code[stab(plan.p_start, plan.p_end, keys)] == unattributed).any())
 
-    return not any(list(map_chunks(chunk, len(cols), tables.CHUNK)))
+    return not any(list(map_chunks(chunk, len(cols), chunked.CHUNK)))
 
 
 def inferred_phases(cols: ActivityColumns) -> InferredPhases:
@@ -301,7 +292,7 @@ def inferred_phases(cols: ActivityColumns) -> InferredPhases:
             return restored
     # No per-activity instance: the spans say what the tables need of instances.
     found = infer_columns(
-        LaunchColumns.of_columns(cols), cols.ranges, TraceHints.of(cols.meta), chunk=tables.CHUNK
+        LaunchColumns.of_columns(cols), cols.ranges, TraceHints.of(cols.meta), chunk=chunked.CHUNK
     )
     cols.remember(INFERENCE_AS, _kept_inference(found, identity))
     return found
@@ -463,7 +454,7 @@ def _attribute(cols: ActivityColumns, plan: Plan) -> dict[str, np.ndarray]:
         out["self_slot"][lo + rows] = plan.slot(self_keys)
         out["owner_slot"][lo + cross_rows] = plan.slot(owner_keys)
 
-    for _ in map_chunks(chunk, len(cols), tables.CHUNK):
+    for _ in map_chunks(chunk, len(cols), chunked.CHUNK):
         pass
     return out
 

@@ -4,10 +4,10 @@
 text included); :func:`merge_node_columns` joins their :class:`ActivityColumns` (a few bytes
 an activity, each node's read chunk by chunk and through the cache), so a job of many nodes
 and millions of kernels is read in the memory its columns take, and its ranked report comes
-from the streaming analysis (:func:`.stream_ranks.analyze_rank_columns`). The merge is the
+from the analysis of columns (:func:`.engine.analyze_columns`). The merge is the
 same as the full tables':
 
-- each node's ranks are numbered as :func:`.stream_ranks.ranks_of` numbers one export's,
+- each node's ranks are numbered as :func:`.rank_layout.ranks_of` numbers one export's,
   the nodes one after the other in the order given;
 - every process gets a key of its own in the merged thread ids (pids of two hosts can be
   equal), the ranks' first in rank order, and every node's GPUs are numbered after the
@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis.attribution import PhaseMode
+from profkit.analysis.engine import analyze_columns
 from profkit.analysis.nodes import (
     NodeClock,
     _clock,
@@ -40,8 +41,8 @@ from profkit.analysis.nodes import (
     merged_thread_names,
     rekeyed_ids,
 )
-from profkit.analysis.ranks import RankedReport
-from profkit.analysis.stream_ranks import Layout, analyze_rank_columns, ranks_of
+from profkit.analysis.rank_layout import Layout, ranks_of
+from profkit.analysis.report_types import RankedReport
 from profkit.errors import BadInput
 from profkit.traces.columns import (
     DEVICE,
@@ -73,7 +74,8 @@ def analyze_node_columns(
     nodes' arrays are given up as they are merged (:func:`merge_node_columns`); ``phases``:
     where phases come from (auto, annotated, inferred)."""
     cols, layout, real = merge_node_columns(nodes, consume)
-    report = analyze_rank_columns(cols, layout, top, phase, range_, rank, phases)
+    report = analyze_columns(cols, top, phase, range_, phases=phases, layout=layout, rank=rank)
+    assert isinstance(report, RankedReport)  # a layout gives one
     for entry in report.ranks:  # the merged keys gave the analysis its processes
         entry.info.update(real[entry.info["rank"]])
     report.nodes = list(cols.meta["nodes"])

@@ -4,7 +4,7 @@
 an activity, text included); :func:`merge_rank_columns` joins their
 :class:`ActivityColumns` (each rank's read once and kept in the columnar cache, with its
 activities' GPU starts and devices: :data:`profkit.traces.columns.TIMED`), so the ranked
-report comes from the streaming analysis (:func:`.stream_ranks.analyze_rank_columns`). The
+report comes from the analysis of columns (:func:`.engine.analyze_columns`). The
 join is the full tables':
 
 - what makes the traces one run, their order, each rank's process key in the merged thread
@@ -15,8 +15,8 @@ join is the full tables':
   (:func:`.stream_nodes.joined_columns`), GPUs kept as the traces number them.
 
 Which activity is which rank's needs no rule here: a per-rank trace names its rank, and
-every activity in it is that rank's, launched or not. The :class:`~.stream_ranks.Layout` is
-the files', where :func:`.stream_ranks.ranks_of` (for an export that names no ranks)
+every activity in it is that rank's, launched or not. The :class:`~.rank_layout.Layout` is
+the files', where :func:`.rank_layout.ranks_of` (for an export that names no ranks)
 infers ranks from devices and launch counts.
 
 :func:`analyze_rank_file_columns` gives the report, ranks without GPU activity included (a
@@ -32,10 +32,11 @@ import functools
 import numpy as np
 
 from profkit.analysis.attribution import PhaseMode
+from profkit.analysis.engine import analyze_columns
 from profkit.analysis.nodes import clock_notes, host_clocks
-from profkit.analysis.ranks import RankedReport
+from profkit.analysis.rank_layout import Layout
+from profkit.analysis.report_types import RankedReport
 from profkit.analysis.stream_nodes import ARRAYS, joined_columns, nccl_ends, shapes_of
-from profkit.analysis.stream_ranks import Layout, analyze_rank_columns
 from profkit.errors import BadInput
 from profkit.traces.columns import DEVICE_LIMIT, START, ActivityColumns, check_threads
 from profkit.traces.job import path_labels, rank_infos
@@ -104,7 +105,8 @@ def analyze_rank_file_columns(
     ``consume``: as for :func:`merge_rank_columns`; ``phases``: where phases come from
     (auto, annotated, inferred)."""
     cols, layout = merge_rank_columns(columns, consume)
-    report = analyze_rank_columns(cols, layout, top, phase, range_, rank, phases)
+    report = analyze_columns(cols, top, phase, range_, phases=phases, layout=layout, rank=rank)
+    assert isinstance(report, RankedReport)  # a layout gives one
     real = {int(info["rank"]): info for info in cols.meta["ranks"]}
     for entry in report.ranks:  # the layout's pid was the merged key
         entry.info = dict(real[int(entry.info["rank"])])

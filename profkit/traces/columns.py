@@ -4,7 +4,7 @@ A :class:`~profkit.traces.schema.Trace` keeps twelve columns per activity, text 
 at 30 million kernels that is over 8 GiB. The kernel report needs only each activity's
 name, duration and launching call, so :class:`ActivityColumns` keeps those as integer
 codes (22 bytes per activity) beside small lookup tables, and the analysis
-(:mod:`profkit.analysis.streaming`) walks them in chunks. Readers that stream
+(:mod:`profkit.analysis.engine`) walks them in chunks. Readers that stream
 (:mod:`profkit.traces.nsys_stream`) build them directly; :func:`from_trace` converts any
 reader's tables, and the cache (:mod:`profkit.traces.cache`) stores them on disk, with what
 the analysis derived from them (:attr:`ActivityColumns.derived`).
@@ -53,7 +53,7 @@ START, DEVICE = "start", "device"
 """The optional arrays of GPU start times (int64 ns) and device ordinals (int16) that a
 multi-process export's columns keep, and a per-rank trace's (one rank of a run, joined to
 the others': :mod:`profkit.analysis.stream_rank_files`): a rank's activities, NCCL overlap
-and steps need them (:mod:`profkit.analysis.stream_ranks`); one process's report does not."""
+and steps need them (:mod:`profkit.analysis.rank_layout`); one process's report does not."""
 TIMED = {START: np.int64, DEVICE: np.int16}
 NO_SHAPE = ("", "")
 ShapeReader = Callable[[np.ndarray], list[tuple[str, str]]]

@@ -1,9 +1,10 @@
-"""NCCL time and overlap per rank, and each rank's steps, from compact columns.
+"""NCCL time and overlap per rank, and each rank's steps, from compact columns: the
+second pass over the activities of a trace of several ranks.
 
 The rules of :mod:`.comm` and :mod:`.steps`, without a per-activity frame:
 
-- NCCL kernels are few: the first pass over the chunks (:func:`.stream_rank_sums.
-  add_up_ranks`) keeps them whole. Compute kernels are most of a trace, but only those
+- NCCL kernels are few: the first pass over the chunks (:func:`.sums.add_up`) keeps them
+  whole. Compute kernels are most of a trace, but only those
   that intersect the union of their rank's NCCL intervals on their GPU change the overlap,
   so :func:`second_pass` keeps only those (one binary search per kernel);
   :func:`.comm.comm_stats_apart` then measures the few it got.
@@ -20,16 +21,17 @@ order (what one thread gives).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from profkit.analysis import stream_tables as tables
+from profkit.analysis import chunked
 from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import CommStats, Intervals, comm_stats_apart
 from profkit.analysis.intervals import union
+from profkit.analysis.selection import Selection
 from profkit.analysis.steps import NS_PER_MS, RankSteps
 from profkit.traces.columns import ActivityColumns
 
@@ -81,14 +83,15 @@ class SecondPass:
 def second_pass(
     cols: ActivityColumns,
     rank: np.ndarray,
-    selected: np.ndarray,
+    att: Mapping[str, np.ndarray],
+    selection: Selection,
     compute_name: np.ndarray,
     unions: Unions,
     starts: list[np.ndarray],
 ) -> SecondPass:
-    """One pass over the chunks: the compute kernels that can overlap NCCL (``selected``:
-    the group code of each activity, -1 when not selected; ``compute_name`` per name code),
-    and the steps' spans (every activity)."""
+    """One pass over the chunks: the selected compute kernels that can overlap NCCL
+    (``compute_name`` per name code; ``att``: the attribution the selection reads), and the
+    steps' spans (every activity)."""
     offset = np.concatenate([[0], np.cumsum([len(s) for s in starts])]).astype(np.int64)
     found = _no_spans(int(offset[-1]))
     cols.load(["start", "duration", "launch_start", "name", "device"])
@@ -98,10 +101,13 @@ def second_pass(
         a = {k: cols.arrays[k][lo:hi] for k in ("start", "duration", "launch_start", "device")}
         a["end"] = a["start"] + a["duration"]
         spans = _step_spans(r, a, starts, offset)
-        compute = (selected[lo:hi] >= 0) & compute_name[cols.arrays["name"][lo:hi]]
+        compute = compute_name[cols.arrays["name"][lo:hi]]
+        keep = selection.of(r, att, lo, hi)
+        if keep is not None:
+            compute &= keep
         return spans, _meeting(r, a, compute, unions)
 
-    for spans, meeting in map_chunks(chunk, len(cols), tables.CHUNK):
+    for spans, meeting in map_chunks(chunk, len(cols), chunked.CHUNK):
         found.count += spans.count
         np.minimum(found.span_start, spans.span_start, out=found.span_start)
         np.maximum(found.span_end, spans.span_end, out=found.span_end)
@@ -224,7 +230,7 @@ def kernels_reader(
             rows = np.flatnonzero(in_step & (rank[lo:hi] == r) & kernel_name[name])
             return [start[rows], start[rows] + a["duration"][lo:hi][rows], nccl_name[name[rows]]]
 
-        parts = list(map_chunks(chunk, len(cols), tables.CHUNK))
+        parts = list(map_chunks(chunk, len(cols), chunked.CHUNK))
         names = ("start", "end", "nccl")
         return pd.DataFrame({n: np.concatenate([p[i] for p in parts]) for i, n in enumerate(names)})
 
