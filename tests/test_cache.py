@@ -268,3 +268,35 @@ def test_a_compressed_export_keeps_its_shapes_in_the_columns(tmp_path: Path) -> 
     assert "shape" in streamed.arrays and streamed.kernel_rows is None
     every = np.arange(len(tables))
     assert streamed.shapes_at(every) == tables.shapes_at(every)
+
+
+DDP2 = "nsys-2025.3-h200x2-small-ddp2"
+RANK_QUERIES = [{}, {"rank": 1}, {"phase": "backward"}, {"range": "computing softmax"},
+                {"top": 0}]  # fmt: skip
+
+
+@pytest.mark.parametrize("query", RANK_QUERIES, ids=lambda q: ",".join(map(str, q)) or "all")
+def test_a_ranked_cache_hit_says_what_a_cold_read_says(
+    cache_dir: Path, tmp_path: Path, query: dict
+) -> None:
+    """The sums of every rank are kept too: read back, they give the cold read's report."""
+    from profkit.formats import dumps
+
+    path = unpack(DDP2, tmp_path)
+    cold = kernel_report(path, cache=False, **query)
+    kernel_report(path)  # the columns and the kept sums
+    assert "sums" in load_columns(path).derived
+    hit = kernel_report(path, **query)
+    assert dumps(hit.to_json()) == dumps(cold.to_json())
+
+
+def test_a_ranked_hit_without_range_or_phase_reads_no_attribution(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    from profkit.analysis.rank_layout import ranks_of
+
+    path = unpack(DDP2, tmp_path)
+    kernel_report(path)
+    columns = load_columns(path)
+    analyze_columns(columns, layout=ranks_of(columns), rank=0)
+    assert columns.derived["attribution"].arrays.loaded == []  # type: ignore[attr-defined]

@@ -53,7 +53,14 @@ from profkit.analysis.report_types import KernelReport, RankedReport, RankEntry
 from profkit.analysis.selection import Selection, check_options, no_range, phase_index, range_labels
 from profkit.analysis.steps import step_starts, step_table
 from profkit.analysis.stream_attribution import Plan, attributed, plan_of
-from profkit.analysis.sums import KERNEL, Sums, name_codes, whole_trace_sums, with_stats
+from profkit.analysis.sums import (
+    KERNEL,
+    Sums,
+    kept_sums,
+    name_codes,
+    whole_trace_sums,
+    with_stats,
+)
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 
@@ -82,7 +89,13 @@ def analyze_columns(
     rank_of = None if layout is None else layout.rank
     att = _Attribution(cols, plan)
     labels = range_labels(cols.ranges)
-    whole = None if range is not None or layout is not None else whole_trace_sums(cols, plan)
+    whole = None
+    if range is None:
+        whole = kept_sums(cols, plan, _infos(layout))
+        # One rank answers --phase with its share of every activity's sums; ranks add the
+        # phase up again, so adding everything up (and sorting it) first would be wasted.
+        if whole is None and (layout is None or phase is None):
+            whole = whole_trace_sums(cols, plan, rank_of, _infos(layout))
     selection = _selection(cols, plan, att, layout, views, labels, whole, phase, range)
     if whole is not None and selection.everything:
         sums = whole

@@ -149,6 +149,15 @@ ARRAYS = ("by_phase_category", "by_slot", "moved", "inferred", "same", "unlaunch
           "seen")  # fmt: skip
 
 
+def kept_sums(
+    cols: ActivityColumns, plan: Plan, ranks: list[dict[str, Any]] | None = None
+) -> Sums | None:
+    """The sums and statistics of every activity kept with the columns, if computed from
+    these inputs (``ranks``: the infos of several)."""
+    kept = cols.derived.get(KEPT_AS)
+    return Sums.from_kept(kept, _identity(cols, plan, ranks)) if kept is not None else None
+
+
 def whole_trace_sums(
     cols: ActivityColumns,
     plan: Plan,
@@ -157,15 +166,18 @@ def whole_trace_sums(
 ) -> Sums:
     """The sums and statistics of every activity: kept with the columns, or added up and
     kept. ``rank``: each activity's, for the ``ranks`` (their infos) of several."""
-    identity = {"version": VERSION, "attribution": attribution_identity(cols, plan),
-                "ranks": ranks}  # fmt: skip
-    kept = cols.derived.get(KEPT_AS)
-    found = Sums.from_kept(kept, identity) if kept is not None else None
+    found = kept_sums(cols, plan, ranks)
     if found is None:
         n_ranks = len(ranks) if ranks else 1
         found = with_stats(cols, plan, attributed(cols, plan), Selection(), rank, n_ranks)
-        cols.remember(KEPT_AS, found.kept(identity))
+        cols.remember(KEPT_AS, found.kept(_identity(cols, plan, ranks)))
     return found
+
+
+def _identity(
+    cols: ActivityColumns, plan: Plan, ranks: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    return {"version": VERSION, "attribution": attribution_identity(cols, plan), "ranks": ranks}
 
 
 def with_stats(
