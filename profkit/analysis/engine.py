@@ -13,15 +13,16 @@ frame:
    ranks, their NCCL kernels (:mod:`.sums`); the kernel statistics come from sorted keys
    in batches of names (:mod:`.kernel_stats`). The sums of every activity are kept with
    the columns, and so in the cache: a repeated query without ``--range`` reads them back
-   and touches no per-activity array (for one process, ``--phase`` keeps one phase's share
-   of them);
+   (one process's then touches no per-activity array; its ``--phase`` keeps one phase's
+   share of them);
 3. each scope's report (each rank's, the whole trace's) is made from those sums
    (:mod:`.report_tables`); for several ranks a second pass finds the compute kernels
    that meet NCCL and each rank's step spans (:mod:`.rank_comm`).
 
 Memory: the columns, the attribution (12 bytes an activity), the rank of each activity
-for several ranks (2 bytes), one batch of sorted keys (8 bytes an activity at most), and
-chunk-sized temporaries.
+for several ranks (2 bytes), one batch of sorted keys (8 bytes an activity of the batch;
+16 for several ranks, whose whole-trace statistics sort a copy), and chunk-sized
+temporaries.
 """
 
 from __future__ import annotations
@@ -86,16 +87,16 @@ def analyze_columns(
     check_options(top, phases)
     plan = plan_of(cols, phase_domain, phases)
     views = [RankView.whole(cols, plan)] if layout is None else rank_views(cols, plan, layout)
-    rank_of = None if layout is None else layout.rank
+    rank_of, infos = (None, None) if layout is None else (layout.rank, layout.info)
     att = _Attribution(cols, plan)
     labels = range_labels(cols.ranges)
     whole = None
     if range is None:
-        whole = kept_sums(cols, plan, _infos(layout))
+        whole = kept_sums(cols, plan, infos)
         # One rank answers --phase with its share of every activity's sums; ranks add the
         # phase up again, so adding everything up (and sorting it) first would be wasted.
         if whole is None and (layout is None or phase is None):
-            whole = whole_trace_sums(cols, plan, rank_of, _infos(layout))
+            whole = whole_trace_sums(cols, plan, rank_of, infos)
     selection = _selection(cols, plan, att, layout, views, labels, whole, phase, range)
     if whole is not None and selection.everything:
         sums = whole
@@ -145,10 +146,6 @@ class _Attribution:
         if self._arrays is None:
             self._arrays = attributed(self.cols, self.plan)
         return self._arrays
-
-
-def _infos(layout: Layout | None) -> list[dict[str, object]] | None:
-    return None if layout is None else layout.info
 
 
 def _selection(
