@@ -97,9 +97,12 @@ class Groups:
     n_phases: int
     selection: Selection
 
-    def chunk(self, lo: int, hi: int, names: range | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The chunk's selected rows (whose name code is in ``names``, where given) and
-        their group codes, from ``names.start`` on."""
+    def chunk(
+        self, lo: int, hi: int, names: range | None = None
+    ) -> tuple[np.ndarray | slice, np.ndarray]:
+        """The chunk's selected rows (whose name code is in ``names``, where given; a slice
+        where every row is: no index array to gather with) and their group codes, from
+        ``names.start`` on."""
         r = 0 if self.rank is None else self.rank[lo:hi].astype(np.int64)
         keep = self.selection.of(r, self.att, lo, hi)
         name = self.cols.arrays["name"][lo:hi]
@@ -110,7 +113,7 @@ class Groups:
         group *= self.n_phases
         group += self.att["phase"][lo:hi]
         if keep is None:
-            return np.arange(hi - lo), group
+            return slice(None), group
         rows = np.flatnonzero(keep)
         return rows, group[rows]
 
@@ -199,7 +202,7 @@ def _group_keys(groups: Groups, names: range) -> np.ndarray:
         counts = [min(size, len(cols) - lo) for lo in range(0, len(cols), size)]
     else:
         counts = list(
-            map_chunks(lambda lo, hi: len(groups.chunk(lo, hi, batch)[0]), len(cols), size)
+            map_chunks(lambda lo, hi: len(groups.chunk(lo, hi, batch)[1]), len(cols), size)
         )
     offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
     keys = np.empty(int(offsets[-1]), dtype=np.int64)
@@ -371,7 +374,8 @@ def _first_longest(groups: Groups, code: np.ndarray, high: np.ndarray) -> np.nda
         duration = cols.arrays["duration"][lo:hi][rows].clip(min=0)
         hit = duration == longest_of[group]
         found, first = np.unique(group[hit], return_index=True)
-        return found, lo + rows[hit][first]
+        hit_rows = np.flatnonzero(hit) if isinstance(rows, slice) else rows[hit]
+        return found, lo + hit_rows[first]
 
     for found, rows in map_chunks(chunk, len(cols), chunked.CHUNK):
         first_hit[found] = np.minimum(first_hit[found], rows)  # ``found`` are distinct

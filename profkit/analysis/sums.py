@@ -300,7 +300,7 @@ def _part(
     """A chunk's sums (``sums``: only the shapes are read)."""
     n = len(plan.phase_names)
     rank_phase = c["rank_phase"]
-    phase = rank_phase % n
+    phase = rank_phase % n if len(sums.moved) > n else rank_phase  # one rank: its phase
     duration = c["duration"].clip(min=0).astype(np.float64)
     by_phase_category = np.zeros_like(sums.by_phase_category)
     add_sums(by_phase_category, rank_phase * len(CATEGORIES) + category, kind, duration)
