@@ -4,7 +4,6 @@ Analysis never reads files: a command loads its traces once
 (:func:`profkit.traces.job.load`) and hands the :class:`~profkit.traces.job.Job` here.
 :func:`kernel_report` gives its kernel report (one process's, or per rank for the ranks of
 a run, one file or several), :func:`side_by_side` each file's where they are compared.
-:func:`analyze` and :func:`analyze_any` (a reader's full tables) are being retired.
 """
 
 from __future__ import annotations
@@ -14,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from profkit.analysis.attribution import Attribution, PhaseMode, attribute
 from profkit.analysis.categories import CATEGORIES, categorize
 from profkit.analysis.names import short_kernel_name
+from profkit.analysis.phase_ranges import PhaseMode
 from profkit.analysis.presentation import display_tables, kernel_report_markdown
-from profkit.analysis.report import KernelReport, analyze
+from profkit.analysis.report_types import KernelReport
 from profkit.errors import BadInput
-from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, Trace
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 if TYPE_CHECKING:
     from profkit.analysis.crosscheck import SideBySide
@@ -29,11 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CATEGORIES",
-    "Attribution",
     "KernelReport",
-    "analyze",
-    "analyze_any",
-    "attribute",
     "categorize",
     "display_tables",
     "kernel_report",
@@ -59,15 +54,14 @@ def kernel_report(
     One trace of one process, a world of one rank: :func:`~.engine.analyze_columns`. One
     trace of several processes, the per-rank traces of one run, several nodes' exports of
     one job: their ranks (:func:`~.rank_layout.ranks_of`), joined where they are several
-    files (:mod:`.stream_rank_files`, :mod:`.stream_nodes`), give the same analysis's
+    files (:mod:`.joins`), give the same analysis's
     :class:`~profkit.analysis.report_types.RankedReport`; ``rank`` narrows its tables to
     one rank.
     ``consume``: a join gives each file's arrays up as it copies them (the job's columns
     are of no further use then). Traces to compare side by side have no one report:
     :func:`side_by_side`.
     """
-    from profkit.analysis.stream_nodes import analyze_node_columns
-    from profkit.analysis.stream_rank_files import analyze_rank_file_columns
+    from profkit.analysis.joins import analyze_node_columns, analyze_rank_file_columns
 
     if job.kind == "ranks":
         return analyze_rank_file_columns(job.files, top, phase, range, rank, consume, phases)
@@ -127,24 +121,6 @@ def one_process(columns: ActivityColumns) -> bool:
         return False
     threads = np.asarray(columns.threads, dtype=np.int64)
     return len(np.unique((threads >> PROCESS_SHIFT) & PROCESS_MASK)) <= 1
-
-
-def analyze_any(
-    trace: Trace,
-    top: int = 20,
-    phase: str | None = None,
-    range: str | None = None,
-    rank: int | None = None,
-    phases: PhaseMode = "auto",
-) -> KernelReport:
-    """:func:`analyze` for one process; per rank and across ranks for several."""
-    from profkit.analysis.ranks import analyze_ranks, is_multi_rank
-
-    if is_multi_rank(trace):
-        return analyze_ranks(trace, top=top, phase=phase, range=range, rank=rank, phases=phases)
-    if rank is not None:
-        raise BadInput(_one_rank_message(trace.meta))
-    return analyze(trace, top=top, phase=phase, range=range, phases=phases)
 
 
 def _one_rank_message(meta: dict[str, Any]) -> str:

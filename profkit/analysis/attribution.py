@@ -1,475 +1,479 @@
-"""Which ranges and which phase each GPU activity belongs to (docs/ATTRIBUTION.md).
+"""Attribution of :class:`~profkit.traces.columns.ActivityColumns`, chunk by chunk, kept.
 
-The rule: an activity belongs to the ranges open on its *launching* thread when its launch
-call started. PyTorch launches every backward kernel from autograd worker threads, which
-hold no ranges; an activity launched from any thread other than its process's *phase
-owner* (the thread whose phase ranges cover the most time: the main thread) also belongs
-to the ranges open on the owner at that moment, and takes its phase from there. When
-worker threads hold no ranges that is the whole rule; when they do
-(``emit_nvtx``, a library's NVTX domain) their own ranges are kept as well.
+The rule of :func:`.attribution.attribute` (same sorts and binary searches), per chunk of
+activities against the ranges, which are few: each activity gets its phase, the phase its
+launching thread alone would give it (for the notes), and the *slots* of its attribution
+points. Every range start and end key, sorted, cuts the (thread, time) keys into slots; a
+point lies in a range exactly when its slot lies between the range's start and end slots,
+so any range question (``--range``, the range table) is a look-up by slot. An activity
+has a point on its launching thread (slot -1 when its launch is unknown) and, when it was
+launched from a worker thread, one on the owner thread of its process (-1 otherwise).
 
-Phase ranges are the owner's ranges, in the phase domain (the default NVTX domain), named
-``forward``/``backward``/``optimizer`` wherever they nest, plus the user's own outermost
-ranges beside them in a step that has one of those (``eager``, ``data``); a range that only
-wraps them (a ``step`` range) is not a phase. No other range is ever promoted to a phase:
-without those names, ``computing softmax`` or an ``aten::`` op range stays a range.
-
-Steps without phase ranges get their phases inferred (:mod:`profkit.analysis.inference`):
-annotated phases win per step, and :attr:`Attribution.phase_source` says which it was.
-
-Everything is sorts and binary searches over (thread, time) keys packed into int64, so the
-cost is O((kernels + ranges) log) whatever the nesting: no loop over ranges per kernel.
+These four small arrays (12 bytes an activity) depend on the trace alone, not on the
+query, so they are kept with the columns (:meth:`ActivityColumns.remember`), and through
+them in the cache: a later query of the same trace starts from them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from profkit.analysis import chunked
+from profkit.analysis.chunked import map_chunks
 from profkit.analysis.inference import (
-    NO_PHASE,
     InferredPhases,
-    Launches,
+    InstanceSpans,
+    LaunchColumns,
     TraceHints,
-    infer_phases,
-    lookup,
+    autograd_threads,
+    infer_columns,
+    profiler_step_rows,
 )
-from profkit.analysis.intervals import Lanes, stab, union
-from profkit.analysis.names import matching
+from profkit.analysis.intervals import Lanes, stab
+from profkit.analysis.phase_ranges import (
+    PHASE_MODES,
+    PhaseMode,
+    default_phase_domain,
+    ordered_phase_names,
+    phase_intervals,
+    phase_range_rows,
+    phase_source,
+)
+from profkit.errors import BadInput
+from profkit.traces.columns import ActivityColumns, Derived
 from profkit.traces.schema import PROCESS_SHIFT
 from profkit.workload.names import PHASES
 
-KNOWN_PHASES = PHASES
-UNATTRIBUTED = "unattributed"
-PhaseMode = Literal["auto", "annotated", "inferred"]
-PHASE_MODES: tuple[PhaseMode, ...] = ("auto", "annotated", "inferred")
-"""``auto``: annotated phases where a step has them, inferred elsewhere."""
-
-__all__ = [
-    "KNOWN_PHASES",
-    "PHASE_MODES",
-    "UNATTRIBUTED",
-    "Attribution",
-    "PhaseMode",
-    "TraceHints",
-    "attribute",
-    "inference_note",
-]
+KEPT_AS = "attribution"
+INFERENCE_AS = "inference"
+VERSION = 2  # bumped whenever what the arrays mean changes (2: inferred phases)
+MAX_PROJECTED = 1 << 23  # projected phase bounds at most (each lane × each phase bound)
+ARRAYS = {
+    "phase": np.int16,
+    "same": np.int16,
+    "self_slot": np.int32,
+    "owner_slot": np.int32,
+    "inferred": np.uint8,  # 1 where the phase was inferred, not read from a range
+}
 
 
 @dataclass
-class Attribution:
-    """Per-activity phases and the (thread, time) points that place activities in ranges."""
+class Plan:
+    """What attribution needs from the ranges and the inferred phases (see
+    :func:`.attribution.attribute`)."""
 
+    lanes: Lanes
+    domain: str
+    owners: dict[int, int]
     phase_names: list[str]
-    """Phase names in order of first appearance, then ``unattributed``."""
-    kernel_phase: np.ndarray
-    """Index into ``phase_names`` for each activity (row of ``trace.kernels``)."""
-    same_thread_phase: np.ndarray
-    """The phase the launching thread alone gives (what Nsight Systems' reports use)."""
-    cross_thread: np.ndarray
-    """True where the activity's phase came from its process's owner thread, not its own."""
-    is_phase_range: np.ndarray
-    """True for the ranges (rows of ``trace.ranges``) that are phases."""
-    owners: dict[int, int]
-    """Process -> its phase owner thread (the main thread where no range says it)."""
-    phase_domain: str
-    inferred: np.ndarray
-    """True for the activities whose phase was inferred, not read from a range."""
-    phase_source: str
-    """``annotated``, ``inferred`` or ``mixed``: where the phases came from."""
-    inference: InferredPhases
-    _inferred_spans: dict[str, tuple[int, int]]  # phase -> (instances, summed span ns)
-    _points: np.ndarray  # sorted keys: launch points, then owner-thread points
-    _point_rows: np.ndarray  # activity row of each sorted point
-    _range_start: np.ndarray
-    _range_end: np.ndarray
-    _phase_rows: np.ndarray  # rows of the phase ranges, in (thread, start) order
-    _annotated: int  # phase_names[:_annotated] are the phase ranges' names
-    _mode: PhaseMode
-
-    def range_totals(
-        self, weights: np.ndarray, counted: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Per range: sum of ``weights`` and number of ``counted`` activities it encloses.
-
-        Both are per activity (rows of ``trace.kernels``). Nested ranges include their
-        children's activities, since a point inside a child lies inside the parent too.
-        """
-        rows = self._point_rows
-        summed = np.concatenate([np.zeros(1, weights.dtype), np.cumsum(weights[rows])])
-        number = np.concatenate([[0], np.cumsum(counted[rows], dtype=np.int64)])
-        lo = np.searchsorted(self._points, self._range_start, side="left")
-        hi = np.searchsorted(self._points, self._range_end, side="left")
-        return summed[hi] - summed[lo], number[hi] - number[lo]
-
-    def enclosed_by(self, range_rows: np.ndarray, n_kernels: int) -> np.ndarray:
-        """Activities enclosed by any of the given ranges (as attribution places them)."""
-        inside = np.zeros(n_kernels, dtype=bool)
-        if not len(range_rows):
-            return inside
-        starts, ends = union(self._range_start[range_rows], self._range_end[range_rows])
-        hit = stab(starts, ends, self._points) >= 0
-        inside[self._point_rows[hit]] = True
-        return inside
-
-    def phase_spans(self, ranges: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-        """Per phase name: instances and wall ns (its ranges', or inferred launch spans).
-
-        An inferred instance is one forward, backward pass or optimizer run; its wall time
-        is from its first launch to its last.
-        """
-        phase_ranges = ranges[self.is_phase_range]
-        wall = (phase_ranges["end"] - phase_ranges["start"]).groupby(phase_ranges["name"]).sum()
-        instances = phase_ranges.groupby("name").size()
-        extra = pd.DataFrame.from_dict(
-            self._inferred_spans, orient="index", columns=["instances", "wall"]
-        )
-        instances = instances.add(extra["instances"], fill_value=0).astype(np.int64)
-        wall = wall.add(extra["wall"], fill_value=0)
-        return instances, wall
-
-
-def attribute(
-    kernels: pd.DataFrame,
-    ranges: pd.DataFrame,
-    phase_domain: str | None = None,
-    hints: TraceHints | None = None,
-    phases: PhaseMode = "auto",
-) -> Attribution:
-    """Place every activity of ``kernels`` in its phase and ranges (see the module doc).
-
-    ``hints`` (``TraceHints.of(trace.meta)``) name the threads for phase inference;
-    ``phases`` forces annotated or inferred phases everywhere. Any slice of the two
-    tables works (one rank's rows): processes are handled apart.
-    """
-    if phases not in PHASE_MODES:
-        raise ValueError(f"phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
-    launches = Launches.of(kernels)
-    inferred = infer_phases(launches, ranges, hints)
-    assert inferred.instance is not None  # made here, not read back
-    if phase_domain is None:
-        phase_domain = default_phase_domain(ranges)
-    annotated = _Annotated.of(ranges, phase_domain, launches, inferred, phases != "inferred")
-    use_inferred = _inferred_steps(annotated, inferred, launches, phases)
-    names, remap = ordered_phase_names(annotated.names, inferred.phase[launches.rows][use_inferred])
-    unattributed = len(names) - 1
-    n = launches.count
-    inferred_code = remap[inferred.phase[launches.rows]]
-    launched = np.where(use_inferred, inferred_code, annotated.code)
-    kernel_phase = np.full(n, unattributed, dtype=np.int64)
-    kernel_phase[launches.rows] = np.where(launched >= 0, launched, unattributed)
-    same_thread = np.where(annotated.same_thread >= 0, annotated.same_thread, unattributed)
-    is_inferred = np.zeros(n, dtype=bool)
-    is_inferred[launches.rows[use_inferred]] = True
-    cross_thread = np.zeros(n, dtype=bool)
-    cross_thread[annotated.cross_rows] = True
-    cross_thread &= ~is_inferred & (kernel_phase != unattributed)
-    inferred_names = [names[r] if r >= 0 else p for r, p in zip(remap, PHASES, strict=False)]
-    return Attribution(
-        phase_names=names,
-        kernel_phase=kernel_phase,
-        same_thread_phase=same_thread,
-        cross_thread=cross_thread,
-        is_phase_range=annotated.is_phase_range,
-        owners=annotated.owners,
-        phase_domain=phase_domain,
-        inferred=is_inferred,
-        phase_source=phase_source(use_inferred, bool(annotated.names), phases),
-        inference=inferred,
-        _inferred_spans=inferred_spans(
-            inferred.instance[launches.rows][use_inferred],  # type: ignore[index]
-            inferred.phase[launches.rows][use_inferred],
-            launches.time[use_inferred],
-            inferred_names,
-        ),
-        _points=annotated.points,
-        _point_rows=annotated.point_rows,
-        _range_start=annotated.range_start,
-        _range_end=annotated.range_end,
-        _phase_rows=annotated.phase_rows,
-        _annotated=len(annotated.names),
-        _mode=phases,
-    )
-
-
-def default_phase_domain(ranges: pd.DataFrame) -> str:
-    """The NVTX domain phase ranges are looked for in: the default one ("") where any range
-    uses it, else the most used."""
-    domains = ranges["domain"].fillna("").astype(str)
-    return "" if (domains == "").any() or domains.empty else domains.mode().iloc[0]
-
-
-@dataclass
-class _Annotated:
-    """What the phase ranges say: per launch, the phase range open on the owner thread."""
-
-    names: list[str]
-    """Phase range names in order of first appearance."""
-    code: np.ndarray
-    """Per launch (``Launches`` order): index into ``names``, or -1 outside every phase."""
-    same_thread: np.ndarray
-    """Per activity: the phase on the launching thread alone, or -1."""
-    cross_rows: np.ndarray
-    """Activity rows launched from another thread than their process's owner."""
-    phase_rows: np.ndarray
-    """Rows of the phase ranges, sorted by (thread, start)."""
-    phase_thread: np.ndarray
-    phase_start: np.ndarray
-    is_phase_range: np.ndarray
-    owners: dict[int, int]
-    points: np.ndarray
-    point_rows: np.ndarray
+    phase_code: np.ndarray  # per phase interval, then the catch-all slot
+    p_start: np.ndarray
+    p_end: np.ndarray
+    is_phase: np.ndarray
     range_start: np.ndarray
     range_end: np.ndarray
+    bounds: np.ndarray
+    """Every range start and end key, sorted: they cut the keys into slots; with the
+    phases' bounds projected onto every lane, when that makes each slot one phase's."""
+    inference: InferredPhases | None
+    """None where inferring changes nothing (:func:`_inference_unneeded`)."""
+    mode: PhaseMode
+    inferred_steps: np.ndarray
+    """The steps whose launches take inferred phases (sorted)."""
+    remap: np.ndarray
+    """Per ``PHASES`` index, its index in ``phase_names``."""
+    phase_source: str
+    inferred_spans: dict[str, tuple[int, int]]
+    """Per inferred phase name: instances and summed launch spans (ns)."""
+    slot_phase: np.ndarray | None = None
+    """The phase of every point in each slot (then -1 for slot -1), where one phase holds
+    them all (:func:`_projected_phases`); the sums check it as they go."""
 
-    @classmethod
-    def of(
-        cls,
-        ranges: pd.DataFrame,
-        phase_domain: str,
-        launches: Launches,
-        inferred: InferredPhases,
-        use_phases: bool,
-    ) -> _Annotated:
-        r_start = ranges["start"].to_numpy(dtype=np.int64)
-        r_end = ranges["end"].to_numpy(dtype=np.int64)
-        r_thread = ranges["thread"].to_numpy(dtype=np.int64)
-        lanes = Lanes(r_thread, [r_start, r_end, launches.time])
-        in_domain = (ranges["domain"].fillna("").astype(str) == phase_domain).to_numpy()
-        found = phase_range_rows(ranges, in_domain & use_phases, lanes, inferred)
-        assert found is not None  # with the steps at hand, every phase range is placed
-        phase_rows, owners = found
-        owners = {**inferred.main_threads, **owners}  # ranges' owner first, else main thread
-        phases = phase_intervals(ranges, phase_rows, lanes)
-        is_phase, phase_rows, p_start, p_end = (
-            phases.is_phase,
-            phases.rows,
-            phases.start,
-            phases.end,
-        )
-        names, phase_code = phases.names, phases.code
+    @property
+    def autograd_threads(self) -> np.ndarray:
+        """Autograd's threads, where phases were inferred (for the notes)."""
+        return self.inference.autograd_threads if self.inference else np.zeros(0, np.int64)
 
-        owner = lookup(owners, launches.thread >> PROCESS_SHIFT)
-        self_keys = lanes.key(launches.thread, launches.time)
-        own = phase_code[stab(p_start, p_end, self_keys)]
-        same_thread = np.full(launches.count, -1, dtype=np.int64)
-        same_thread[launches.rows] = own
-        # Launched from another thread than its process's owner (an autograd worker): the
-        # phase, and the ranges too, are those open on the owner thread at launch time.
-        cross = (owner >= 0) & (owner != launches.thread)
-        owner_keys = lanes.key(owner[cross], launches.time[cross])
-        code = own.copy()
-        code[cross] = phase_code[stab(p_start, p_end, owner_keys)]
-        points = np.concatenate([self_keys, owner_keys])
-        point_rows = np.concatenate([launches.rows, launches.rows[cross]])
-        order = np.argsort(points, kind="stable")
-        return cls(
-            names=names,
-            code=code,
-            same_thread=same_thread,
-            cross_rows=launches.rows[cross & (code >= 0)],
-            phase_rows=phase_rows,
-            phase_thread=r_thread[phase_rows],
-            phase_start=r_start[phase_rows],
-            is_phase_range=is_phase,
-            owners=owners,
-            points=points[order],
-            point_rows=point_rows[order],
-            range_start=lanes.key(r_thread, r_start),
-            range_end=lanes.key(r_thread, r_end),
-        )
+    @property
+    def step_phases(self) -> np.ndarray:
+        """(step, phase, launches) rows of the inferred phases (none without inference)."""
+        return self.inference.step_phases if self.inference else np.zeros((0, 3), np.int64)
+
+    def slot(self, keys: np.ndarray) -> np.ndarray:
+        """The slot of each key: how many bounds lie at or before it."""
+        return np.searchsorted(self.bounds, keys, side="right")
+
+    def slots_inside(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Per slot (then a last entry for slot -1, "no point"): inside some [start, end)?
+
+        ``start`` and ``end`` are range bounds (so in ``bounds``), which makes it exact.
+        """
+        marks = np.zeros(len(self.bounds) + 2, dtype=np.int64)
+        np.add.at(marks, self.slot(start), 1)
+        np.add.at(marks, self.slot(end), -1)
+        inside = np.cumsum(marks) > 0
+        inside[-1] = False
+        return inside
 
 
-def phase_range_rows(
-    ranges: pd.DataFrame, in_domain: np.ndarray, lanes: Lanes, inferred: InferredPhases | None
-) -> tuple[np.ndarray, dict[int, int]] | None:
-    """Rows of the phase ranges, and each process's owner thread (most known-phase time).
+def plan_of(
+    cols: ActivityColumns, phase_domain: str | None = None, phases: PhaseMode = "auto"
+) -> Plan:
+    """The phases (annotated where a step has phase ranges, inferred elsewhere: the rule of
+    :func:`.attribution.attribute`) and the slot bounds.
 
-    Known phases (``forward``, ``backward``, ``optimizer``) count wherever they nest; the
-    owner's other outermost ranges count only in a step that holds a known one, so that a
-    trace without phase ranges never turns ``computing softmax`` into a "phase". Steps come
-    from ``inferred``: without it, None where such a range must be placed in its step.
+    Inference costs a pass over every launch and memory per launch, and it changes nothing
+    where each launching process has phase ranges, every step holds some and autograd's
+    launches all fall in them: :func:`_inference_unneeded` checks that first (its verdict
+    kept with the columns), and the plan of such a trace is the annotated one alone."""
+    if phases not in PHASE_MODES:
+        raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
+    if phase_domain is None:
+        phase_domain = default_phase_domain(cols.ranges)
+        per_process = True
+    else:
+        per_process = False
+    if phases != "inferred":
+        plan = _plan(cols, phase_domain, per_process, phases, None)
+        if plan is not None and _inference_unneeded(cols, plan):
+            return plan
+    found = _plan(cols, phase_domain, per_process, phases, inferred_phases(cols))
+    assert found is not None  # with the inference at hand, every plan can be made
+    return found
+
+
+def _plan(
+    cols: ActivityColumns,
+    phase_domain: str,
+    per_process: bool,
+    phases: PhaseMode,
+    inference: InferredPhases | None,
+) -> Plan | None:
+    """The plan, with ``inference`` or without (None where that cannot be told without).
+
+    ``per_process``: each process looks for its phases in its own default domain
+    (:func:`.attribution.default_phase_domain` of its ranges), else all in ``phase_domain``.
     """
-    candidates = _outermost(ranges, in_domain, lanes)
-    thread = ranges["thread"].to_numpy(dtype=np.int64)[candidates]
-    start = ranges["start"].to_numpy(dtype=np.int64)[candidates]
-    end = ranges["end"].to_numpy(dtype=np.int64)[candidates]
-    known = _known(ranges)[candidates]
-    owners = _owners(thread[known], end[known] - start[known])
-    on_owner = np.isin(thread, list(owners.values()))
-    if inferred is None:
-        if (on_owner & ~known).any():
-            return None
-        return candidates[on_owner & known], owners
-    step = inferred.step_of(thread, start)
-    anchored = np.isin(step, step[known & on_owner])
-    return candidates[on_owner & (known | anchored)], owners
-
-
-def _outermost(ranges: pd.DataFrame, mask: np.ndarray, lanes: Lanes) -> np.ndarray:
-    """Rows of the outermost in-domain ranges that do not wrap known phases."""
-    if not mask.any():
-        return np.empty(0, dtype=np.int64)
-    thread = ranges["thread"].to_numpy(dtype=np.int64)
-    start = lanes.key(thread, ranges["start"].to_numpy(dtype=np.int64))
-    end = lanes.key(thread, ranges["end"].to_numpy(dtype=np.int64))
-    known = mask & _known(ranges)
-    known_starts = np.sort(start[known])
-    holds_known = np.searchsorted(known_starts, end, "left") > np.searchsorted(
-        known_starts, start, "left"
+    r = cols.ranges
+    r_start, r_end = r["start"].to_numpy(np.int64), r["end"].to_numpy(np.int64)
+    r_thread = r["thread"].to_numpy(np.int64)
+    known = cols.launch_bounds()
+    lanes = Lanes(r_thread, [r_start, r_end, np.array(known if known else [], dtype=np.int64)])
+    in_domain = _in_phase_domain(r, phase_domain, per_process)
+    found = phase_range_rows(r, in_domain & (phases != "inferred"), lanes, inference)
+    if found is None:
+        return None
+    phase_rows, owners = found
+    if inference is not None:
+        owners = {**inference.main_threads, **owners}  # ranges' owner first, else main thread
+    intervals = phase_intervals(r, phase_rows, lanes)
+    step_phases = np.zeros((0, 3), np.int64) if inference is None else inference.step_phases
+    if inference is not None and phases == "auto":
+        annotated_steps = inference.step_of(r_thread[intervals.rows], r_start[intervals.rows])
+        uses = ~np.isin(step_phases[:, 0], annotated_steps)
+    else:
+        uses = np.full(len(step_phases), phases == "inferred")
+    phase_names, remap = ordered_phase_names(intervals.names, step_phases[uses, 1])
+    phase_code = intervals.code
+    phase_code[-1] = len(phase_names) - 1
+    if len(phase_names) > np.iinfo(np.int16).max:
+        raise BadInput(f"{len(phase_names):,} distinct phase names: profkit reads at most 32,767")
+    inferred_names = [phase_names[i] if i >= 0 else p for i, p in zip(remap, PHASES, strict=False)]
+    inferred_steps = np.unique(step_phases[uses, 0])
+    range_start, range_end = lanes.key(r_thread, r_start), lanes.key(r_thread, r_end)
+    projected = None
+    if not uses.any():
+        projected = _projected_phases(cols, lanes, owners, intervals.start, intervals.end)
+    keys = [range_start, range_end] + ([] if projected is None else [projected])
+    plan = Plan(
+        lanes=lanes,
+        domain=phase_domain,
+        owners=owners,
+        phase_names=phase_names,
+        phase_code=phase_code,
+        p_start=intervals.start,
+        p_end=intervals.end,
+        is_phase=intervals.is_phase,
+        range_start=range_start,
+        range_end=range_end,
+        bounds=_sorted_unique(np.concatenate(keys)),
+        inference=inference,
+        mode=phases,
+        inferred_steps=inferred_steps,
+        remap=remap,
+        phase_source=phase_source(uses, bool(intervals.names), phases),
+        inferred_spans=inference.spans.per_phase(inferred_steps, inferred_names)
+        if inference is not None and uses.any()
+        else {},
     )
-    candidates = np.flatnonzero(mask & (known | ~holds_known))
-    order = np.lexsort((-end[candidates], start[candidates]))
-    candidates = candidates[order]
-    c_start, c_end = start[candidates], end[candidates]
-    # Outermost: starts at or after every earlier candidate of its lane has ended. Keys of
-    # a later lane are larger than any of an earlier one, so one running max serves all.
-    reach = np.maximum.accumulate(c_end)
-    outermost = np.ones(len(candidates), dtype=bool)
-    outermost[1:] = c_start[1:] >= reach[:-1]
-    return candidates[outermost]
+    if projected is not None:
+        plan.slot_phase = _slot_phases(plan)
+    return plan
 
 
-def _known(ranges: pd.DataFrame) -> np.ndarray:
-    """Per range: is it named forward, backward or optimizer (any case)?"""
-    return matching(ranges["name"], lambda name: name.lower() in KNOWN_PHASES)
-
-
-def _owners(threads: np.ndarray, durations: np.ndarray) -> dict[int, int]:
-    """Per process, the thread whose phase ranges last longest in total."""
-    if not len(threads):
-        return {}
-    per_thread = pd.Series(durations).groupby(threads).sum()
-    frame = pd.DataFrame(
-        {"thread": per_thread.index, "time": per_thread.to_numpy()},
+def _in_phase_domain(ranges: pd.DataFrame, domain: str, per_process: bool) -> np.ndarray:
+    """Per range: in the NVTX domain its process takes phases from?"""
+    domains = ranges["domain"].fillna("").astype(str)
+    if not per_process or ranges.empty:
+        return (domains == domain).to_numpy()
+    process = pd.Series(ranges["thread"].to_numpy(np.int64) >> PROCESS_SHIFT, name="process")
+    # default_phase_domain per process: "" where it uses it, else its most used (ties: the
+    # first in sorted order, as ``mode`` gives).
+    counts = domains.groupby([process, domains.rename("domain")]).size()
+    counts = counts.reset_index(name="n").sort_values(["process", "n", "domain"],
+                                                     ascending=[True, False, True])  # fmt: skip
+    chosen = counts.drop_duplicates("process").set_index("process")["domain"]
+    default = counts[counts["domain"] == ""]["process"]
+    chosen[chosen.index.isin(default)] = ""
+    return (domains.to_numpy(dtype=object) == process.map(chosen).to_numpy(dtype=object)).astype(
+        bool
     )
-    frame["process"] = frame["thread"].to_numpy() >> PROCESS_SHIFT
-    best = frame.sort_values(["process", "time", "thread"], ascending=[True, False, True])
-    best = best.drop_duplicates("process")
-    return dict(zip(best["process"].tolist(), best["thread"].tolist(), strict=True))
 
 
-def _inferred_steps(
-    annotated: _Annotated, inferred: InferredPhases, launches: Launches, phases: PhaseMode
-) -> np.ndarray:
-    """Per launch: does its phase come from inference? (``auto``: its step has no phase range.)"""
-    if phases != "auto":
-        return np.full(len(launches.rows), phases == "inferred", dtype=bool)
-    steps = inferred.step_of(launches.thread, launches.time)
-    annotated_steps = inferred.step_of(annotated.phase_thread, annotated.phase_start)
-    return ~np.isin(steps, annotated_steps)
+CHECK_AS = "inference_check"
 
 
-def ordered_phase_names(annotated: list[str], inferred: np.ndarray) -> tuple[list[str], np.ndarray]:
-    """All phase names (annotated, then inferred ones not among them, then unattributed),
-    and the index of each inferred phase (``PHASES`` order) in that list."""
-    names = list(annotated)
-    lowered = {name.lower(): i for i, name in enumerate(names)}
-    remap = np.full(len(PHASES) + 1, -1, dtype=np.int64)  # the last slot maps NO_PHASE
-    present = set(np.unique(inferred).tolist())
-    for code, phase in enumerate(PHASES):
-        if code in present:
-            if phase not in lowered:
-                lowered[phase] = len(names)
-                names.append(phase)
-            remap[code] = lowered[phase]
-    names.append(UNATTRIBUTED)
-    return names, remap
+def _inference_unneeded(cols: ActivityColumns, plan: Plan) -> bool:
+    """Whether inferring phases would change nothing in ``plan`` (made without): every
+    process that launches has phase ranges, no ``ProfilerStep`` starts a step of its own,
+    and (``auto``) every launch of autograd's threads lies in a phase range of its owner,
+    so every backward pass, and with it every step, holds phase ranges. Kept with the
+    columns."""
+    identity = {"version": VERSION, "rows": len(cols), "domain": plan.domain, "mode": plan.mode,
+                "phases": plan.phase_names}  # fmt: skip
+    kept = cols.derived.get(CHECK_AS)
+    if kept is not None and kept.meta.get("identity") == identity:
+        return bool(kept.meta.get("unneeded"))
+    unneeded = _check_inference(cols, plan)
+    cols.remember(CHECK_AS, Derived({}, {"identity": identity, "unneeded": unneeded}))
+    return unneeded
 
 
-def phase_source(use_inferred: np.ndarray, has_annotated: bool, phases: PhaseMode) -> str:
-    """``annotated``, ``inferred`` or ``mixed``, from which launches' phases were inferred."""
-    if phases != "auto":
-        return phases
-    if not len(use_inferred):
-        return "annotated" if has_annotated else "inferred"
-    if use_inferred.all():
-        return "inferred"
-    return "mixed" if use_inferred.any() else "annotated"
+def _check_inference(cols: ActivityColumns, plan: Plan) -> bool:
+    threads = np.asarray(cols.threads, dtype=np.int64)
+    if not set((threads >> PROCESS_SHIFT).tolist()) <= set(plan.owners):
+        return False  # a process without phase ranges: its main thread owns its phases
+    if plan.mode == "annotated":
+        return True
+    hints = TraceHints.of(cols.meta)
+    if hints.profiler_steps or profiler_step_rows(cols.ranges).any():
+        return False
+    autograd = np.isin(np.append(threads, -1), autograd_threads(hints, cols.ranges))
+    if not autograd.any():
+        return bool(len(plan.phase_names) > 1)  # no pass: one step per process, annotated
+    _, owner_lane, _ = _thread_tables(cols, plan)
+    span, base, unattributed = plan.lanes.span, plan.lanes.base, len(plan.phase_names) - 1
+
+    def chunk(lo: int, hi: int) -> bool:
+        launch = cols.arrays["launch_start"][lo:hi]
+        code = cols.arrays["launch_thread"][lo:hi]
+        mine = (launch >= 0) & autograd[code]
+        keys = owner_lane[code[mine]] * span + (launch[mine] - base)
+        return bool((plan.phase_code[stab(plan.p_start, plan.p_end, keys)] == unattributed).any())
+
+    return not any(list(map_chunks(chunk, len(cols), chunked.CHUNK)))
 
 
-def inferred_spans(
-    instance: np.ndarray, phase: np.ndarray, time: np.ndarray, names: list[str]
-) -> dict[str, tuple[int, int]]:
-    """Per phase: how many inferred instances hold activities, and their summed spans.
-
-    One entry per activity whose phase was inferred: its instance, its phase (``PHASES``
-    index), its launch time; ``names``: the phase name of each ``PHASES`` index."""
-    frame = pd.DataFrame({"instance": instance, "phase": phase, "time": time})
-    frame = frame[frame["instance"] != NO_PHASE]
-    if frame.empty:
-        return {}
-    spans = frame.groupby("instance").agg(
-        lo=("time", "min"), hi=("time", "max"), phase=("phase", "first")
+def inferred_phases(cols: ActivityColumns) -> InferredPhases:
+    """The columns' inferred phases (:func:`.inference.infer_columns`, chunk by chunk: one
+    byte per activity and the step structure), kept with them: a later query reads them
+    back."""
+    identity = {"version": INFERENCE_VERSION, "rows": len(cols)}
+    kept = cols.derived.get(INFERENCE_AS)
+    if kept is not None and kept.meta.get("identity") == identity:
+        restored = _restored_inference(kept)
+        if restored is not None:
+            return restored
+    # No per-activity instance: the spans say what the tables need of instances.
+    found = infer_columns(
+        LaunchColumns.of_columns(cols), cols.ranges, TraceHints.of(cols.meta), chunk=chunked.CHUNK
     )
-    per_phase = (spans["hi"] - spans["lo"]).groupby(spans["phase"]).agg(["size", "sum"])
-    return {names[int(p)]: (int(row["size"]), int(row["sum"])) for p, row in per_phase.iterrows()}
+    cols.remember(INFERENCE_AS, _kept_inference(found, identity))
+    return found
 
 
-def inference_note(att: Attribution, rows: np.ndarray, meta: Mapping[str, Any]) -> list[str]:
-    """A sentence on the inferred phases among ``rows`` (none when all were annotated)."""
-    inferred = int(att.inferred[rows].sum())
-    return inference_sentence(inferred, att.phase_source, att.inference.autograd_threads, meta)
+INFERENCE_VERSION = 1
+_SPANS = ("instance", "step", "phase", "first", "last")
 
 
-def inference_sentence(
-    inferred: int, source: str, autograd_threads: np.ndarray, meta: Mapping[str, Any]
-) -> list[str]:
-    """The note on ``inferred`` activities whose phases were inferred (none for 0)."""
-    if not inferred:
-        return []
-    names = TraceHints.of(meta).thread_names
-    threads = autograd_threads.tolist()
-    workers = ", ".join(dict.fromkeys(names.get(t, f"thread {t}") for t in threads))
-    which = (
-        "every step has no forward/backward/optimizer range"
-        if source == "inferred"
-        else f"{inferred:,} GPU activities lie in steps without phase ranges"
+def _kept_inference(found: InferredPhases, identity: dict[str, Any]) -> Derived:
+    lanes = found.step_lanes
+    processes = np.array(sorted(found.main_threads), dtype=np.int64)
+    arrays = {
+        "phase": found.phase,
+        "lanes": lanes.lanes,
+        "step_starts": found.step_starts,
+        "autograd_threads": found.autograd_threads.astype(np.int64),
+        "main_processes": processes,
+        "main_threads": np.array([found.main_threads[p] for p in processes.tolist()], np.int64),
+        "step_phases": found.step_phases,
+        **{f"spans.{name}": getattr(found.spans, name) for name in _SPANS},
+    }
+    return Derived(arrays, {"identity": identity, "base": lanes.base, "span": lanes.span})
+
+
+def _restored_inference(kept: Derived) -> InferredPhases | None:
+    a = kept.arrays
+    try:
+        return InferredPhases(
+            phase=a["phase"],
+            instance=None,
+            main_threads=dict(
+                zip(a["main_processes"].tolist(), a["main_threads"].tolist(), strict=True)
+            ),
+            autograd_threads=np.asarray(a["autograd_threads"]),
+            _lanes=Lanes.restored(a["lanes"], kept.meta["base"], kept.meta["span"]),
+            _step_starts=np.asarray(a["step_starts"]),
+            spans=InstanceSpans(*(np.asarray(a[f"spans.{name}"]) for name in _SPANS)),
+            step_phases=np.asarray(a["step_phases"]).reshape(-1, 3),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _projected_phases(
+    cols: ActivityColumns,
+    lanes: Lanes,
+    owners: dict[int, int],
+    p_start: np.ndarray,
+    p_end: np.ndarray,
+) -> np.ndarray | None:
+    """The phases' start and end times as keys on every lane that holds attribution points
+    (the launching threads' and their owner's), so that every slot with points lies on
+    one lane and in one phase.
+
+    Only for one process (one owner thread): its phase at time t is the same on all its
+    threads. None where that does not hold or the keys would be too many.
+    """
+    if len(owners) != 1 or not len(p_start):
+        return None
+    thread = np.append(np.asarray(cols.threads, dtype=np.int64), -1)
+    owner = _owner_of(thread, owners)
+    point_lanes = np.unique(np.concatenate([lanes.codes(thread), lanes.codes(owner[owner >= 0])]))
+    if 2 * len(p_start) * len(point_lanes) > MAX_PROJECTED:
+        return None
+    # Offsets on the owner's lane, and each lane's first and past-last key: a slot then
+    # never reaches from another lane into a lane with points.
+    times = np.concatenate([p_start % lanes.span, p_end % lanes.span, [0, lanes.span]])
+    return (point_lanes[:, None] * lanes.span + times[None, :]).reshape(-1)
+
+
+def _slot_phases(plan: Plan) -> np.ndarray:
+    """The phase of every point in each slot (see :func:`_projected_phases`), then one
+    entry for slot -1 (no point): a slot with points lies on one lane, so its first key
+    tells."""
+    bounds = plan.bounds
+    first = np.concatenate([bounds[:1] - 1, bounds]) if len(bounds) else np.zeros(1, np.int64)
+    owner_lane = int(plan.p_start[0] // plan.lanes.span)
+    on_owner = owner_lane * plan.lanes.span + first % plan.lanes.span
+    phase = plan.phase_code[stab(plan.p_start, plan.p_end, on_owner)]
+    return np.append(phase, -1).astype(np.int16)
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` by a sort: numpy 2's hashing unique is ~40x slower on these keys."""
+    values = np.sort(values)
+    return values[np.append(True, values[1:] != values[:-1])] if len(values) else values
+
+
+def attributed(cols: ActivityColumns, plan: Plan) -> Mapping[str, np.ndarray]:
+    """Per activity: ``phase``, ``same`` (the launching thread's phase alone), ``self_slot``
+    and ``owner_slot``; kept with the columns, and taken from them when already there."""
+    expected = attribution_identity(cols, plan)
+    kept = cols.derived.get(KEPT_AS)
+    if kept is not None and kept.meta == expected and _fits(kept.arrays, len(cols)):
+        return kept.arrays
+    arrays = _attribute(cols, plan)
+    cols.remember(KEPT_AS, Derived(arrays, expected))
+    return arrays
+
+
+def attribution_identity(cols: ActivityColumns, plan: Plan) -> dict[str, Any]:
+    """What the arrays were computed from: a kept set that differs is recomputed (JSON
+    types only: it is compared with what the cache read back)."""
+    digest = hashlib.sha256(plan.bounds.tobytes())
+    digest.update(plan.p_start.tobytes() + plan.p_end.tobytes())
+    digest.update(plan.inferred_steps.astype(np.int64).tobytes() + plan.remap.tobytes())
+    return {
+        "version": VERSION,
+        "rows": len(cols),
+        "domain": plan.domain,
+        "mode": plan.mode,
+        "phases": plan.phase_names,
+        "owners": [[process, thread] for process, thread in sorted(plan.owners.items())],
+        "keys": digest.hexdigest()[:32],
+    }
+
+
+def _fits(arrays: Mapping[str, np.ndarray], rows: int) -> bool:
+    return set(arrays) == set(ARRAYS) and all(
+        len(arrays[n]) == rows and arrays[n].dtype == t for n, t in ARRAYS.items()
     )
-    backward = (
-        f"backward = what autograd's threads ({workers}) launched"
-        if workers
-        else "no autograd thread (pt_autograd_N) is named in this trace, so none is backward"
-    )
-    return [
-        f"Phases inferred ({which}): {backward}; optimizer = the main thread's launches "
-        "after a backward pass up to its last optimizer kernel or Optimizer.step range; "
-        "forward = the rest (docs/ATTRIBUTION.md, 'Phases without annotations')."
-    ]
 
 
-@dataclass
-class PhaseIntervals:
-    """The phase ranges chosen, as intervals on their lanes in start order, and their codes."""
+def _attribute(cols: ActivityColumns, plan: Plan) -> dict[str, np.ndarray]:
+    out = {name: np.empty(len(cols), dtype=t) for name, t in ARRAYS.items()}
+    out["self_slot"][:] = -1
+    out["owner_slot"][:] = -1
+    out["inferred"][:] = 0
+    last = len(plan.phase_names) - 1
+    lane, owner_lane, cross_of = _thread_tables(cols, plan)
+    thread_ids = np.append(np.asarray(cols.threads, dtype=np.int64), -1)
+    span, base = plan.lanes.span, plan.lanes.base
+    inference = plan.inference if len(plan.inferred_steps) else None
+    every_step = plan.mode == "inferred"
 
-    is_phase: np.ndarray
-    """Per range row: is it one of the phases."""
-    rows: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-    names: list[str]
-    """Distinct phase names in order of first start."""
-    code: np.ndarray
-    """Per phase (in start order) its name's index, then one last -1: what ``stab``'s -1
-    (no phase open) indexes."""
+    def chunk(lo: int, hi: int) -> None:  # writes rows lo..hi of ``out`` only
+        launch = cols.arrays["launch_start"][lo:hi]
+        rows = np.flatnonzero(launch >= 0)
+        code = cols.arrays["launch_thread"][lo:hi][rows]  # -1 (unknown) indexes the last entry
+        time = launch[rows] - base
+        self_keys = lane[code] * span + time
+        same = np.full(hi - lo, last, dtype=np.int64)
+        same[rows] = plan.phase_code[stab(plan.p_start, plan.p_end, self_keys)]
+        cross = cross_of[code]
+        cross_rows = rows[cross]
+        owner_keys = owner_lane[code[cross]] * span + time[cross]
+        phase = same.copy()
+        phase[cross_rows] = plan.phase_code[stab(plan.p_start, plan.p_end, owner_keys)]
+        if inference is not None:  # launches of steps without phase ranges: inferred
+            use = rows
+            if not every_step:
+                step = inference.step_of(thread_ids[code], launch[rows])
+                use = rows[np.isin(step, plan.inferred_steps)]
+            phase[use] = plan.remap[inference.phase[lo:hi][use]]
+            out["inferred"][lo + use] = 1
+        out["phase"][lo:hi] = phase
+        out["same"][lo:hi] = same
+        out["self_slot"][lo + rows] = plan.slot(self_keys)
+        out["owner_slot"][lo + cross_rows] = plan.slot(owner_keys)
+
+    for _ in map_chunks(chunk, len(cols), chunked.CHUNK):
+        pass
+    return out
 
 
-def phase_intervals(ranges: pd.DataFrame, rows: np.ndarray, lanes: Lanes) -> PhaseIntervals:
-    """Order the phase ``rows`` of ``ranges`` by their start key on ``lanes`` and code them."""
-    r_thread = ranges["thread"].to_numpy(dtype=np.int64)
-    is_phase = np.zeros(len(ranges), dtype=bool)
-    is_phase[rows] = True
-    start = lanes.key(r_thread[rows], ranges["start"].to_numpy(dtype=np.int64)[rows])
-    end = lanes.key(r_thread[rows], ranges["end"].to_numpy(dtype=np.int64)[rows])
-    order = np.argsort(start, kind="stable")
-    rows, start, end = rows[order], start[order], end[order]
-    row_names = ranges["name"].to_numpy(dtype=object)[rows]
-    names = list(dict.fromkeys(row_names.tolist()))
-    name_code = {name: i for i, name in enumerate(names)}
-    code = np.append(np.array([name_code[x] for x in row_names], dtype=np.int64), -1)
-    return PhaseIntervals(is_phase, rows, start, end, names, code)
+def _thread_tables(cols: ActivityColumns, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per launching-thread code (then one entry for -1, unknown): its lane code, its
+    process's owner thread's lane code, and whether it is a worker (owner elsewhere)."""
+    thread = np.append(np.asarray(cols.threads, dtype=np.int64), -1)
+    owner = _owner_of(thread, plan.owners)
+    worker = (owner >= 0) & (owner != thread)
+    return plan.lanes.codes(thread), plan.lanes.codes(owner), worker
+
+
+def _owner_of(thread: np.ndarray, owners: dict[int, int]) -> np.ndarray:
+    """The owner thread of each thread's process (-1 where its process has no phases)."""
+    if not owners:
+        return np.full(len(thread), -1, dtype=np.int64)
+    processes = np.array(sorted(owners), dtype=np.int64)
+    threads = np.array([owners[p] for p in processes], dtype=np.int64)
+    process = thread >> PROCESS_SHIFT
+    index = np.minimum(np.searchsorted(processes, process), len(processes) - 1)
+    return np.where(processes[index] == process, threads[index], -1)

@@ -138,20 +138,6 @@ class CommStats:
         }
 
 
-def comm_stats(kernels: pd.DataFrame, nccl_names: np.ndarray | None = None) -> CommStats:
-    """NCCL time, its overlap with compute and the exposed rest, for activities of one GPU.
-
-    ``kernels`` is a trace's kernels table (or the rows of one rank); rows of several
-    devices are measured per device and summed. ``nccl_names``: :func:`is_nccl` of its
-    names, where the caller has it already.
-    """
-    is_kernel = kernels["kind"].to_numpy(dtype=object) == "kernel"
-    nccl = is_kernel & (is_nccl(kernels["name"]) if nccl_names is None else nccl_names)
-    return comm_stats_of(
-        Intervals.of(kernels), is_kernel, nccl, kernels["name"].to_numpy(dtype=object)[nccl]
-    )
-
-
 @dataclass
 class Intervals:
     """GPU activities as arrays: start and end (ns) and device of each."""
@@ -160,30 +146,15 @@ class Intervals:
     end: np.ndarray
     device: np.ndarray
 
-    @classmethod
-    def of(cls, kernels: pd.DataFrame) -> Intervals:
-        return cls(
-            kernels["start"].to_numpy(np.int64),
-            kernels["end"].to_numpy(np.int64),
-            kernels["device"].to_numpy(np.int64),
-        )
-
     def take(self, rows: np.ndarray) -> Intervals:
         """The activities at ``rows`` (indices or a mask)."""
         return Intervals(self.start[rows], self.end[rows], self.device[rows])
 
 
-def comm_stats_of(
-    activities: Intervals, is_kernel: np.ndarray, nccl: np.ndarray, nccl_names: np.ndarray
-) -> CommStats:
-    """:func:`comm_stats` of activities given as arrays: ``nccl`` marks the NCCL kernels
-    (a subset of ``is_kernel``), ``nccl_names`` are their names, in row order."""
-    return comm_stats_apart(activities.take(nccl), activities.take(is_kernel & ~nccl), nccl_names)
-
-
 def comm_stats_apart(nccl: Intervals, compute: Intervals, nccl_names: np.ndarray) -> CommStats:
-    """:func:`comm_stats` of NCCL kernels and compute kernels given apart (names: the
-    NCCL kernels', in order)."""
+    """NCCL time, its overlap with compute and the exposed rest, from NCCL kernels and
+    compute kernels given apart (names: the NCCL kernels', in order); activities of
+    several devices are measured per device and summed."""
     union_ns = overlap_ns = 0
     devices = np.unique(nccl.device)
     one = len(devices) == 1 and bool((compute.device == devices[0]).all())

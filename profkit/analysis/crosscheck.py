@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.attribution import UNATTRIBUTED
-from profkit.analysis.report import KernelReport
+from profkit.analysis.phase_ranges import UNATTRIBUTED
+from profkit.analysis.report_types import KernelReport
 from profkit.errors import BadInput
 from profkit.workload.names import PHASES
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from profkit.analysis import crosscheck
 from profkit.analysis.names import short_kernel_name
-from profkit.analysis.report import KernelReport
+from profkit.analysis.report_types import KernelReport
 from profkit.errors import BadInput
 from profkit.formats import plural
 

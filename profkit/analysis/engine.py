@@ -6,7 +6,7 @@ one rank).
 :func:`.ranks.analyze_ranks` for several (tests compare them), without a per-activity
 frame:
 
-1. the activities are attributed once for the whole trace (:mod:`.stream_attribution`),
+1. the activities are attributed once for the whole trace (:mod:`.attribution`),
    and for several ranks each is told its rank and each rank its own phase names
    (:mod:`.rank_layout`);
 2. one pass adds up per (rank, phase, category) sums, the notes' counts and, for several
@@ -32,9 +32,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from profkit.analysis import chunked
-from profkit.analysis.attribution import UNATTRIBUTED, PhaseMode
+from profkit.analysis.attribution import Plan, attributed, plan_of
 from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import is_nccl
+from profkit.analysis.phase_ranges import UNATTRIBUTED, PhaseMode
 from profkit.analysis.rank_comm import (
     kernels_reader,
     nccl_unions,
@@ -53,7 +54,6 @@ from profkit.analysis.report_tables import Scope, rank_scope, scope_report, whol
 from profkit.analysis.report_types import KernelReport, RankedReport, RankEntry
 from profkit.analysis.selection import Selection, check_options, no_range, phase_index, range_labels
 from profkit.analysis.steps import step_starts, step_table
-from profkit.analysis.stream_attribution import Plan, attributed, plan_of
 from profkit.analysis.sums import (
     KERNEL,
     Sums,

@@ -1,4 +1,5 @@
-"""A :class:`KernelReport` as titled display tables and as a markdown report.
+"""A :class:`KernelReport` as titled display tables and as a markdown report; a
+:class:`RankedReport`'s rank tables besides.
 
 The report's DataFrames keep fractions and full names (for JSON and code); these views
 show percentages, short kernel names and a category x phase pivot, for people.
@@ -10,8 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.analysis.ranks import RankedReport, ranks_markdown
-from profkit.analysis.report import KernelReport
+from profkit.analysis.report_types import KernelReport, RankedReport
 from profkit.analysis.tables import ALL_PHASES
 from profkit.formats import markdown_table
 from profkit.workload.config import RUN_FIELDS
@@ -112,7 +112,7 @@ def category_pivot(report: KernelReport) -> pd.DataFrame:
 
 def kernel_report_markdown(report: KernelReport, title: str) -> str:
     """The whole report as markdown (for ``reports/NAME.md``); a multi-rank trace's ends
-    with its rank tables (:func:`~profkit.analysis.ranks.ranks_markdown`)."""
+    with its rank tables (:func:`ranks_markdown`)."""
     lines = [f"# {title}", "", _source_line(report), ""]
     lines += [
         f"GPU activities: {counts_sentence(report.totals)} (durations summed, so streams "
@@ -210,3 +210,75 @@ def _kernel_view(table: pd.DataFrame, phase: str | bool = False) -> pd.DataFrame
 def _range_view(report: KernelReport) -> pd.DataFrame:
     view = report.ranges.drop(columns=["domain"])
     return view
+
+
+def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
+    """Display tables of the ranks: one row per rank, collectives, phases, steps."""
+    rows, collectives, phases = [], [], []
+    # The host only where ranks span several (several nodes' reports): else one value.
+    several_hosts = len({entry.info.get("host") for entry in report.ranks}) > 1
+    keys = ("rank", "host", "device", "pid") if several_hosts else ("rank", "device", "pid")
+    for entry in report.ranks:
+        who = {key: entry.info.get(key) for key in keys}
+        comm = entry.comm
+        rows.append(
+            {
+                **who,
+                **entry.totals,
+                "nccl_kernels": comm.kernels,
+                "nccl_ms": comm.time_ms,
+                "overlapped_ms": comm.overlapped_ms,
+                "exposed_ms": comm.exposed_ms,
+            }
+        )
+        collectives += [{"rank": who["rank"], **c} for c in comm.by_collective]
+        table = entry.report.phases[["phase", "kernels", "gpu_time_ms"]]
+        phases += [{"rank": who["rank"], **r} for r in table.to_dict(orient="records")]
+    tables = [(f"Ranks — world size {report.world_size}", pd.DataFrame(rows))]
+    if report.nodes:
+        tables.append(("Nodes — each report's clock against the first's", _node_table(report)))
+    if collectives:
+        tables.append(("NCCL kernels by collective, per rank", pd.DataFrame(collectives)))
+    tables.append(("Phases per rank", pd.DataFrame(phases)))
+    if not report.steps.empty:
+        title = "Steps across ranks — GPU span of each step; NCCL time waiting for the last rank"
+        tables.append((title, report.steps))
+    return tables
+
+
+def _node_table(report: RankedReport) -> pd.DataFrame:
+    """One row per node: its file, host, ranks and how its clock was aligned."""
+    rows = []
+    for node in report.nodes:
+        ranks = node["ranks"]
+        rows.append(
+            {
+                "node": node["path"],
+                "host": node["host"],
+                "ranks": f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
+                "session_start_ms": node["base_ms"],
+                "clock_offset_us": _us(node["offset_ms"]),
+                "spread_us": _us(node["spread_ms"]),
+                "paired": node["pairs"],
+                "agreeing": node["agreeing"],
+                "offset_taken_out": _taken_out(node),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _taken_out(node: dict[str, Any]) -> str:
+    if node["applied"]:
+        return "yes"
+    return "no (ambiguous)" if node["ambiguous"] else "no"
+
+
+def _us(ms: float | None) -> float | None:
+    return None if ms is None else ms * 1000
+
+
+def ranks_markdown(report: RankedReport) -> str:
+    """The rank tables as markdown sections (appended to the kernel report)."""
+    return "".join(
+        f"\n## {title}\n\n{markdown_table(table, 2)}\n" for title, table in rank_tables(report)
+    )

@@ -4,7 +4,7 @@ would call its phases.
 :func:`ranks_of` numbers the ranks as :func:`.ranks.rank_processes` numbers them (order of
 (device, pid); an activity without a launch call goes to the process that launched most on
 its device). The activities are attributed once for the whole trace
-(:mod:`.stream_attribution`): attribution works per process, so a rank's phases are its rows
+(:mod:`.attribution`): attribution works per process, so a rank's phases are its rows
 of that attribution renumbered as the rank alone numbers them (:func:`rank_views`). One
 process is a world of one rank (:meth:`RankView.whole`).
 
@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from profkit.analysis import chunked
-from profkit.analysis.attribution import ordered_phase_names, phase_source
+from profkit.analysis.attribution import Plan
 from profkit.analysis.chunked import map_chunks
-from profkit.analysis.stream_attribution import Plan
+from profkit.analysis.phase_ranges import ordered_phase_names, phase_source
 from profkit.errors import BadInput
 from profkit.traces.columns import START, ActivityColumns
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT

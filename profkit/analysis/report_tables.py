@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.attribution import UNATTRIBUTED, inference_sentence
+from profkit.analysis.attribution import Plan
 from profkit.analysis.categories import CATEGORIES
+from profkit.analysis.phase_ranges import UNATTRIBUTED, inference_sentence
 from profkit.analysis.rank_layout import ACTIVITY_ELSEWHERE, RanksUntold, RankView
 from profkit.analysis.report_types import KernelReport, run_config, source_of
-from profkit.analysis.stream_attribution import Plan
 from profkit.analysis.sums import QUANTITIES, Sums
 from profkit.analysis.tables import (
     COUNT_COLUMNS,
@@ -207,10 +207,8 @@ def notes(
 
 
 def counts(sums: np.ndarray, rows: np.ndarray | slice = slice(None)) -> dict[str, np.ndarray]:
-    """``activity_counts``' dict (:mod:`.tables`) from rows of QUANTITIES sums.
-
-    ``graphs`` is there only where some graph was counted, as there.
-    """
+    """Per row of QUANTITIES sums: a count column per kind (``graphs`` only where some
+    graph was counted), then ``kernel_ns`` and ``gpu_ns``."""
     picked = sums[rows]
     out: dict[str, np.ndarray] = {}
     for code, kind in enumerate(KINDS):
@@ -237,7 +235,8 @@ def phase_table(
     sidecar: dict[str, Any],
     filtered: bool,
 ) -> pd.DataFrame:
-    """:func:`.tables.phase_table` from per-phase sums; ``spans``: per phase name, its
+    """Activities of each kind, kernel and GPU time, share per phase; wall and Python time,
+    from per-phase sums; ``spans``: per phase name, its
     instances and wall ns."""
     found = counts(by_phase)
     instances, cpu_ns = spans
@@ -258,7 +257,8 @@ def range_table(
     config: dict[str, Any] | None,
     filtered: str | None,
 ) -> pd.DataFrame:
-    """:func:`.tables.range_table` from per-range sums."""
+    """Activities and times per range name and domain (:func:`.tables.ranges_from_counts`),
+    from per-range sums."""
     found = counts(by_range)
     columns = {c: found[c] for c in found if c not in ("kernel_ns", "gpu_ns")}
     columns["kernel_ns"] = by_range[:, len(KINDS)]
@@ -267,7 +267,8 @@ def range_table(
 
 
 def category_table(by_phase_category: np.ndarray, phase_names: list[str]) -> pd.DataFrame:
-    """:func:`.tables.category_table` from per (phase, category) sums."""
+    """Activities and GPU time per (phase, category), each phase's categories by time, from
+    per (phase, category) sums."""
     n_categories = len(CATEGORIES)
     present = np.flatnonzero(by_phase_category[:, : len(KINDS)].sum(axis=1))
     phase, category = present // n_categories, present % n_categories
@@ -295,7 +296,8 @@ def kernel_tables(
     categories: np.ndarray,
     phase_names: list[str],
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """:func:`.tables.kernel_tables` from a scope's statistics (by name and phase code)."""
+    """Per (name, phase) and per name statistics, with the launch shape of the longest run,
+    from a scope's statistics (by name and phase code)."""
     names = np.array(cols.names, dtype=object)
     kinds = np.array(cols.kinds, dtype=object)
     per_phase, overall = (table.copy() for table in stats)

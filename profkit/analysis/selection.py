@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.attribution import PHASE_MODES
+from profkit.analysis.phase_ranges import PHASE_MODES
 from profkit.analysis.tables import pair_groups
 from profkit.errors import BadInput
 
@@ -64,7 +64,7 @@ def no_range(range_: str, labels: np.ndarray) -> BadInput:
 class Selection:
     """Which activities a pass adds up: per rank the phase code ``--phase`` keeps (-1:
     none of its activities), and per slot whether it lies in a range ``--range`` names
-    (:meth:`.stream_attribution.Plan.slots_inside`). None: no such filter."""
+    (:meth:`.attribution.Plan.slots_inside`). None: no such filter."""
 
     phase_of_rank: np.ndarray | None = None
     inside: np.ndarray | None = None

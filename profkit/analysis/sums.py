@@ -2,7 +2,7 @@
 columns in one pass.
 
 :func:`add_up` walks the activities chunk by chunk (their attribution from
-:mod:`.stream_attribution`) and keeps, per rank and phase, everything the tables need:
+:mod:`.attribution`) and keeps, per rank and phase, everything the tables need:
 counts and ns per (rank, phase, category) and per slot between range bounds (a slot lies on
 one thread, so on one rank), the notes' counts, how many activities each (rank, phase)
 holds, selected or not, and for several ranks their NCCL kernels (few), which the second
@@ -31,12 +31,12 @@ import numpy as np
 import pandas as pd
 
 from profkit.analysis import chunked
+from profkit.analysis.attribution import Plan, attributed, attribution_identity
 from profkit.analysis.categories import CATEGORIES, category_of
 from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import is_nccl
 from profkit.analysis.kernel_stats import FIGURES, TABLES, Groups, KernelStats, kernel_stats
 from profkit.analysis.selection import Selection
-from profkit.analysis.stream_attribution import Plan, attributed, attribution_identity
 from profkit.traces.columns import ActivityColumns, Derived
 from profkit.traces.schema import KINDS
 

@@ -8,8 +8,9 @@ from typing import Annotated, cast
 import typer
 
 from profkit import analysis
-from profkit.analysis.attribution import PHASE_MODES, PhaseMode
-from profkit.analysis.ranks import RankedReport, rank_tables
+from profkit.analysis.phase_ranges import PHASE_MODES, PhaseMode
+from profkit.analysis.presentation import rank_tables
+from profkit.analysis.report_types import RankedReport
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console, read_progress

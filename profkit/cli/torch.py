@@ -137,7 +137,8 @@ def _ranks(
 ) -> None:
     """Several ranks: one trace per rank, then their per-rank kernel tables."""
     from profkit.analysis import display_tables, kernel_report, kernel_report_markdown
-    from profkit.analysis.ranks import RankedReport, rank_tables
+    from profkit.analysis.presentation import rank_tables
+    from profkit.analysis.report_types import RankedReport
     from profkit.files import output_dirs
     from profkit.torchprof.ranks import profile_ranks, ranks_report_markdown
     from profkit.traces.job import load

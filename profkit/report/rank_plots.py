@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from profkit.analysis.ranks import RankedReport
+from profkit.analysis.report_types import RankedReport
 from profkit.errors import BadInput
 from profkit.report.plots import PHASE_COLORS, SERIES_COLORS, _pyplot, _save
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.analysis.ranks import RankedReport
+from profkit.analysis.report_types import RankedReport
 from profkit.errors import ProfkitError
 from profkit.formats import markdown_table, write_text
 from profkit.report.collect import Inventory
@@ -158,7 +158,7 @@ def _trace_part(stem: str, paths: list[Path], out_dir: Path, pictures: Pictures)
 
 def _ranks_part(report: RankedReport, stem: str, out_dir: Path, pictures: Pictures) -> list[str]:
     """The rank table and the lanes picture (a note instead when it cannot be drawn)."""
-    from profkit.analysis.ranks import rank_tables
+    from profkit.analysis.presentation import rank_tables
     from profkit.report.rank_plots import plot_ranks
 
     (caption, table), *rest = rank_tables(report)

@@ -1,9 +1,5 @@
-"""Trace readers: one per format, each returning the same plain tables (a :class:`Trace`).
+"""Trace readers: one per format, each returning the same compact columns.
 
-``load_trace(path)`` picks the reader for a file (see :mod:`profkit.traces.load`).
+``traces.job.load(paths)`` reads a command's files and says how they go together;
+``traces.load.load_columns(path)`` reads one (see :mod:`profkit.traces.load`).
 """
-
-from profkit.traces.load import load_trace, register
-from profkit.traces.schema import KERNEL_COLUMNS, RANGE_COLUMNS, Trace
-
-__all__ = ["KERNEL_COLUMNS", "RANGE_COLUMNS", "Trace", "load_trace", "register"]

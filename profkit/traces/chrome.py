@@ -1,13 +1,12 @@
 """Chrome traces written by torch.profiler (Kineto), ``.json`` or ``.json.gz``, read once.
 
 The reader owns the pass over a trace's events: the file (streamed a batch of events at
-a time by :mod:`.chrome_stream`, or parsed whole where its layout asks), the header and
+a time by :mod:`.chrome_json`, or parsed whole where its layout asks), the header and
 the meta, the validations, and what each event is to the tables. Its result is compact
 columns (:func:`read_chrome_columns`, what ``load_columns`` reads): the GPU activities
 gathered as arrays batch by batch (:mod:`.chrome_activities`), the ranges as a table.
-:func:`read_chrome_trace` gives the pandas engine's full tables from the same pass.
 
-How Kineto events map to the tables (see ``profkit.traces.schema``):
+How Kineto events map to the columns (see ``profkit.traces.columns``):
 
 - ``ranges`` come from ``user_annotation`` events: every ``record_function`` range,
   hence every ``profkit.phase``/``annotate`` range, with the thread that opened it and its
@@ -17,7 +16,7 @@ How Kineto events map to the tables (see ``profkit.traces.schema``):
   ignored: Kineto projects each CPU range onto the GPU by the kernels whose launching
   op it encloses on the same thread, so the backward kernels (launched from autograd
   threads) fall outside ``backward`` there. Attribution works from launches instead.
-- ``kernels`` come from ``kernel``, ``gpu_memcpy`` and ``gpu_memset`` events; each is tied
+- the activities come from ``kernel``, ``gpu_memcpy`` and ``gpu_memset`` events; each is tied
   to its launching ``cuda_runtime``/``cuda_driver`` call through ``args.correlation``,
   which gives ``launch_start`` and ``launch_thread``.
 - ``meta["threads"]`` names the threads (``thread 510 (pt_autograd_0)``) and
@@ -57,10 +56,8 @@ from profkit.traces.chrome_activities import (
     ActivityArrays,
     GpuBatch,
     columns_of,
-    kernels_table,
 )
-from profkit.traces.chrome_stream import CHUNK_BYTES, BrokenJSON, EventBatches, NotStreamable
-from profkit.traces.chrome_tables import (
+from profkit.traces.chrome_fields import (
     MAX_BASE_NS,
     NEGATIVE,
     NON_FINITE,
@@ -69,9 +66,10 @@ from profkit.traces.chrome_tables import (
     ranges_table,
     to_ns,
 )
+from profkit.traces.chrome_json import CHUNK_BYTES, BrokenJSON, EventBatches, NotStreamable
 from profkit.traces.columns import ActivityColumns, Progress
 from profkit.traces.ranks import rank_of_meta
-from profkit.traces.schema import Trace, check_span
+from profkit.traces.schema import check_span
 
 _loads: Callable[[bytes], Any]
 try:  # orjson parses large traces several times faster than json, which is the fallback
@@ -90,7 +88,6 @@ __all__ = [
     "is_chrome_trace",
     "kernel_function_name",
     "read_chrome_columns",
-    "read_chrome_trace",
     "to_ns",
 ]
 
@@ -159,7 +156,7 @@ def read_chrome_columns(
 ) -> ActivityColumns:
     """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) as compact columns.
 
-    The document is parsed once, ``chunk_bytes`` of JSON at a time (:mod:`.chrome_stream`),
+    The document is parsed once, ``chunk_bytes`` of JSON at a time (:mod:`.chrome_json`),
     so memory holds one batch of events and a few numbers per GPU activity, never the
     document nor a row object per activity; ``chunk_bytes=None`` parses the whole
     document at once (the columns are the same; the exactness tests compare the two).
@@ -171,41 +168,20 @@ def read_chrome_columns(
     the other ranks' its columns give the ranked report
     (:mod:`profkit.analysis.stream_rank_files`).
 
-    Raises :class:`BadInput` (one line) for what :func:`read_chrome_trace` refuses, and
-    for timestamps spanning more than :data:`~profkit.traces.schema.MAX_SPAN_NS` (the
-    check ``load_trace`` makes on the tables, made here while the GPU start times are
-    at hand). Odd events are dropped or fixed and counted as that function says.
+    Raises :class:`BadInput` (one line) for a missing file or one that is not a regular
+    file, truncated or corrupt compression (gzip, xz), invalid JSON, JSON that is not a
+    Chrome trace, and timestamps spanning more than
+    :data:`~profkit.traces.schema.MAX_SPAN_NS`. Odd events are dropped or fixed and
+    counted, never fatal: one that is not an object or lacks a field the columns need, a
+    time that is not finite, a category that is not a string; a negative duration counts
+    as 0; ids beyond 64 bits become unknown. A trace without GPU activity (a CPU-only run)
+    still returns its ranges; every such finding is a line of ``meta["warnings"]``.
     """
     p = Path(path)
-    read = _read(p, chunk_bytes, progress, keep_streams=False)
+    read = _read(p, chunk_bytes, progress)
     _check_span(read)
     timed = rank_of_meta(read.meta) is not None
     return columns_of(read.activities, read.ranges, read.meta, timed)
-
-
-def read_chrome_trace(
-    path: str | PathLike[str],
-    *,
-    chunk_bytes: int | None = CHUNK_BYTES,
-    progress: Progress | None = None,
-) -> Trace:
-    """Read a torch.profiler Chrome trace (``.json`` or ``.json.gz``) into a :class:`Trace`.
-
-    The full tables of the pandas engine, while it lasts: the same one pass as
-    :func:`read_chrome_columns` (``chunk_bytes`` and ``progress`` alike), keeping each
-    activity's stream and correlation id besides, then the kernels table built from
-    those arrays.
-
-    Raises :class:`BadInput` (one line) for a missing file or one that is not a regular
-    file, truncated or corrupt compression (gzip, xz), invalid JSON, or JSON that is not a
-    Chrome trace. Odd events are dropped or fixed and counted, never fatal: one that is
-    not an object or lacks a field the tables need, a time that is not finite, a
-    category that is not a string; a negative duration counts as 0; ids beyond 64 bits
-    become unknown. A trace without GPU activity (a CPU-only run) still returns its
-    ranges; every such finding is a line of ``meta["warnings"]``.
-    """
-    read = _read(Path(path), chunk_bytes, progress, keep_streams=True)
-    return Trace(kernels=kernels_table(read.activities), ranges=read.ranges, meta=read.meta)
 
 
 @dataclass
@@ -215,12 +191,12 @@ class _Read:
     meta: dict[str, Any]
 
 
-def _read(p: Path, chunk_bytes: int | None, progress: Progress | None, keep_streams: bool) -> _Read:
+def _read(p: Path, chunk_bytes: int | None, progress: Progress | None) -> _Read:
     """The one pass over the events, then the ranges table, the activities in order and
     the meta."""
     with _gc_paused():
         header, collected, gathered = _read_events(
-            p, chunk_bytes, _bytes_read(p, progress), keep_streams
+            p, chunk_bytes, _bytes_read(p, progress)
         )
     base_ns = _int_or(header.get("baseTimeNanoseconds"), 0)
     if not abs(base_ns) < MAX_BASE_NS:
@@ -235,7 +211,7 @@ def _read(p: Path, chunk_bytes: int | None, progress: Progress | None, keep_stre
 
 
 def _check_span(read: _Read) -> None:
-    """``check_time_span`` of the tables, on the activities' times and the ranges'."""
+    """The activities' times and the ranges' within ``MAX_SPAN_NS`` of each other."""
     bounds = [read.activities.bounds()]
     for column in ("start", "end"):
         values = read.ranges[column].to_numpy(np.int64)
@@ -274,10 +250,9 @@ def _read_events(
     p: Path,
     chunk_bytes: int | None,
     report: Callable[[int], None] | None,
-    keep_streams: bool,
 ) -> tuple[dict[str, Any], dict[str, Any], ActivityArrays]:
     """The header keys, what the pass kept, and the GPU activities gathered, streaming the
-    events where the layout allows (:mod:`.chrome_stream`), else from the whole parsed
+    events where the layout allows (:mod:`.chrome_json`), else from the whole parsed
     document. ``report(position)`` hears where the reading stands in the file on disk
     after each read."""
     if chunk_bytes is not None:
@@ -286,7 +261,7 @@ def _read_events(
                 errors = (*_DECODE_ERRORS, RecursionError)
                 on_read = None if report is None else lambda: report(position())
                 batches = EventBatches(stream, _loads, errors, chunk_bytes, on_read)
-                activities = ActivityArrays(keep_streams)
+                activities = ActivityArrays()
                 collected = _collect(batches, activities)
                 return batches.header, collected, activities
         except NotStreamable:
@@ -298,7 +273,7 @@ def _read_events(
         report(p.stat().st_size)  # read whole: every byte of the file
     header, events = _events_of(p, doc)
     del doc  # the events alone are needed, a batch at a time
-    activities = ActivityArrays(keep_streams)  # anew: what a failed stream kept is dropped
+    activities = ActivityArrays()  # anew: what a failed stream kept is dropped
     return header, _collect(_slices(events), activities), activities
 
 
@@ -365,11 +340,10 @@ def _collect(batches: Iterable[list[Any]], activities: ActivityArrays) -> dict[s
     malformed = total = 0
     role_of, intern = _ROLE.get, sys.intern
     codes, name_code, shape_code = activities.codes, activities.name_code, activities.shape_code
-    streams = activities.keep_streams
     for events in batches:
         gpu = GpuBatch.empty()
         pair, ts_of, dur_of, device_of = gpu.pair, gpu.ts, gpu.dur, gpu.device
-        corr_of, shape_of, stream_of = gpu.correlation, gpu.shape, gpu.stream
+        corr_of, shape_of = gpu.correlation, gpu.shape
         launch_corr, launch_ts, launch_tid = (
             gpu.launch_correlation,
             gpu.launch_ts,
@@ -404,7 +378,6 @@ def _collect(batches: Iterable[list[Any]], activities: ActivityArrays) -> dict[s
                     args = ev.get("args") or {}
                     ts, dur = float(ev["ts"]), float(ev["dur"])
                     device = int(args["device"] if "device" in args else ev.get("pid", 0))
-                    stream = _int_or(args.get("stream", ev.get("tid")), -1) if streams else 0
                     corr = _int_or(args.get("correlation"), -1)
                     shape = shape_code(args.get("grid"), args.get("block"))
                     name = ev.get("name", "")
@@ -417,7 +390,6 @@ def _collect(batches: Iterable[list[Any]], activities: ActivityArrays) -> dict[s
                     device_of.append(device)
                     corr_of.append(corr)
                     shape_of.append(shape)
-                    stream_of.append(stream)
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # int(inf)
                 malformed += 1
         activities.add(gpu)
@@ -534,7 +506,7 @@ def _register() -> None:
     from profkit.traces.load import register
 
     for suffix in (".json", ".json.gz"):
-        register(suffix, read_chrome_trace, reports_progress=True, columns=read_chrome_columns)
+        register(suffix, read_chrome_columns)
 
 
 _register()

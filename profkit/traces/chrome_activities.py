@@ -6,11 +6,10 @@ they become arrays at once (times checked and turned into nanoseconds, names and
 shapes coded as they come), so no Python object per activity outlives its batch. Once
 the last batch is in, :meth:`ActivityArrays.finish` ties each activity to its launch by
 correlation id and orders the activities by GPU start and end: :class:`Activities`, which
-become the compact columns (:func:`columns_of`, what the reader returns) or, for the
-pandas engine while it lasts, the kernels table (:func:`kernels_table`).
+become the compact columns (:func:`columns_of`, what the reader returns).
 
-Both are exactly what the per-activity DataFrame used to give (``columns.from_trace`` of
-it, for the columns): same rows in the same order, same codes. What that takes: times
+The columns are exactly what the per-activity tables of profkit's first reader gave: same
+rows in the same order, same codes (tests/test_golden.py holds its outputs). What that takes: times
 split into whole and fractional microseconds (``to_ns``) before the trace's base is
 added, in int64 as before; the launch kept per correlation id is the first after a
 quicksort by launch start (what ``sort_values`` then ``drop_duplicates`` kept, ties
@@ -27,12 +26,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.traces.chrome_tables import (
+from profkit.traces.chrome_fields import (
     NEGATIVE,
     NON_FINITE,
     Issues,
     int64_ids,
-    kernel_function_name,
     to_ns,
     valid_times,
 )
@@ -45,11 +43,10 @@ from profkit.traces.columns import (
     ActivityColumns,
     check_threads,
 )
-from profkit.traces.schema import KERNEL_COLUMNS, conform, empty_kernels
 
 KINDS = ("kernel", "memcpy", "memset")
 _MEMCPY_KIND = re.compile(r"memcpy\s+(\w+)", re.IGNORECASE)
-_GPU = ("pair", "start", "duration", "device", "correlation", "shape", "stream")
+_GPU = ("pair", "start", "duration", "device", "correlation", "shape")
 _LAUNCH = ("correlation", "start", "thread")
 
 
@@ -65,14 +62,13 @@ class GpuBatch:
     device: list[int]
     correlation: list[int]
     shape: list[int]
-    stream: list[int]
     launch_correlation: list[int]
     launch_ts: list[float]
     launch_thread: list[int]
 
     @classmethod
     def empty(cls) -> GpuBatch:
-        return cls([], [], [], [], [], [], [], [], [], [])
+        return cls([], [], [], [], [], [], [], [], [])
 
 
 @dataclass
@@ -84,8 +80,6 @@ class Activities:
     start: np.ndarray  # int64 ns, GPU start
     end: np.ndarray  # int64 ns
     device: np.ndarray  # int64
-    correlation: np.ndarray | None  # int64; kept only for the kernels table
-    stream: np.ndarray | None  # int64; likewise
     shape: np.ndarray  # int32, index into ``shapes``
     shapes: list[tuple[str, str]]
     launched: np.ndarray  # bool: the launch call is known
@@ -115,14 +109,9 @@ class Activities:
 
 
 class ActivityArrays:
-    """The GPU activities and launches of the batches seen so far, as arrays.
+    """The GPU activities and launches of the batches seen so far, as arrays."""
 
-    ``keep_streams``: keep each activity's stream and correlation id (the kernels table
-    shows them; the columns do not).
-    """
-
-    def __init__(self, keep_streams: bool = False) -> None:
-        self.keep_streams = keep_streams
+    def __init__(self) -> None:
         self.codes: dict[str, dict[str, int]] = {kind: {} for kind in KINDS}
         """Per kind: name -> (name, kind) code; the event loop looks names up here."""
         self._pairs: list[tuple[str, str]] = []
@@ -171,7 +160,6 @@ class ActivityArrays:
                 "device": int64_ids(batch.device),
                 "correlation": int64_ids(batch.correlation),
                 "shape": np.asarray(batch.shape, dtype=np.int32),
-                **({"stream": int64_ids(batch.stream)} if self.keep_streams else {}),
             }
             for field, values in fields.items():
                 self._gpu[field].append(values if field in ("start", "duration") else values[keep])
@@ -204,8 +192,6 @@ class ActivityArrays:
             start=start[order],
             end=end[order],
             device=gpu["device"][order],
-            correlation=correlation if self.keep_streams else None,
-            stream=gpu["stream"][order] if self.keep_streams else None,
             shape=gpu["shape"][order],
             shapes=list(self._shape_codes),
             launched=launched,
@@ -235,8 +221,7 @@ class ActivityArrays:
 def columns_of(
     activities: Activities, ranges: pd.DataFrame, meta: dict[str, Any], timed: bool
 ) -> ActivityColumns:
-    """The compact columns of ``activities`` (``columns.from_trace`` of their table);
-    ``timed``: with GPU starts and devices, where every device fits their 16 bits."""
+    """The compact columns of ``activities``; ``timed``: with GPU starts and devices, where every device fits their 16 bits."""
     of_pair, display = activities.display_names()
     names_of_rows, first_name = pd.factorize(of_pair[activities.pair])
     first = np.unique(names_of_rows, return_index=True)[1]
@@ -267,36 +252,6 @@ def columns_of(
         ranges=ranges,
         meta=meta,
     )
-
-
-def kernels_table(activities: Activities) -> pd.DataFrame:
-    """The kernels table of :mod:`profkit.traces.schema` (the pandas engine's), from the
-    activities read with ``keep_streams``."""
-    if not len(activities):
-        return empty_kernels()
-    assert activities.correlation is not None and activities.stream is not None
-    of_pair, display = activities.display_names()
-    shorts = [n if n.startswith("[") else kernel_function_name(n) for n in display]
-    names = of_pair[activities.pair]
-    shapes = np.asarray(activities.shapes, dtype=object).reshape(-1, 2)
-    launched = activities.launched
-    df = pd.DataFrame(
-        {
-            "name": np.asarray(display, dtype=object)[names],
-            "short_name": np.asarray(shorts, dtype=object)[names],
-            "kind": np.asarray([k for _, k in activities.pairs], dtype=object)[activities.pair],
-            "start": activities.start,
-            "end": activities.end,
-            "device": activities.device,
-            "stream": activities.stream,
-            "correlation_id": activities.correlation,
-            "grid": shapes[activities.shape, 0],
-            "block": shapes[activities.shape, 1],
-            "launch_start": pd.arrays.IntegerArray(activities.launch_start, ~launched),
-            "launch_thread": pd.arrays.IntegerArray(activities.launch_thread, ~launched),
-        }
-    )
-    return conform(df, KERNEL_COLUMNS)
 
 
 def dim3(value: Any) -> str:

@@ -1,12 +1,11 @@
 """GPU activity as compact columns: what a kernel report needs, at a few bytes per activity.
 
-A :class:`~profkit.traces.schema.Trace` keeps twelve columns per activity, text included:
-at 30 million kernels that is over 8 GiB. The kernel report needs only each activity's
-name, duration and launching call, so :class:`ActivityColumns` keeps those as integer
-codes (22 bytes per activity) beside small lookup tables, and the analysis
-(:mod:`profkit.analysis.engine`) walks them in chunks. Readers that stream
-(:mod:`profkit.traces.nsys_stream`) build them directly; :func:`from_trace` converts any
-reader's tables, and the cache (:mod:`profkit.traces.cache`) stores them on disk, with what
+A table of twelve columns per activity, text included, is over 8 GiB at 30 million
+kernels. The kernel report needs only each activity's name, duration and launching call,
+so :class:`ActivityColumns` keeps those as integer codes (22 bytes per activity) beside
+small lookup tables, and the analysis (:mod:`profkit.analysis.engine`) walks them in
+chunks. Every reader builds them directly (:mod:`.nsys_columns`, :mod:`.chrome`), and the
+cache (:mod:`profkit.traces.cache`) stores them on disk, with what
 the analysis derived from them (:attr:`ActivityColumns.derived`).
 
 Launch shapes (grid, block) show only in the per-kernel tables, one per table row: a
@@ -25,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.traces.schema import MAX_SPAN_NS, Trace
+from profkit.traces.schema import MAX_SPAN_NS
 
 ProgressUnit = Literal["rows", "bytes"]
 
@@ -184,48 +183,9 @@ def check_threads(count: int) -> None:
         raise BadInput(f"{count:,} threads launch GPU work: profkit reads at most {MAX_THREADS:,}")
 
 
-def from_trace(trace: Trace, timed: bool = False) -> ActivityColumns:
-    """The compact columns of a reader's tables (same rows, same order); ``timed``: with
-    each activity's GPU start and device besides (:data:`TIMED`), where every device
-    ordinal fits their 16 bits (else without them)."""
-    k = trace.kernels
-    name_codes, names = pd.factorize(k["name"].to_numpy(dtype=object))
-    first = np.unique(name_codes, return_index=True)[1]
-    kinds = k["kind"].to_numpy(dtype=object)[first].tolist()
-    pairs = pd.MultiIndex.from_arrays([k["grid"].fillna(""), k["block"].fillna("")])
-    shape_codes, shapes = pd.factorize(pairs)
-    launch = k["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
-    thread = k["launch_thread"].to_numpy(dtype=np.int64, na_value=-1)
-    thread_codes, threads = pd.factorize(thread[launch >= 0])
-    check_threads(len(threads))
-    codes = np.full(len(k), -1, dtype=np.int64)
-    codes[launch >= 0] = thread_codes
-    arrays = {
-        "name": name_codes,
-        SHAPE: shape_codes,
-        "duration": (k["end"].to_numpy(np.int64) - k["start"].to_numpy(np.int64)),
-        "launch_start": np.where(launch >= 0, launch, -1),
-        "launch_thread": codes,
-    }
-    device = k["device"].to_numpy(np.int64)
-    if timed and ((device >= -DEVICE_LIMIT - 1) & (device <= DEVICE_LIMIT)).all():
-        arrays.update({START: k["start"].to_numpy(np.int64), DEVICE: device})
-    return ActivityColumns(
-        arrays={
-            name: np.asarray(arrays[name]).astype(t) for name, t in KEPT.items() if name in arrays
-        },
-        names=[str(n) for n in names],
-        kinds=[str(x) for x in kinds],
-        shapes=[(str(g), str(b)) for g, b in shapes],
-        threads=np.asarray(threads, dtype=np.int64),
-        ranges=trace.ranges,
-        meta=trace.meta,
-    )
-
-
 def check_column_span(cols: ActivityColumns) -> ActivityColumns:
-    """:func:`~profkit.traces.schema.check_time_span` for columns: launch times, range times
-    and durations within ``MAX_SPAN_NS`` (the columns keep no GPU start times)."""
+    """Launch times, range times and durations within ``MAX_SPAN_NS`` (what this check
+    sees of a reader's columns, where they keep no GPU start times)."""
     bounds = cols.launch_bounds()
     launch = np.array(bounds if bounds else [], dtype=np.int64)
     values = [launch, *(cols.ranges[c].to_numpy(np.int64) for c in ("start", "end"))]

@@ -1,22 +1,23 @@
-"""Open any supported trace file as a :class:`~profkit.traces.Trace`.
+"""Open any supported trace file as its compact columns (:func:`load_columns`).
 
-Readers register by file suffix in :data:`READERS`. A file whose first bytes say SQLite is
-read as an Nsight Systems export whatever its name; a ``.nsys-rep`` report is exported to
-SQLite with nsys first (cached beside it as ``<stem>.sqlite``, redone when the report is
-newer). Compressed inputs (``run.sqlite.xz``, ``trace.json.gz``, ``.bz2``) are read
-directly, whatever reads them; anything that is not a regular file is refused at once. Chrome traces from torch.profiler (``.json``, ``.json.gz``) are read by
-``profkit.traces.chrome``, imported on first use (:data:`PLUGINS`), which registers itself::
+A file whose first bytes say SQLite is read as an Nsight Systems export whatever its name
+(:mod:`.nsys_columns`, chunk by chunk); a ``.nsys-rep`` report is exported to SQLite with
+nsys first (cached beside it as ``<stem>.sqlite``, redone when the report is newer). Other
+formats register a column reader by file suffix in :data:`READERS`; Chrome traces from
+torch.profiler (``.json``, ``.json.gz``) are read by ``profkit.traces.chrome``, imported on
+first use (:data:`PLUGINS`), which registers itself::
 
     from profkit.traces.load import register
-    register(".json.gz", read_chrome_trace, reports_progress=True)
+    register(".json.gz", read_chrome_columns)
 
-A reader registered with ``reports_progress=True`` takes ``progress=`` (a
-:class:`~profkit.traces.columns.Progress`) and reports how far its read has got.
+A reader is called ``read(path, progress=None)`` and reports how far its read has got to
+``progress`` (a :class:`~profkit.traces.columns.Progress`). Compressed inputs
+(``run.sqlite.xz``, ``trace.json.gz``, ``.bz2``) are read directly, whatever reads them;
+anything that is not a regular file is refused at once.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import lzma
 import os
@@ -30,90 +31,26 @@ from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input
 from profkit.sidecar import read_sidecar
 from profkit.traces._sqlite import SQLITE_MAGIC
 from profkit.traces.cache import cached_columns
-from profkit.traces.columns import (
-    ActivityColumns,
-    Progress,
-    ProgressUnit,
-    check_column_span,
-    from_trace,
-)
-from profkit.traces.nsys_sqlite import read_nsys_sqlite
-from profkit.traces.nsys_stream import keeps_start_times, read_nsys_columns, shape_reader
-from profkit.traces.ranks import rank_of_meta
-from profkit.traces.schema import Trace, check_time_span
+from profkit.traces.columns import ActivityColumns, Progress, ProgressUnit, check_column_span
+from profkit.traces.nsys_columns import keeps_start_times, read_nsys_columns, shape_reader
 
-Reader = Callable[[Path], Trace]
-ColumnReader = Callable[..., ActivityColumns]
-"""``read(path, progress=None)``: a format's compact columns, read directly."""
+Reader = Callable[..., ActivityColumns]
+"""``read(path, progress=None)``: a format's compact columns."""
 T = TypeVar("T")
 
-READERS: dict[str, Reader] = {
-    ".sqlite": read_nsys_sqlite,
-    ".sqlite3": read_nsys_sqlite,
-    ".db": read_nsys_sqlite,
-    # ".nsys-rep" is handled by load_trace itself (it needs the nsys executable).
-    # ".json" / ".json.gz": registered by profkit.traces.chrome (torch.profiler traces).
-}
-PROGRESS_READERS: set[str] = set()
-"""Suffixes whose reader takes ``progress=`` (:func:`register`)."""
-COLUMN_READERS: dict[str, ColumnReader] = {}
-"""Suffixes whose format reads straight into compact columns (:func:`register`); the
-others' columns come from their tables (``from_trace``)."""
-# Readers living in modules of their own register themselves when imported; load_trace
+READERS: dict[str, Reader] = {}
+"""Column readers by suffix (:func:`register`); nsys exports are known by their content."""
+# Readers living in modules of their own register themselves when imported; load_columns
 # imports the module named here the first time it meets one of its suffixes.
 PLUGINS: dict[str, str] = {".json": "profkit.traces.chrome", ".json.gz": "profkit.traces.chrome"}
 NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 SUPPORTED = "an Nsight Systems .sqlite or .nsys-rep export, or a Chrome trace .json[.gz]"
 
 
-def register(
-    suffix: str,
-    reader: Reader,
-    *,
-    reports_progress: bool = False,
-    columns: ColumnReader | None = None,
-) -> None:
-    """Read files ending in ``suffix`` (``".json.gz"``) with ``reader``; one that
-    ``reports_progress`` is called with ``progress=`` when a caller listens. ``columns``
-    reads the same files as compact columns (:func:`load_columns`), taking ``progress=``."""
+def register(suffix: str, reader: Reader) -> None:
+    """Read files ending in ``suffix`` (``".json.gz"``) with ``reader``, called
+    ``reader(path, progress=progress)``."""
     READERS[suffix.lower()] = reader
-    PROGRESS_READERS.discard(suffix.lower())
-    COLUMN_READERS.pop(suffix.lower(), None)
-    if reports_progress:
-        PROGRESS_READERS.add(suffix.lower())
-    if columns is not None:
-        COLUMN_READERS[suffix.lower()] = columns
-
-
-def load_trace(
-    path: str | os.PathLike[str],
-    nsys: str | os.PathLike[str] | None = None,
-    progress: Progress | None = None,
-) -> Trace:
-    """Read ``path`` with the reader its content or suffix calls for.
-
-    ``nsys`` is the Nsight Systems executable used to export a ``.nsys-rep`` (else
-    ``$PROFKIT_NSYS``, else ``nsys`` on PATH). ``progress`` hears from readers that report
-    it (Chrome traces, in bytes of the file); the others read silently.
-    """
-    path = _checked(path)
-    name = path.name.lower()
-    if name.endswith(NSYS_REPORT_SUFFIXES):
-        return check_time_span(read_nsys_sqlite(_export(path, nsys)))
-    if _head(path).startswith(SQLITE_MAGIC):
-        return check_time_span(read_nsys_sqlite(path))
-    _import_plugin(name)
-    inner = _without_compression(name)
-    for suffix in sorted(READERS, key=len, reverse=True):  # ".json.gz" before ".gz"
-        if name.endswith(suffix) or inner.endswith(suffix):
-            reader = READERS[suffix]
-            if progress is not None and suffix in PROGRESS_READERS:
-                reader = functools.partial(reader, progress=progress)  # type: ignore[call-arg]
-            return check_time_span(reader(path))
-    hint = ""
-    if inner.endswith((".pickle", ".pkl")):
-        hint = f"; a CUDA memory snapshot reads with `profkit memory summarize {path}`"
-    raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED}){hint}")
 
 
 def load_columns(
@@ -126,8 +63,7 @@ def load_columns(
     """The compact columns of ``path`` (any supported trace), through the cache.
 
     Nsight Systems exports are read chunk by chunk in bounded memory, Chrome traces a
-    batch of events at a time (their registered column reader); other formats through
-    their reader's tables. ``cache`` overrides ``$PROFKIT_CACHE`` (:mod:`.cache`);
+    batch of events at a time (their registered reader). ``cache`` overrides ``$PROFKIT_CACHE`` (:mod:`.cache`);
     ``progress`` hears from long reads: rows of an nsys export, bytes of a Chrome trace.
     ``timed``: an export keeps each activity's GPU start and device even where it holds
     one process (a node of a job: :func:`profkit.traces.job.load`); its cache entry is
@@ -144,13 +80,7 @@ def load_columns(
     def read() -> ActivityColumns:
         if _head(source).startswith(SQLITE_MAGIC):
             return check_column_span(read_nsys_columns(source, progress, timed))
-        columns_reader = _columns_reader(source)
-        if columns_reader is not None:  # Chrome traces: read as columns, no tables
-            return columns_reader(source, progress=progress)
-        trace = load_trace(source, progress=progress)
-        # A rank of a run keeps its GPU starts and devices: joined to the other ranks' its
-        # columns give the ranked report (profkit.analysis.stream_rank_files).
-        return from_trace(trace, timed=rank_of_meta(trace.meta) is not None)
+        return _reader(source)(source, progress=progress)
 
     def finish(columns: ActivityColumns) -> None:
         if "sidecar" not in columns.meta:  # from the cache, which keeps no sidecar
@@ -166,16 +96,6 @@ def is_nsys_export(path: str | os.PathLike[str]) -> bool:
     SQLite content whatever its name (a look at its first bytes)."""
     path = _checked(path)
     return path.name.lower().endswith(NSYS_REPORT_SUFFIXES) or _head(path).startswith(SQLITE_MAGIC)
-
-
-def load_traces(
-    paths: list[Path],
-    nsys: str | os.PathLike[str] | None = None,
-    progress: Progress | None = None,
-) -> list[Trace]:
-    """:func:`load_trace` of each path, with one ``progress`` over all of them in bytes of
-    the files on disk (a file whose reader reports nothing counts when it is done)."""
-    return _each(paths, lambda path, inner: load_trace(path, nsys, inner), progress)
 
 
 def load_columns_of(
@@ -230,16 +150,19 @@ def _without_compression(name: str) -> str:
     return name
 
 
-def _columns_reader(path: Path) -> ColumnReader | None:
-    """The column reader of the format :func:`load_trace` would read ``path`` as (by its
-    longest matching suffix), if that format has one."""
+def _reader(path: Path) -> Reader:
+    """The reader of ``path``'s format, by its longest matching suffix; one clear line
+    for a file no reader reads."""
     name = path.name.lower()
     _import_plugin(name)
     inner = _without_compression(name)
-    for suffix in sorted(READERS, key=len, reverse=True):
+    for suffix in sorted(READERS, key=len, reverse=True):  # ".json.gz" before ".gz"
         if name.endswith(suffix) or inner.endswith(suffix):
-            return COLUMN_READERS.get(suffix)
-    return None
+            return READERS[suffix]
+    hint = ""
+    if inner.endswith((".pickle", ".pkl")):
+        hint = f"; a CUDA memory snapshot reads with `profkit memory summarize {path}`"
+    raise BadInput(f"{path} is not a supported trace (expected {SUPPORTED}){hint}")
 
 
 def _import_plugin(name: str) -> None:

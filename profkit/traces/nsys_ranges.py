@@ -1,6 +1,6 @@
 """NVTX ranges of an Nsight Systems export: push/pop and start/end, with domain names.
 
-Part of :mod:`profkit.traces.nsys_sqlite`. Names come from ``text`` or ``textId`` ->
+Part of the nsys reader (:mod:`.nsys_columns`). Names come from ``text`` or ``textId`` ->
 ``StringIds``; domains are named by their ``NvtxDomainCreate`` events; event type ids come
 from ``ENUM_NSYS_EVENT_TYPE`` where the export has it.
 """

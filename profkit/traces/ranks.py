@@ -1,16 +1,15 @@
-"""Per-rank traces of one distributed run, merged into one multi-process :class:`Trace`.
+"""Per-rank traces of one distributed run, and what joining them into one job is.
 
 torch.profiler writes one Chrome trace per process (``NAME-rank0.json.gz``, ...); each
 says its rank and world size in ``distributedInfo``. Nsight Systems, profiling the whole
 ``torchrun`` tree, writes one report holding every process, with global thread ids
-(process id in bits 24-47). :func:`merge_rank_traces` makes the first look like the
-second: thread ids become ``pid << 24 | tid`` so that the ranges and launches of
-different processes never mix, and ``meta["ranks"]`` lists who is who.
+(process id in bits 24-47). Joining per-rank traces makes the first look like the second:
+thread ids become ``process << 24 | tid`` so that the ranges and launches of different
+processes never mix, and ``meta["ranks"]`` lists who is who.
 
-:func:`rank_set` owns what such a merge is, whatever holds the activities: the checks
-(every trace names a rank, one world size), the rank order, each rank's process key
-(:func:`rank_thread_ids`) and the merged meta. :func:`merge_rank_traces` applies it to
-the full tables; :mod:`profkit.analysis.stream_rank_files` to compact columns.
+:func:`rank_set` owns what such a join is: the checks (every trace names a rank, one
+world size), the rank order, each rank's process key (:func:`rank_thread_ids`) and the
+joined meta; :mod:`profkit.analysis.joins` applies it to the ranks' compact columns.
 
 Times are kept as they are: ranks on one host share its clock. Traces of several hosts
 are compared on their own clocks, which can be offset (docs/MULTI_GPU.md).
@@ -26,29 +25,18 @@ import numpy as np
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.traces.schema import (
-    KERNEL_COLUMNS,
-    PROCESS_SHIFT,
-    RANGE_COLUMNS,
-    THREAD_MASK,
-    Trace,
-    conform,
-)
+from profkit.traces.schema import PROCESS_SHIFT, THREAD_MASK
 
 Ids = TypeVar("Ids", int, np.ndarray, pd.Series)
 
 
-def rank_info(trace: Trace) -> dict[str, Any] | None:
-    """``{rank, world_size, pid, host, device}`` of a per-rank trace, or None.
+def rank_of_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """``{rank, world_size, pid, host, device, path}`` of a per-rank trace from its meta
+    (the device as its header says it), or None.
 
     The rank and world size come from ``distributedInfo`` (torch.profiler writes it once
     ``torch.distributed`` is initialised), else from profkit's own header.
     """
-    return rank_info_of(trace.meta, trace.kernels["device"])
-
-
-def rank_of_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """:func:`rank_info` from a trace's meta alone (the device as its header says it)."""
     dist = meta.get("distributedInfo")
     profkit: dict[str, Any] = meta["profkit"] if isinstance(meta.get("profkit"), dict) else {}
     source = dist if isinstance(dist, dict) and "rank" in dist else profkit
@@ -65,27 +53,21 @@ def rank_of_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def rank_info_of(meta: dict[str, Any], devices: Any) -> dict[str, Any] | None:
-    """:func:`rank_info` of a trace's ``meta`` and its activities' ``devices`` (a column or
-    array of device ordinals; the rank's device is the most frequent one, else the
-    header's)."""
+    """:func:`rank_of_meta`, the rank's device being the most frequent of its activities'
+    ``devices`` (array of device ordinals), else the header's."""
     info = rank_of_meta(meta)
     if info is None:
         return None
-    # As int64 whatever the caller holds (the compact columns keep int16), so that a tie
-    # between two devices is broken the same way for tables and columns.
+    # As int64 (the compact columns keep int16): a tie between two devices goes to the lower.
     counts = pd.Series(np.asarray(devices, dtype=np.int64)).value_counts()
     if len(counts):
         info["device"] = int(counts.index[0])
     return info
 
 
-def is_rank_set(traces: list[Trace]) -> bool:
-    """Whether these traces are the ranks of one run: each names a distinct rank."""
-    return names_distinct_ranks([rank_info(t) for t in traces])
-
-
 def names_distinct_ranks(infos: list[dict[str, Any] | None]) -> bool:
-    """:func:`is_rank_set` of the traces' :func:`rank_info`."""
+    """Whether traces of these :func:`rank_info_of` are the ranks of one run: each names a
+    distinct rank."""
     if len(infos) < 2 or any(i is None for i in infos):
         return False
     ranks = [i["rank"] for i in infos if i is not None]
@@ -101,7 +83,7 @@ def rank_thread_ids(threads: Ids, process: int) -> Ids:
 @dataclass
 class RankSet:
     """Per-rank traces as one run: ``order`` the traces' indices in rank order, ``ranks``
-    each rank's :func:`rank_info` in that order (``pid`` the real one; ``process``, where
+    each rank's :func:`rank_info_of` in that order (``pid`` the real one; ``process``, where
     given, the key its thread ids get instead: :func:`process_key`) and ``meta`` the
     merged trace's."""
 
@@ -116,7 +98,7 @@ def process_key(info: dict[str, Any]) -> int:
 
 
 def rank_set(metas: list[dict[str, Any]], infos: list[dict[str, Any] | None]) -> RankSet:
-    """The merge of per-rank traces with these metas and :func:`rank_info`: raises
+    """The merge of per-rank traces with these metas and :func:`rank_info_of`: raises
     :class:`BadInput` where they cannot be the ranks of one run (a trace names no rank,
     world sizes differ, more traces than the world size).
 
@@ -168,26 +150,6 @@ def rank_set(metas: list[dict[str, Any]], infos: list[dict[str, Any] | None]) ->
         "warnings": _rank_warnings([metas[i].get("warnings") or [] for i in order], ranks),
     }
     return RankSet(order, ranks, meta)
-
-
-def merge_rank_traces(traces: list[Trace]) -> Trace:
-    """One Trace of every rank's activities and ranges, ``meta["ranks"]`` in rank order
-    (:func:`rank_set`)."""
-    merged = rank_set([t.meta for t in traces], [rank_info(t) for t in traces])
-    kernels, ranges = [], []
-    for index, info in zip(merged.order, merged.ranks, strict=True):
-        trace, process = traces[index], process_key(info)
-        k = trace.kernels.copy()
-        k["launch_thread"] = rank_thread_ids(k["launch_thread"], process)
-        r = trace.ranges.copy()
-        r["thread"] = rank_thread_ids(r["thread"], process)
-        kernels.append(k)
-        ranges.append(r)
-    return Trace(
-        kernels=conform(pd.concat(kernels, ignore_index=True), KERNEL_COLUMNS),
-        ranges=conform(pd.concat(ranges, ignore_index=True), RANGE_COLUMNS),
-        meta=merged.meta,
-    )
 
 
 def _rank_warnings(said: list[list[str]], ranks: list[dict[str, Any]]) -> list[str]:

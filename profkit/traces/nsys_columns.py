@@ -1,6 +1,6 @@
 """Nsight Systems exports read in bounded memory, as :class:`ActivityColumns`.
 
-The same tables as :mod:`profkit.traces.nsys_sqlite`, read chunk by chunk with a few chunks
+The tables of :mod:`profkit.traces.nsys_export`, read chunk by chunk with a few chunks
 in flight (:meth:`~profkit.traces._sqlite.ParallelReader.stream`), so memory holds the
 compact columns (22 bytes per activity) and the launch calls, never a whole table's text:
 
@@ -55,9 +55,10 @@ from profkit.traces.columns import (
     ShapeReader,
     check_threads,
 )
-from profkit.traces.nsys_activity import (
+from profkit.traces.nsys_export import (
     API_TABLES,
     BLOCK_EXPR,
+    CONTEXTS_TABLE,
     GRAPH_TABLE,
     GRID_EXPR,
     KERNEL_TABLE,
@@ -67,22 +68,19 @@ from profkit.traces.nsys_activity import (
     SHIFT32,
     TID_PID_BITS,
     Codec,
-    _clamp_negative,
-    _enum_labels,
-    _shape,
+    NoKernelsTraced,
     activity_tables,
+    check_columns,
+    check_nsys,
+    clamp_negative,
+    enum_labels,
+    export_meta,
     launch_name_ids,
+    no_kernels_message,
+    opened_export,
+    unpacked_shape,
 )
 from profkit.traces.nsys_ranges import build_ranges, nvtx_rows
-from profkit.traces.nsys_sqlite import (
-    CONTEXTS_TABLE,
-    NoKernelsTraced,
-    _check_columns,
-    _check_nsys,
-    _meta,
-    _no_kernels_message,
-    opened_export,
-)
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 # Unread, a start of the wrong type would go unseen (SQLite reads text as 0 in arithmetic):
@@ -343,7 +341,7 @@ class _Builder:
         self.by_value: dict[tuple[str, int], int] = {}  # (table, packed id) -> name code
         self.shape_code: dict[tuple[str, str], int] = {NO_SHAPE: 0}
         self.unmatched: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, keys)
-        self.memcpy_labels = _enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER") or MEMCPY_LABELS
+        self.memcpy_labels = enum_labels(conn, tables, "ENUM_CUDA_MEMCPY_OPER") or MEMCPY_LABELS
 
     def prepare(self, table: str, chunk: dict[str, np.ndarray]) -> _ActivityChunk:
         """What :meth:`add` takes of a chunk of ``table`` that needs the chunk alone: run on
@@ -426,7 +424,7 @@ class _Builder:
         codes = []
         for pair in pairs:
             grid, block = int(grids[pair // len(blocks)]), int(blocks[pair % len(blocks)])
-            shape = (_shape(grid, 31, 16), _shape(block, 11, 10))
+            shape = (unpacked_shape(grid, 31, 16), unpacked_shape(block, 11, 10))
             codes.append(self.shape_code.setdefault(shape, len(self.shape_code)))
         return np.array(codes, dtype=np.int32)[pair_local] if codes else np.empty(0, np.int32)
 
@@ -446,8 +444,12 @@ def read_nsys_columns(
 ) -> ActivityColumns:
     """Read an Nsight Systems export as compact columns (see the module doc).
 
-    Raises what :func:`~profkit.traces.nsys_sqlite.read_nsys_sqlite` raises, with the same
-    one-line messages. ``progress(rows_done, rows_total)`` is called after each chunk.
+    Raises :class:`BadInput` (one line naming the file) for a file that is missing, not a
+    regular file, unreadable, not SQLite, truncated, empty, not an nsys export, or one whose
+    tables lack the columns or hold cells of types an export never has; and
+    :class:`~.nsys_export.NoKernelsTraced` (a ``BadInput``) with the likely reason when the
+    export holds no CUDA kernels. An ``.xz``/``.gz`` export is read directly (unpacked to a
+    temporary file). The sidecar beside it, if any, is ``meta["sidecar"]``. ``progress(rows_done, rows_total)`` is called after each chunk.
     Each activity's GPU start and device (:data:`~profkit.traces.columns.TIMED`) are kept
     where the export may hold several CUDA processes (:func:`keeps_start_times`), or
     always with ``timed``: an export of one process read as a node of a job needs them.
@@ -465,16 +467,16 @@ def _columns(
     conn: sqlite3.Connection, plain: Path, path: Path, progress: Progress | None, timed: bool
 ) -> ActivityColumns:
     tables = _sqlite.table_columns(conn)
-    _check_nsys(path, tables)
-    _check_columns(conn, tables)
-    meta = _meta(conn, tables, path)
+    check_nsys(path, tables)
+    check_columns(conn, tables)
+    meta = export_meta(conn, tables, path)
     # A compressed export's plain copy is gone after the read: scan its shapes now.
     read = _read(plain, conn, tables, progress, plain != path, timed)
     builder, kernel_rows, threads, ranges, range_meta = read
     if not builder.rows:
-        raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
+        raise NoKernelsTraced(no_kernels_message(path, conn, tables, meta))
     arrays = builder.columns()
-    _clamp_negative(arrays["duration"], meta, "activities", "GPU activities")
+    clamp_negative(arrays["duration"], meta, "activities", "GPU activities")
     for key, value in range_meta.items():  # the ranges' warnings after the activities'
         if key == "warnings":
             meta.setdefault("warnings", []).extend(value)
@@ -679,7 +681,7 @@ def _shapes_by_rowid(conn: sqlite3.Connection, rowids: np.ndarray) -> dict[int, 
         for rowid, grid, block in conn.execute(sql, batch):
             if not isinstance(grid, int) or not isinstance(block, int):
                 raise _sqlite._bad_cell(conn, KERNEL_TABLE, grid_columns, f"rowid = {rowid}")
-            found[int(rowid)] = (_shape(grid, 31, 16), _shape(block, 11, 10))
+            found[int(rowid)] = (unpacked_shape(grid, 31, 16), unpacked_shape(block, 11, 10))
     missing = set(rowids.tolist()) - set(found)
     if missing:
         raise _sqlite.BadColumn(f"{KERNEL_TABLE} lost rows since it was read (row {min(missing)})")
@@ -714,7 +716,7 @@ def _first_start(conn: sqlite3.Connection, tables: list[str]) -> int:
 
 
 def _trace_end(conn: sqlite3.Connection, tables: dict[str, list[str]], ranges: list[Any]) -> int:
-    """Where ranges left open end: the last activity's end (as ``read_nsys_sqlite`` has it).
+    """Where ranges left open end: the last activity's end.
 
     Only ranges still open when the capture stopped need it, so the scan it costs is paid
     only then; the columns carry durations, not start times.

@@ -1,11 +1,14 @@
-"""Nsight Systems SQLite exports (``nsys export --type sqlite``) as profkit's two tables.
+"""What an Nsight Systems SQLite export (``nsys export --type sqlite``) is to profkit.
+
+The tables and columns the reader uses, their checks, the export's meta (tool version,
+GPUs, host, session start, thread names) and how columns travel packed (:class:`Codec`);
+:mod:`.nsys_columns` reads the activities with them, chunk by chunk.
 
 GPU activity comes from ``CUPTI_ACTIVITY_KIND_KERNEL`` plus ``..._MEMCPY``, ``..._MEMSET``
 and, for CUDA graphs traced as a whole (``--cuda-graph-trace=graph``), ``..._GRAPH_TRACE``.
 Each row is joined by (process, correlation id) to the CUDA API call that launched it in
-``..._RUNTIME`` (and ``..._DRIVER`` where present), which gives ``launch_start`` and
-``launch_thread``. Ranges come from ``NVTX_EVENTS`` push/pop and start/end ranges, named by
-``text`` or ``textId`` -> ``StringIds``, with their domain's name.
+``..._RUNTIME`` (and ``..._DRIVER`` where present), which gives the launch's start and
+thread. Ranges come from ``NVTX_EVENTS`` (:mod:`.nsys_ranges`).
 
 Schema tolerance, nsys 2022.4 to 2025.x: columns are looked up before use (``globalPid``,
 ``shortName``, ``textId``, ``domainId`` are optional), event types come from
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +32,45 @@ import numpy as np
 
 from profkit.errors import BadInput
 from profkit.files import plain_copy
-from profkit.sidecar import read_sidecar
 from profkit.traces import _sqlite
-from profkit.traces.nsys_activity import (
-    API_TABLES,
-    KERNEL_TABLE,
-    REQUIRED_COLUMNS,
-    Codec,
-    activity_jobs,
-    api_jobs,
-    collect_activity,
-    collect_calls,
-    join_launches,
-    kernel_frame,
-    launch_name_ids,
-)
-from profkit.traces.nsys_ranges import NVTX_COLUMNS, NVTX_TABLE, build_ranges, nvtx_rows
-from profkit.traces.schema import Trace
+from profkit.traces.nsys_ranges import NVTX_COLUMNS, NVTX_TABLE
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 FORMAT = "nsys-sqlite"
 WHAT = "an Nsight Systems SQLite export"
 STRINGS_TABLE = "StringIds"
+CONTEXTS_TABLE = "TARGET_INFO_CUDA_CONTEXT_INFO"
+
+KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET_TABLE = "CUPTI_ACTIVITY_KIND_MEMSET"
+GRAPH_TABLE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+API_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER")
+PID_BITS = f"((globalPid >> {PROCESS_SHIFT}) & {PROCESS_MASK})"
+TID_PID_BITS = f"((globalTid >> {PROCESS_SHIFT}) & {PROCESS_MASK})"
+SHIFT32 = 4_294_967_296
+PASS_THROUGH = ("start", "duration", "key", "devstream")
+DEVICES = 1024  # CUDA device ordinals are far below this
+# Grid x < 2^31, y and z < 2^16; block x, y <= 1024, z <= 64: packed as x + base·(y-1 + ...)
+GRID_EXPR = "gridX + 2147483648 * ((gridY - 1) + 65536 * (gridZ - 1))"
+BLOCK_EXPR = "blockX + 2048 * ((blockY - 1) + 1024 * (blockZ - 1))"
+# API calls that can put work on the GPU. Reading only these rows of the API tables halves
+# the work on real exports; any activity left unmatched triggers a read of the rest.
+LAUNCH_NAME_PATTERNS = ("%Launch%", "%Memcpy%", "%Memset%", "%Prefetch%")
+MEMCPY_LABELS = {
+    0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 3: "Host-to-Array",
+    4: "Array-to-Host", 5: "Array-to-Array", 6: "Array-to-Device", 7: "Device-to-Array",
+    8: "Device-to-Device", 9: "Host-to-Host", 10: "Peer-to-Peer",
+}  # fmt: skip
+_TIMED = ("start", "end", "correlationId", "streamId", "deviceId")
+# The columns every export of 2022.4 to 2025.x has, which the reader cannot do without.
+REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
+    KERNEL_TABLE: (*_TIMED, "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"),
+    MEMCPY_TABLE: _TIMED,
+    MEMSET_TABLE: _TIMED,
+    GRAPH_TABLE: _TIMED,
+    **{table: ("start", "correlationId", "nameId") for table in API_TABLES},
+}
 # Small tables whose integer columns are checked whole before use (the big activity
 # tables are checked chunk by chunk as they are read).
 SMALL_INTEGER_COLUMNS = {
@@ -59,28 +81,101 @@ SMALL_INTEGER_COLUMNS = {
 }
 
 
-CONTEXTS_TABLE = "TARGET_INFO_CUDA_CONTEXT_INFO"
-
-
 class NoKernelsTraced(BadInput):
     """The export is fine but holds no GPU activity to analyse."""
 
 
-def read_nsys_sqlite(path: str | Path) -> Trace:
-    """Read an Nsight Systems SQLite export into a :class:`Trace`.
+@dataclass(frozen=True)
+class Codec:
+    """Packs columns into small integers: text transfer costs per digit (see ``_sqlite``).
 
-    Raises :class:`BadInput` (one line naming the file) for a file that is missing, not a
-    regular file, unreadable, not SQLite, truncated, empty, not an nsys export, or one whose
-    tables lack the columns or hold cells of types an export never has; and
-    :class:`NoKernelsTraced` (a ``BadInput``) with the likely reason when the export holds
-    no CUDA kernels. An ``.xz``/``.gz`` export is read directly (unpacked to a temporary
-    file). The sidecar beside it, if any, is ``meta["sidecar"]``.
+    Keys are (process, correlation id) with the process counted from the first activity's,
+    so a one-process trace's keys are its correlation ids; threads travel as offsets from
+    the first API call's ``globalTid``; shapes and ids are packed so that common values
+    (``x,1,1`` grids, device 0) stay short. Every packing is exact.
     """
-    path = Path(path)
-    with opened_export(path) as (conn, plain):
-        trace = _read(conn, plain, path)
-    trace.meta["sidecar"] = read_sidecar(path)
-    return trace
+
+    use_pid: bool
+    pid0: int
+    tid0: int
+    name_bits: int
+
+    @classmethod
+    def of(cls, conn: sqlite3.Connection, tables: dict[str, list[str]]) -> Codec:
+        use_pid = all("globalPid" in tables[t] for t in activity_tables(tables))
+        pid0 = tid0 = 0
+        if use_pid and KERNEL_TABLE in tables:
+            row = conn.execute(f"SELECT {PID_BITS} FROM {KERNEL_TABLE} LIMIT 1").fetchone()
+            pid0 = int(row[0] or 0) if row else 0
+        for table in API_TABLES:
+            if table in tables and "globalTid" in tables[table]:
+                row = conn.execute(f"SELECT globalTid FROM {table} LIMIT 1").fetchone()
+                tid0 = int(row[0] or 0) if row else 0
+                break
+        top = conn.execute("SELECT max(id) FROM StringIds").fetchone()[0] or 1
+        return cls(use_pid, pid0, tid0, max(int(top).bit_length(), 1))
+
+    def key(self, pid_bits: str) -> str:
+        if not self.use_pid:
+            return "correlationId"
+        return f"((({pid_bits}) - {self.pid0}) & {PROCESS_MASK}) * {SHIFT32} + correlationId"
+
+    def common(self) -> dict[str, str]:
+        return {
+            "start": "start",
+            "duration": "end - start",
+            "key": self.key(PID_BITS),
+            "devstream": f"streamId * {DEVICES} + deviceId",
+        }
+
+    def names(self, full: str, short: str) -> str:
+        return f"{full} * {1 << self.name_bits} + {short}"
+
+    def split_names(self, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return packed >> self.name_bits, packed & ((1 << self.name_bits) - 1)
+
+
+def unpacked_shape(packed: int, x_bits: int, y_bits: int) -> str:
+    """``"x,y,z"`` of a grid or block packed by ``GRID_EXPR``/``BLOCK_EXPR``."""
+    rest = packed >> x_bits
+    return (
+        f"{packed & ((1 << x_bits) - 1)},{(rest & ((1 << y_bits) - 1)) + 1},{(rest >> y_bits) + 1}"
+    )
+
+
+def enum_labels(
+    conn: sqlite3.Connection, tables: dict[str, list[str]], table: str
+) -> dict[int, str]:
+    if table not in tables or "label" not in tables[table]:
+        return {}
+    rows = conn.execute(f"SELECT id, CAST(label AS TEXT) FROM {table}")
+    return {int(i): str(label) for i, label in rows if i is not None}
+
+
+def activity_tables(tables: dict[str, list[str]]) -> list[str]:
+    """The GPU activity tables this export has."""
+    return [t for t in (KERNEL_TABLE, MEMCPY_TABLE, MEMSET_TABLE, GRAPH_TABLE) if t in tables]
+
+
+def launch_name_ids(conn: sqlite3.Connection) -> list[int]:
+    """``StringIds`` ids of the API functions that can put work on the GPU."""
+    where = " OR ".join("value LIKE ?" for _ in LAUNCH_NAME_PATTERNS)
+    return [
+        r[0] for r in conn.execute(f"SELECT id FROM StringIds WHERE {where}", LAUNCH_NAME_PATTERNS)
+    ]
+
+
+def clamp_negative(durations: np.ndarray, meta: dict[str, Any], key: str, what: str) -> None:
+    """Set negative durations to 0 in place; count them in ``meta`` and say so once."""
+    negative = durations < 0
+    count = int(negative.sum())
+    if count:
+        durations[negative] = 0
+        meta[f"clamped_{key}"] = count
+        meta.setdefault("warnings", []).append(
+            f"{count:,} {what} end before they start (negative duration in the export); "
+            "they count with 0 ms"
+        )
 
 
 @contextlib.contextmanager
@@ -104,39 +199,7 @@ def opened_export(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
             conn.close()
 
 
-def _read(conn: sqlite3.Connection, plain: Path, path: Path) -> Trace:
-    """The tables of the open export ``conn`` (``plain`` on disk; ``path`` as the user named it)."""
-    tables = _sqlite.table_columns(conn)
-    _check_nsys(path, tables)
-    _check_columns(conn, tables)
-    meta = _meta(conn, tables, path)
-    codec = Codec.of(conn, tables)
-    launch_ids = launch_name_ids(conn)
-    # Every table is queued at once and read in chunks by worker threads, each with its
-    # own connection: SQLite runs without the GIL, so the scans share the cores.
-    with _sqlite.ParallelReader(plain) as reader:
-        pending = activity_jobs(reader, conn, tables, codec)
-        call_jobs = api_jobs(reader, conn, tables, codec, launch_ids, launch_only=True)
-        nvtx_job = reader.call(lambda worker: nvtx_rows(worker, tables))
-        activity = collect_activity(conn, tables, pending, codec)
-        calls = collect_calls(call_jobs, codec)
-        range_rows, domain_rows = nvtx_job.result()
-        if not activity["rows"]:
-            raise NoKernelsTraced(_no_kernels_message(path, conn, tables, meta))
-
-        def other_calls() -> dict[str, np.ndarray]:
-            jobs = api_jobs(reader, conn, tables, codec, launch_ids, launch_only=False)
-            return collect_calls(jobs, codec)
-
-        # Without launch-like names, the first read already took every call.
-        join_launches(activity, calls, other_calls if launch_ids else None)
-    kernels = kernel_frame(activity, meta)
-    trace_end = int(kernels["end"].max())
-    ranges = build_ranges(range_rows, domain_rows, trace_end, meta)
-    return Trace(kernels=kernels, ranges=ranges, meta=meta)
-
-
-def _check_nsys(path: Path, tables: dict[str, list[str]]) -> None:
+def check_nsys(path: Path, tables: dict[str, list[str]]) -> None:
     if not tables:
         raise BadInput(f"{path} is an empty SQLite database, not {WHAT}")
     nsys_marks = {NVTX_TABLE, KERNEL_TABLE, *API_TABLES, "TARGET_INFO_GPU"}
@@ -152,7 +215,7 @@ def _check_nsys(path: Path, tables: dict[str, list[str]]) -> None:
         )
 
 
-def _check_columns(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> None:
+def check_columns(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> None:
     """Every table the reader uses has its columns; small tables hold integers where due."""
     _sqlite.require_columns(
         tables, {**REQUIRED_COLUMNS, NVTX_TABLE: NVTX_COLUMNS, STRINGS_TABLE: ("id", "value")}
@@ -166,7 +229,7 @@ def _check_columns(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> No
             _sqlite.check_integers(conn, table, [c for c in columns if c in tables[table]])
 
 
-def _meta(conn: sqlite3.Connection, tables: dict[str, list[str]], path: Path) -> dict[str, Any]:
+def export_meta(conn: sqlite3.Connection, tables: dict[str, list[str]], path: Path) -> dict[str, Any]:
     meta: dict[str, Any] = {"path": str(path), "format": FORMAT, "tool": "Nsight Systems"}
     for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
         if table in tables:
@@ -221,7 +284,7 @@ def _count(conn: sqlite3.Connection, tables: dict[str, list[str]], table: str) -
     return conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0] if table in tables else 0
 
 
-def _no_kernels_message(
+def no_kernels_message(
     path: Path, conn: sqlite3.Connection, tables: dict[str, list[str]], meta: dict[str, Any]
 ) -> str:
     version = meta.get("tool_version")

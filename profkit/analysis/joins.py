@@ -1,23 +1,30 @@
-"""Several nodes' Nsight Systems exports read as one job from their compact columns.
+"""Several files' compact columns joined as one job: the per-rank traces of one run, the
+nodes' exports of one job.
 
-:func:`.nodes.merge_node_traces` joins the nodes' full tables (twelve columns an activity,
-text included); :func:`merge_node_columns` joins their :class:`ActivityColumns` (a few bytes
-an activity, each node's read chunk by chunk and through the cache), so a job of many nodes
-and millions of kernels is read in the memory its columns take, and its ranked report comes
-from the analysis of columns (:func:`.engine.analyze_columns`). The merge is the
-same as the full tables':
+torch.profiler writes one Chrome trace per rank; a job of several nodes leaves one nsys
+export per node, each holding that node's ranks on that host's clock. Both are joined here
+into one set of :class:`ActivityColumns` (each file read once, through the columnar cache,
+with its activities' GPU starts and devices: :data:`profkit.traces.columns.TIMED`), so a
+job of many files and millions of kernels is read in the memory its columns take, and its
+ranked report comes from the one analysis of columns (:func:`.engine.analyze_columns`):
 
-- each node's ranks are numbered as :func:`.rank_layout.ranks_of` numbers one export's,
-  the nodes one after the other in the order given;
-- every process gets a key of its own in the merged thread ids (pids of two hosts can be
-  equal), the ranks' first in rank order, and every node's GPUs are numbered after the
-  nodes' before it; the report shows each rank's real pid, host and GPU;
-- each node's times are put on the first node's clock by the session starts, then by the
-  offset its first rank's NCCL kernel ends show (:func:`.nodes.estimate_offset`).
+- **Per-rank traces** (:func:`merge_rank_columns`): what makes the traces one run, their
+  order, each rank's process key in the joined thread ids and the joined meta are
+  :func:`profkit.traces.ranks.rank_set`'s; every activity of a per-rank trace is that
+  rank's, launched or not. Where the traces name several hosts, each further host's clock
+  is put on the first's (:func:`.clocks.host_clocks`).
+- **Nodes** (:func:`merge_node_columns`): each node's ranks are numbered as
+  :func:`.rank_layout.ranks_of` numbers one export's, the nodes one after the other in the
+  order given (torchrun's numbering when the files are given in node-rank order); every
+  process gets a key of its own in the joined thread ids (pids of two hosts can be equal),
+  and every node's GPUs are numbered after the nodes' before it; the report shows each
+  rank's real pid, host and GPU. Each node's times are put on the first node's clock by
+  the session starts, then by the offset its first rank's NCCL kernel ends show
+  (:mod:`.clocks`). A node of one GPU is one rank.
 
-:func:`analyze_node_columns` gives the report. A node of one GPU is one rank (its columns
-read with their GPU starts: :func:`profkit.traces.job.load`); more threads or GPUs than the
-columns' 16-bit codes hold are refused with one line.
+What the columns cannot hold is refused with one line: a trace whose device ordinals do
+not fit their 16 bits (it keeps no start times), more launching threads or GPUs than
+their 16-bit codes hold.
 """
 
 from __future__ import annotations
@@ -30,17 +37,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.attribution import PhaseMode
-from profkit.analysis.engine import analyze_columns
-from profkit.analysis.nodes import (
+from profkit.analysis.clocks import (
     NodeClock,
-    _clock,
-    _no_ends,
-    _warnings_of,
+    clock_notes,
+    host_clocks,
     lifted,
-    merged_thread_names,
-    rekeyed_ids,
+    no_ends,
+    node_clock,
 )
+from profkit.analysis.engine import analyze_columns
+from profkit.analysis.phase_ranges import PhaseMode
 from profkit.analysis.rank_layout import Layout, ranks_of
 from profkit.analysis.report_types import RankedReport
 from profkit.errors import BadInput
@@ -54,10 +60,95 @@ from profkit.traces.columns import (
     ShapeReader,
     check_threads,
 )
-from profkit.traces.job import nccl_name_codes, path_labels, process_ids
-from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
+from profkit.traces.job import nccl_name_codes, path_labels, process_ids, rank_infos
+from profkit.traces.ranks import process_key, rank_set, rank_thread_ids
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, THREAD_MASK
 
 ARRAYS = ("name", "duration", "launch_start", "launch_thread", START, DEVICE)
+
+
+def merge_rank_columns(
+    columns: list[ActivityColumns], consume: bool = False
+) -> tuple[ActivityColumns, Layout]:
+    """The per-rank traces' columns as one multi-process set, and its ranks (each info's
+    ``pid`` the rank's process key in the merged thread ids; ``meta["ranks"]`` has the real
+    ones).
+
+    Raises :class:`~profkit.errors.BadInput` where they cannot be the ranks of one run, with
+    :func:`~profkit.traces.ranks.rank_set`'s words, or where the columns cannot
+    hold them (see the module doc). ``consume``: each trace's arrays are given up as they
+    are copied into the merged ones.
+    """
+    infos = rank_infos(columns)
+    ranked = rank_set([c.meta for c in columns], infos)
+    for cols in columns:
+        if START not in cols.arrays:
+            raise BadInput(
+                f"{cols.meta.get('path')}: device ordinals beyond {DEVICE_LIMIT:,}: its GPU "
+                "activity cannot be joined to the other ranks'"
+            )
+    check_threads(sum(len(c.threads) for c in columns))
+    for cols in columns:
+        cols.load(list(ARRAYS))
+    labels = path_labels([str(c.meta.get("path")) for c in columns])
+    known = [info or {} for info in infos]
+    hosts = host_clocks(known, labels, lambda i: nccl_ends(columns[i]))
+    ordered = [columns[i] for i in ranked.order]
+    shifts = [hosts.shifts[i] if hosts else 0 for i in ranked.order]
+    counts = [len(c) for c in ordered]
+    range_counts = [len(c.ranges) for c in ordered]
+    rekeys = [
+        functools.partial(rank_thread_ids, process=process_key(info)) for info in ranked.ranks
+    ]
+    read_shapes = shapes_of(ordered)
+    merged = joined_columns(ordered, rekeys, _kept_known(ordered, shifts), 0, consume)
+    meta = ranked.meta
+    if hosts is not None:
+        meta["nodes"] = hosts.nodes
+        meta["warnings"] = list(meta["warnings"]) + clock_notes(hosts.nodes)
+    merged.meta, merged.read_shapes = meta, read_shapes
+    layout = Layout(
+        info=[{**info, "pid": process_key(info)} for info in ranked.ranks],
+        rank=np.repeat(np.arange(len(ordered), dtype=np.int16), counts),
+        range_rank=np.repeat(np.arange(len(ordered), dtype=np.int64), range_counts),
+    )
+    return merged, layout
+
+
+def analyze_rank_file_columns(
+    columns: list[ActivityColumns],
+    top: int = 20,
+    phase: str | None = None,
+    range_: str | None = None,
+    rank: int | None = None,
+    consume: bool = False,
+    phases: PhaseMode = "auto",
+) -> RankedReport:
+    """The ranked report of per-rank traces of one run from their columns, ranks without
+    GPU activity included (a CPU run's traces: their phases' CPU time, no kernels).
+    ``consume``: as for :func:`merge_rank_columns`; ``phases``: where phases come from
+    (auto, annotated, inferred)."""
+    cols, layout = merge_rank_columns(columns, consume)
+    report = analyze_columns(cols, top, phase, range_, phases=phases, layout=layout, rank=rank)
+    assert isinstance(report, RankedReport)  # a layout gives one
+    real = {int(info["rank"]): info for info in cols.meta["ranks"]}
+    for entry in report.ranks:  # the layout's pid was the merged key
+        entry.info = dict(real[int(entry.info["rank"])])
+    report.nodes = list(cols.meta.get("nodes") or [])
+    return report
+
+
+def _kept_known(columns: list[ActivityColumns], shifts: list[int]) -> list[int]:
+    """The shifts, all raised by one amount where one would move a known launch below 0
+    (an unknown launch reads as a negative time): Chrome traces count from the epoch, so
+    only a trace near its clock's 0 (a hand-made one) is raised."""
+    lows = [
+        bounds[0] + shift
+        for cols, shift in zip(columns, shifts, strict=True)
+        if (bounds := cols.launch_bounds()) is not None
+    ]
+    lift = max(0, -min(lows, default=0))
+    return [shift + lift for shift in shifts]
 
 
 def analyze_node_columns(
@@ -110,7 +201,7 @@ def merge_node_columns(
     check_threads(sum(len(c.threads) for c in nodes))
     labels = path_labels([str(c.meta.get("path")) for c in nodes])
     first = nodes[0].meta
-    reference = _no_ends()
+    reference = no_ends()
     clocks: list[NodeClock] = []
     shifts: list[int] = []
     keys_of: list[dict[int, int]] = []
@@ -129,7 +220,7 @@ def merge_node_columns(
         if node == 0:
             reference = ends
         numbered = list(range(len(real), len(real) + len(layout.info)))
-        clock, shift = _clock(labels[node], first, meta, reference, ends, numbered, node == 0)
+        clock, shift = node_clock(labels[node], first, meta, reference, ends, numbered, node == 0)
         clocks.append(clock)
         shifts.append(shift)
         keys_of.append(keys)
@@ -143,7 +234,7 @@ def merge_node_columns(
         "paths": [c.meta.get("path") for c in nodes],
         "thread_names": merged_thread_names([c.meta for c in nodes], keys_of),
         "nodes": nodes_json,
-        "warnings": _warnings_of([c.meta for c in nodes], labels, nodes_json),
+        "warnings": warnings_of([c.meta for c in nodes], labels, nodes_json),
     }
     read_shapes = shapes_of(nodes)
     rekeys = [functools.partial(rekeyed_ids, keys=keys) for keys in keys_of]
@@ -240,3 +331,38 @@ def nccl_ends(cols: ActivityColumns, pid: int | None = None) -> tuple[np.ndarray
     rows = rows[order]
     names = np.array(cols.names, dtype=object)[a["name"][rows]]
     return names, a[START][rows] + a["duration"][rows]
+
+
+def rekeyed_ids(threads: np.ndarray, keys: dict[int, int]) -> np.ndarray:
+    """Thread ids with their process bits replaced by the process's merged key (-1 kept;
+    every process of the node is a key)."""
+    known = threads >= 0
+    pids = np.array(sorted(keys), dtype=np.int64)
+    to = np.array([keys[p] for p in pids.tolist()], dtype=np.int64)
+    key = to[np.searchsorted(pids, (threads[known] >> PROCESS_SHIFT) & PROCESS_MASK)]
+    out = threads.copy()
+    out[known] = (key << PROCESS_SHIFT) | (threads[known] & THREAD_MASK)
+    return out
+
+
+def merged_thread_names(
+    metas: list[dict[str, Any]], keys_of: list[dict[int, int]]
+) -> dict[int, str]:
+    """The nodes' thread names (``meta["thread_names"]``), by merged thread id."""
+    found: dict[int, str] = {}
+    for meta, keys in zip(metas, keys_of, strict=True):
+        for tid, name in (meta.get("thread_names") or {}).items():
+            pid = (int(tid) >> PROCESS_SHIFT) & PROCESS_MASK
+            if pid in keys:
+                found[(keys[pid] << PROCESS_SHIFT) | (int(tid) & THREAD_MASK)] = name
+    return found
+
+
+def warnings_of(
+    metas: list[dict[str, Any]], labels: list[str], clocks: list[dict[str, Any]]
+) -> list[str]:
+    """Each node's warnings (named by its file), then what the clocks showed."""
+    said: list[str] = []
+    for meta, label in zip(metas, labels, strict=True):
+        said += [f"{label}: {w}" for w in meta.get("warnings") or []]
+    return said + clock_notes(clocks)
