@@ -323,7 +323,6 @@ def _restored_inference(kept: Derived) -> InferredPhases | None:
     try:
         return InferredPhases(
             phase=a["phase"],
-            instance=None,
             main_threads=dict(
                 zip(a["main_processes"].tolist(), a["main_threads"].tolist(), strict=True)
             ),

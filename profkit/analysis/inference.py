@@ -34,10 +34,6 @@ passes, so that a 30-million-kernel export is inferred in about 10 bytes a launc
 3. only where several main launches share a candidate's key: which of them is the last;
 4. each launch's phase (one byte per activity), instance and step, with each chunk's
    instance spans and (step, phase) counts, merged at the end (a few rows per step).
-
-:func:`infer_phases` is the same rule on a :class:`Launches` (a reader's tables, any slice
-of them, one rank's rows say) given the same :class:`TraceHints`, every activity's phase
-instance included.
 """
 
 from __future__ import annotations
@@ -53,7 +49,7 @@ import pandas as pd
 from profkit.analysis.categories import categorize
 from profkit.analysis.chunked import map_chunks
 from profkit.analysis.intervals import Lanes, stab, union
-from profkit.analysis.names import factorize, matching
+from profkit.analysis.names import matching
 from profkit.traces.schema import PROCESS_SHIFT
 from profkit.workload.names import PHASES
 
@@ -96,30 +92,6 @@ class TraceHints:
 
 
 @dataclass
-class Launches:
-    """The activities whose launch call is in the trace: rows, launch times, threads, names."""
-
-    count: int
-    """All activities (rows of the kernels table), launched or not."""
-    rows: np.ndarray
-    time: np.ndarray
-    thread: np.ndarray
-    name: np.ndarray
-    """Per launch: index into ``names``."""
-    names: Sequence[str]
-
-    @classmethod
-    def of(cls, kernels: pd.DataFrame) -> Launches:
-        """The launches of a reader's kernels table."""
-        launch = kernels["launch_start"].to_numpy(dtype=np.int64, na_value=-1)
-        thread = kernels["launch_thread"].to_numpy(dtype=np.int64, na_value=-1)
-        rows = np.flatnonzero((launch >= 0) & kernels["launch_start"].notna().to_numpy())
-        codes, uniques = factorize(kernels["name"].iloc[rows])
-        names = [str(n) for n in uniques]
-        return cls(len(kernels), rows, launch[rows], thread[rows], codes, names)
-
-
-@dataclass
 class LaunchColumns:
     """Per activity, what inference reads of it: its launch call's start (ns; -1 where
     unknown), its launching thread (a code into ``threads``; -1 where unknown) and its name
@@ -146,33 +118,13 @@ class LaunchColumns:
         bounds = cols.launch_bounds()
         return cls(a["launch_start"], a["launch_thread"], a["name"], threads, cols.names, bounds)
 
-    @classmethod
-    def of_launches(cls, launches: Launches) -> LaunchColumns:
-        """A :class:`Launches`' activities, as full arrays (the reader's tables' path, whose
-        memory is per activity anyway)."""
-        start = np.full(launches.count, -1, dtype=np.int64)
-        start[launches.rows] = launches.time
-        threads, codes = np.unique(launches.thread, return_inverse=True)
-        thread = np.full(launches.count, -1, dtype=np.int64)
-        thread[launches.rows] = codes
-        name = np.zeros(launches.count, dtype=np.int64)
-        name[launches.rows] = launches.name
-        time = launches.time
-        bounds = (int(time.min()), int(time.max())) if len(time) else None
-        return cls(start, thread, name, threads.astype(np.int64), launches.names, bounds)
-
-
 @dataclass
 class InferredPhases:
     """Each activity's inferred phase, and the step structure it came from."""
 
     phase: np.ndarray
-    """Per activity: index into ``PHASES`` (forward, backward, optimizer), -1 if unlaunched;
-    int8 from :func:`infer_columns`, int64 from :func:`infer_phases`."""
-    instance: np.ndarray | None
-    """Per activity: which phase instance (one forward, one backward pass...) holds it;
-    -1 for none (unlaunched, or the forward-like tail after the last backward pass). None
-    where only :attr:`spans` were kept."""
+    """Per activity: index into ``PHASES`` (forward, backward, optimizer), -1 if unlaunched
+    (int8)."""
     main_threads: dict[int, int]
     """Process -> the thread that drives its steps (most launches, autograd's aside)."""
     autograd_threads: np.ndarray
@@ -268,34 +220,15 @@ class InstanceSpans:
         return found
 
 
-def infer_phases(
-    launches: Launches, ranges: pd.DataFrame, hints: TraceHints | None = None
-) -> InferredPhases:
-    """Forward, backward or optimizer for every launched activity (see the module doc), and
-    every activity's phase instance: :func:`infer_columns` on the launches, in one chunk.
-    Phases and instances are int64 here."""
-    found = infer_columns(
-        LaunchColumns.of_launches(launches),
-        ranges,
-        hints,
-        chunk=max(launches.count, 1),  # the tables are per activity already: no bound to keep
-        instances=True,
-    )
-    found.phase = found.phase.astype(np.int64)
-    return found
-
-
 def infer_columns(
     columns: LaunchColumns,
     ranges: pd.DataFrame,
     hints: TraceHints | None = None,
     *,
     chunk: int,
-    instances: bool = False,
 ) -> InferredPhases:
     """Forward, backward or optimizer for every launched activity of ``columns``, read
-    ``chunk`` activities at a time (see the module doc): the phase per activity as int8,
-    and each activity's phase instance (int64) only where ``instances`` asks."""
+    ``chunk`` activities at a time (see the module doc): the phase per activity as int8."""
     hints = hints or TraceHints()
     size = max(int(chunk), 1)
     ids = np.append(np.asarray(columns.threads, dtype=np.int64), -1)  # code -1: the last entry
@@ -334,7 +267,6 @@ def infer_columns(
         )
     )
     phase = np.empty(len(columns), dtype=np.int8)
-    instance = np.empty(len(columns), dtype=np.int64) if instances else None
 
     def assign(lo: int, hi: int) -> tuple[InstanceSpans, np.ndarray]:  # rows lo..hi only
         rows, code, time, key = reader.launches(lo, hi)
@@ -346,9 +278,6 @@ def infer_columns(
         step = np.searchsorted(step_starts, key, side="right")
         phase[lo:hi] = NO_PHASE
         phase[lo + rows] = launched
-        if instance is not None:
-            instance[lo:hi] = NO_PHASE
-            instance[lo + rows] = of_launch
         counts = np.bincount(step * len(PHASES) + launched)
         return InstanceSpans.of(of_launch, step, launched, time), counts
 
@@ -359,7 +288,6 @@ def infer_columns(
         counts = _added(counts, part_counts)
     return InferredPhases(
         phase=phase,
-        instance=instance,
         main_threads=main_threads,
         autograd_threads=autograd,
         _lanes=lanes,

@@ -157,23 +157,6 @@ def table_columns(conn: sqlite3.Connection) -> dict[str, list[str]]:
     return {name: [r[1] for r in conn.execute(f'PRAGMA table_info("{name}")')] for name in names}
 
 
-def read_int_columns(
-    conn: sqlite3.Connection,
-    table: str,
-    exprs: dict[str, str],
-    where: str = "",
-    missing: int = -1,
-) -> dict[str, np.ndarray]:
-    """Integer columns of ``table`` as int64 arrays, in rowid order, NULL read as ``missing``.
-
-    ``exprs`` maps each output name to an SQL expression over the table's columns (packing
-    several small columns into one integer saves a column's worth of work).
-    """
-    query = _chunk_query(table, exprs, where, missing, _column_info(conn, table))
-    chunks = [_read_chunk(conn, query, b) for b in chunk_bounds(conn, table)]
-    return _concatenate(chunks, exprs)
-
-
 @dataclass(frozen=True)
 class Scan:
     """One table's chunks for :meth:`ParallelReader.stream_scans`: what
@@ -194,12 +177,7 @@ class ParallelReader:
     """Reads chunks of integer columns on a few threads, each with its own connection.
 
     SQLite aggregates without holding the GIL, so chunks of several tables are read at the
-    same time; submit everything first, then collect the results in order::
-
-        with ParallelReader(path) as reader:
-            kernels = reader.columns(conn, "CUPTI_ACTIVITY_KIND_KERNEL", {"start": "start"})
-            calls = reader.columns(conn, "CUPTI_ACTIVITY_KIND_RUNTIME", {...})
-            kernels.result(), calls.result()
+    same time (:meth:`stream_scans`), and other reads beside them (:meth:`call`).
     """
 
     def __init__(self, path: Path, threads: int | None = None) -> None:
@@ -229,23 +207,6 @@ class ParallelReader:
                 self._connections.append(conn)
         return conn
 
-    def columns(
-        self,
-        conn: sqlite3.Connection,
-        table: str,
-        exprs: dict[str, str],
-        where: str = "",
-        missing: int = -1,
-    ) -> Pending:
-        """Queue the read of ``read_int_columns(table, exprs, where)``; ``.result()`` waits."""
-        query = _chunk_query(table, exprs, where, missing, _column_info(conn, table))
-
-        def chunk(bounds: tuple[int, int]) -> dict[str, np.ndarray]:
-            return _read_chunk(self.connection(), query, bounds)
-
-        futures = [self.pool.submit(chunk, b) for b in chunk_bounds(conn, table)]
-        return Pending(futures, list(exprs))
-
     def stream(
         self,
         conn: sqlite3.Connection,
@@ -257,7 +218,7 @@ class ParallelReader:
         checked: tuple[str, ...] = (),
         missing: int | Mapping[str, int] = -1,
     ) -> Iterator[dict[str, np.ndarray]]:
-        """The chunks of ``read_int_columns(table, exprs, where)`` in rowid order, as they come.
+        """The chunks of the integer columns ``exprs`` of ``table`` (``where``) in rowid order, as they come.
 
         At most ``ahead`` (default: one per thread, plus one) chunks are read ahead, so memory
         holds a few chunks whatever the table's size. ``chunks``: the rowid bounds to read,
@@ -324,23 +285,8 @@ class ParallelReader:
 def read_chunk(
     conn: sqlite3.Connection, table: str, exprs: dict[str, str], bounds: tuple[int, int]
 ) -> dict[str, np.ndarray]:
-    """One chunk ``[lo, hi)`` of ``read_int_columns(table, exprs)`` (NULL read as -1)."""
+    """One chunk ``[lo, hi)`` of the integer columns ``exprs`` of ``table`` (NULL read as -1)."""
     return _read_chunk(conn, _chunk_query(table, exprs, "", -1, _column_info(conn, table)), bounds)
-
-
-class Pending:
-    """A queued read: :meth:`result` waits for it and concatenates its chunks."""
-
-    def __init__(self, futures: list[Future[dict[str, np.ndarray]]], names: list[str]) -> None:
-        self._futures = futures
-        self.names = names
-
-    def chunks(self) -> list[dict[str, np.ndarray]]:
-        """The columns of each chunk, in rowid order (to concatenate once, with others)."""
-        return [future.result() for future in self._futures]
-
-    def result(self) -> dict[str, np.ndarray]:
-        return _concatenate(self.chunks(), self.names)
 
 
 def row_bound(conn: sqlite3.Connection, table: str) -> int:
@@ -445,15 +391,6 @@ def _read_chunk(
             raise _bad_cell(conn, query.table, query.columns, where, name)
         chunk[name] = values
     return chunk
-
-
-def _concatenate(
-    chunks: list[dict[str, np.ndarray]], names: Iterable[str]
-) -> dict[str, np.ndarray]:
-    return {
-        name: np.concatenate([c[name] for c in chunks]) if chunks else np.empty(0, np.int64)
-        for name in names
-    }
 
 
 def strings_by_id(conn: sqlite3.Connection, ids: np.ndarray) -> dict[int, str]:
