@@ -22,7 +22,7 @@ T = TypeVar("T")
 CHUNK = 1 << 17  # activities per analysis chunk: ~15 MB of temporaries, a few in flight
 MAX_THREADS = 4
 """Threads of a pass, whatever the core count: each holds a chunk's temporaries (tens of
-MB), and the reader's threads (``traces._sqlite.MAX_READ_THREADS``) stop at four too."""
+MB), and the reader's threads (``traces.sqlite_scan.MAX_READ_THREADS``) stop at four too."""
 
 
 def threads() -> int:

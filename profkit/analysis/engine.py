@@ -2,9 +2,8 @@
 one process, or the ranks of a multi-process export (a one-process trace is a world of
 one rank).
 
-:func:`analyze_columns` gives what :func:`.report.analyze` gives for one process and
-:func:`.ranks.analyze_ranks` for several (tests compare them), without a per-activity
-frame:
+:func:`analyze_columns` gives the report of one process or of several ranks (tests/test_golden.py
+holds its outputs on every fixture), without a per-activity frame:
 
 1. the activities are attributed once for the whole trace (:mod:`.attribution`),
    and for several ranks each is told its rank and each rank its own phase names
@@ -160,7 +159,7 @@ def _selection(
     range_: str | None,
 ) -> Selection:
     """What ``--phase`` and ``--range`` keep, checked rank by rank then for the whole
-    trace, with the messages (and in the order) of the full tables."""
+    trace, each refusal one line."""
     selection = Selection()
     n_phases = len(plan.phase_names)
     rows = np.zeros(0, dtype=np.int64)

@@ -11,8 +11,8 @@ process is a world of one rank (:meth:`RankView.whole`).
 Which activities are which rank's (:func:`ranks_of`): in an nsys export, each process that
 ran GPU work is a rank (ties of launch counts go to the lowest pid and device; each process
 takes its phases from its own default NVTX domain); several nodes' exports are joined first
-(:mod:`.stream_nodes`); per-rank traces name their ranks, and joined their layout is their
-files' (:mod:`.stream_rank_files`). What the columns cannot tell (a rank with activity in a
+(:mod:`.joins`); per-rank traces name their ranks, and joined their layout is their
+files' (:mod:`.joins`). What the columns cannot tell (a rank with activity in a
 phase only another rank marks: the attribution works per process, so real traces do not do
 it) raises :class:`RanksUntold`, one line; no other reading is tried.
 """

@@ -1,4 +1,4 @@
-"""What a kernel report is, whichever engine builds it: :class:`KernelReport`, the ranked
+"""What a kernel report is: :class:`KernelReport`, the ranked
 :class:`RankedReport` with its :class:`RankEntry` per rank, the JSON columns they promise
 (:data:`CONTRACT`), and the ``source`` every report opens with.
 """
@@ -112,7 +112,7 @@ class RankedReport(KernelReport):
     world_size: int = 0
     nodes: list[dict[str, Any]] = field(default_factory=list)
     """Several nodes' reports read as one job: each node's file, host, ranks and clock
-    (:class:`profkit.analysis.nodes.NodeClock`); empty for one report."""
+    (:class:`profkit.analysis.clocks.NodeClock`); empty for one report."""
 
     def to_json(self) -> dict[str, Any]:
         base = super().to_json()

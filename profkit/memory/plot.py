@@ -82,13 +82,13 @@ def plot_timeline(
                   title="call site (bytes and allocations alive at the peak)",
                   title_fontsize=8)  # fmt: skip
         fig.tight_layout()
-        _save(fig, out)
+        save_figure(fig, out)
     finally:
         plt.close(fig)
     return out
 
 
-def _save(fig: Any, out: Path) -> None:
+def save_figure(fig: Any, out: Path) -> None:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out)

@@ -22,7 +22,7 @@ OOM_COLOR = "#d62728"
 DPI = 120
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # files only
@@ -31,8 +31,8 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(fig: Any, out: Path) -> Path:
-    plt = _pyplot()
+def save_figure(fig: Any, out: Path) -> Path:
+    plt = pyplot()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=DPI, bbox_inches="tight")
@@ -50,7 +50,7 @@ def _ms(value: float) -> str:
 def step_time(bars: StepBars, out: Path) -> Path:
     """Stacked bars: forward, backward and optimizer ms of one training step, per size,
     the dtypes side by side; the step's total above each bar, ``OOM`` where it ran out."""
-    plt = _pyplot()
+    plt = pyplot()
     n_dtypes = len(bars.dtypes)
     width = 0.8 / n_dtypes
     fig, ax = plt.subplots(
@@ -89,20 +89,20 @@ def step_time(bars: StepBars, out: Path) -> Path:
     handles, names = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], names[::-1], loc="upper left", frameon=False, fontsize=9)
     _grid(ax)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def speedups(where: str, panels: Sequence[SpeedupPanel], out: Path) -> Path:
     """One panel per comparison: baseline ms ÷ variant ms per config, grouped by what was
     timed (forward pass, training step); 1× is drawn as the line of no change."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(
         1, len(panels), figsize=(6.2 * len(panels), 4.8), squeeze=False, layout="constrained"
     )
     for ax, panel in zip(axes[0], panels, strict=True):
         _speedup_panel(ax, panel)
     fig.suptitle(f"Speed-ups · {where}", x=0.01, ha="left", fontsize=12, fontweight="bold")
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def _speedup_panel(ax: Any, panel: SpeedupPanel) -> None:
@@ -148,7 +148,7 @@ def _speedup_panel(ax: Any, panel: SpeedupPanel) -> None:
 
 def peak_memory(curves: MemoryCurves, out: Path) -> Path:
     """Peak allocated GiB against context length, a line per config; OOM marked with ×."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     contexts = sorted({ctx for s in curves.series for ctx, _, _ in s.points})
     top = max((g for s in curves.series for _, g, _ in s.points if g is not None), default=1.0)
@@ -182,7 +182,7 @@ def peak_memory(curves: MemoryCurves, out: Path) -> Path:
     _titles(fig, ax, f"Peak memory vs context · {curves.where}", how)
     ax.legend(loc="upper left", frameon=False, fontsize=8)
     _grid(ax)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def timeline(snapshot: Path, out: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from profkit.analysis.report_types import RankedReport
 from profkit.errors import BadInput
-from profkit.report.plots import PHASE_COLORS, SERIES_COLORS, _pyplot, _save
+from profkit.report.plots import PHASE_COLORS, SERIES_COLORS, pyplot, save_figure
 
 COMPUTE_COLOR = "#4e79a7"
 NCCL_COLOR = "#f28e2b"
@@ -26,7 +26,7 @@ def plot_ranks(report: RankedReport, out: Path, step: int | None = None) -> Path
     step = steps[len(steps) // 2] if step is None else step
     if step not in steps:
         raise BadInput(f"no step {step}; steps: {', '.join(map(str, steps))}")
-    plt = _pyplot()
+    plt = pyplot()
     fig, (lanes, bars) = plt.subplots(
         2,
         1,
@@ -38,7 +38,7 @@ def plot_ranks(report: RankedReport, out: Path, step: int | None = None) -> Path
     _phase_bars(bars, report)
     names = ", ".join(Path(p).name for p in str(report.source.get("path", "")).split(", "))
     fig.suptitle(names, fontsize=8)  # file names: a long folder would crowd them out
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def _lanes(ax: object, report: RankedReport, step: int) -> None:

@@ -166,7 +166,7 @@ def read_chrome_columns(
     A trace that names its rank (``distributedInfo``, or profkit's header) keeps each
     activity's GPU start and device (:data:`~profkit.traces.columns.TIMED`): joined to
     the other ranks' its columns give the ranked report
-    (:mod:`profkit.analysis.stream_rank_files`).
+    (:mod:`profkit.analysis.joins`).
 
     Raises :class:`BadInput` (one line) for a missing file or one that is not a regular
     file, truncated or corrupt compression (gzip, xz), invalid JSON, JSON that is not a

@@ -51,7 +51,7 @@ SHAPE = "shape"
 START, DEVICE = "start", "device"
 """The optional arrays of GPU start times (int64 ns) and device ordinals (int16) that a
 multi-process export's columns keep, and a per-rank trace's (one rank of a run, joined to
-the others': :mod:`profkit.analysis.stream_rank_files`): a rank's activities, NCCL overlap
+the others': :mod:`profkit.analysis.joins`): a rank's activities, NCCL overlap
 and steps need them (:mod:`profkit.analysis.rank_layout`); one process's report does not."""
 TIMED = {START: np.int64, DEVICE: np.int16}
 NO_SHAPE = ("", "")

@@ -22,7 +22,7 @@ steps, the shape a job of many files spread over workers needs:
 Several nsys exports are read with each activity's GPU start and device (``timed``): the
 nodes' join needs them, a node of one GPU included, and so does telling whether their
 captures overlap. Joining the files' columns into one job's is the analysis' part
-(:mod:`profkit.analysis.stream_nodes`, :mod:`profkit.analysis.stream_rank_files`).
+(:mod:`profkit.analysis.joins`).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def rank_infos(files: list[ActivityColumns]) -> list[dict[str, Any] | None]:
 @dataclass(frozen=True)
 class NodeFacts:
     """What of one export tells whether a set of them is the nodes of one job (from its
-    compact columns, :func:`node_facts`, or its full tables)."""
+    compact columns, :func:`node_facts`)."""
 
     path: str
     nsys: bool

@@ -29,10 +29,10 @@ from typing import TypeVar
 from profkit.errors import BadInput, MissingTool
 from profkit.files import COMPRESSION_SUFFIXES, check_readable, open_input
 from profkit.sidecar import read_sidecar
-from profkit.traces._sqlite import SQLITE_MAGIC
 from profkit.traces.cache import cached_columns
 from profkit.traces.columns import ActivityColumns, Progress, ProgressUnit, check_column_span
 from profkit.traces.nsys_columns import keeps_start_times, read_nsys_columns, shape_reader
+from profkit.traces.sqlite_scan import SQLITE_MAGIC
 
 Reader = Callable[..., ActivityColumns]
 """``read(path, progress=None)``: a format's compact columns."""
@@ -206,7 +206,7 @@ def _export_problem(path: Path) -> str | None:
     milliseconds, where checking every page would take as long as reading the export."""
     import sqlite3
 
-    from profkit.traces._sqlite import open_readonly
+    from profkit.traces.sqlite_scan import open_readonly
 
     try:
         size = path.stat().st_size

@@ -1,7 +1,7 @@
 """Nsight Systems exports read in bounded memory, as :class:`ActivityColumns`.
 
 The tables of :mod:`profkit.traces.nsys_export`, read chunk by chunk with a few chunks
-in flight (:meth:`~profkit.traces._sqlite.ParallelReader.stream`), so memory holds the
+in flight (:meth:`~profkit.traces.sqlite_scan.ParallelReader.stream`), so memory holds the
 compact columns (22 bytes per activity) and the launch calls, never a whole table's text:
 
 1. the launch-like API calls go into :class:`_Calls`: key, start and thread code (18 bytes
@@ -43,7 +43,7 @@ import pandas as pd
 
 from profkit.errors import BadInput
 from profkit.sidecar import read_sidecar
-from profkit.traces import _sqlite
+from profkit.traces import sqlite_scan
 from profkit.traces.columns import (
     ARRAYS,
     NO_SHAPE,
@@ -84,7 +84,7 @@ from profkit.traces.nsys_ranges import build_ranges, nvtx_rows
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 # Unread, a start of the wrong type would go unseen (SQLite reads text as 0 in arithmetic):
-# the scan checks start and end per chunk (_sqlite's ``checked``), and a bad cell is named.
+# the scan checks start and end per chunk (sqlite_scan's ``checked``), and a bad cell is named.
 TIMES = ("start", "end")
 # Rows per chunk: a chunk's text (SQLite's, Python's) and parsed arrays are a few MB, which
 # the allocator keeps and reuses; at 500,000 rows they were fresh pages each time, and the
@@ -388,9 +388,9 @@ class _Builder:
         unknown = device < 0
         if self.devices is not None and unknown.any():
             # No key, or a process the contexts table lacks: read the column.
-            read = _sqlite.read_chunk(self.conn, table, {"device": "deviceId"}, bounds)
+            read = sqlite_scan.read_chunk(self.conn, table, {"device": "deviceId"}, bounds)
             if len(read["device"]) != len(device):
-                raise _sqlite.BadColumn(f"{table} changed while it was read")
+                raise sqlite_scan.BadColumn(f"{table} changed while it was read")
             device[unknown] = read["device"][unknown]
         return device
 
@@ -408,7 +408,7 @@ class _Builder:
 
     def _describe(self, table: str, values: list[int]) -> list[tuple[str, str]]:
         if table == KERNEL_TABLE:
-            strings = _sqlite.strings_by_id(self.conn, np.array(values, dtype=np.int64))
+            strings = sqlite_scan.strings_by_id(self.conn, np.array(values, dtype=np.int64))
             return [(strings.get(i, f"kernel {i}"), "kernel") for i in values]
         if table == MEMCPY_TABLE:
             labels = self.memcpy_labels
@@ -466,7 +466,7 @@ def read_nsys_columns(
 def _columns(
     conn: sqlite3.Connection, plain: Path, path: Path, progress: Progress | None, timed: bool
 ) -> ActivityColumns:
-    tables = _sqlite.table_columns(conn)
+    tables = sqlite_scan.table_columns(conn)
     check_nsys(path, tables)
     check_columns(conn, tables)
     meta = export_meta(conn, tables, path)
@@ -550,7 +550,7 @@ def _read(
     activity = activity_tables(tables)
     api = [t for t in API_TABLES if t in tables and "globalTid" in tables[t]]
     plan = _Plan.of(conn, tables, api, timed)
-    bounds = {t: _sqlite.row_bound(conn, t) for t in (*activity, *api)}
+    bounds = {t: sqlite_scan.row_bound(conn, t) for t in (*activity, *api)}
     done, total = 0, sum(bounds.values())
     capacity = sum(bounds[t] for t in activity)
     builder = _Builder(
@@ -563,19 +563,19 @@ def _read(
     # No process filter on the calls: a launch needs a CUDA context, so with one context
     # process every launch-like call is that process's.
     calls_where = _where(launch_ids, True, None)
-    api_chunks = {t: _sqlite.chunk_bounds(conn, t, CHUNK_ROWS) for t in api}
+    api_chunks = {t: sqlite_scan.chunk_bounds(conn, t, CHUNK_ROWS) for t in api}
     api_end = {t: chunks[0][0] + bounds[t] for t, chunks in api_chunks.items() if chunks}
     calls = plan.calls(sum(bounds[t] for t in api))
     scans = [
-        _sqlite.Scan(t, exprs, calls_where, api_chunks[t], missing=null_as, then=calls.prepare)
+        sqlite_scan.Scan(t, exprs, calls_where, api_chunks[t], missing=null_as, then=calls.prepare)
         for t in api
     ]
     for table in activity:
         read, checked = _activity_exprs(conn, plan, tables, table, scan_shapes)
-        chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
+        chunks = sqlite_scan.chunk_bounds(conn, table, CHUNK_ROWS)
         ready = functools.partial(builder.prepare, table)
-        scans.append(_sqlite.Scan(table, read, "", chunks, checked, then=ready))
-    with _sqlite.ParallelReader(path) as reader:
+        scans.append(sqlite_scan.Scan(table, read, "", chunks, checked, then=ready))
+    with sqlite_scan.ParallelReader(path) as reader:
         ranges = reader.call(lambda worker: _ranges(worker, tables))
         sealed = False
         for index, rows, chunk in reader.stream_scans(conn, scans):
@@ -597,7 +597,7 @@ def _read(
             others = plan.calls(sum(bounds[t] for t in api), calls.thread_code)
             for table in api:
                 where = _where(launch_ids, False, plan.one_process)
-                chunks = _sqlite.chunk_bounds(conn, table, CHUNK_ROWS)
+                chunks = sqlite_scan.chunk_bounds(conn, table, CHUNK_ROWS)
                 for chunk in reader.stream(
                     conn, table, exprs, where, chunks=chunks, missing=null_as
                 ):
@@ -640,7 +640,7 @@ class _RowRuns:
             text = self.conn.execute(sql, bounds).fetchone()[0]
             ids = np.array((text or "").split(",") if text else [], dtype=np.int64)
             if len(ids) != rows:
-                raise _sqlite.BadColumn(f"{KERNEL_TABLE} changed while it was read")
+                raise sqlite_scan.BadColumn(f"{KERNEL_TABLE} changed while it was read")
             first = np.flatnonzero(np.diff(ids, prepend=ids[0] - 2) != 1) if rows else ids
             ids_first = ids[first]
         self.starts.append(first + self.count)
@@ -680,11 +680,11 @@ def _shapes_by_rowid(conn: sqlite3.Connection, rowids: np.ndarray) -> dict[int, 
         )
         for rowid, grid, block in conn.execute(sql, batch):
             if not isinstance(grid, int) or not isinstance(block, int):
-                raise _sqlite._bad_cell(conn, KERNEL_TABLE, grid_columns, f"rowid = {rowid}")
+                raise sqlite_scan._bad_cell(conn, KERNEL_TABLE, grid_columns, f"rowid = {rowid}")
             found[int(rowid)] = (unpacked_shape(grid, 31, 16), unpacked_shape(block, 11, 10))
     missing = set(rowids.tolist()) - set(found)
     if missing:
-        raise _sqlite.BadColumn(f"{KERNEL_TABLE} lost rows since it was read (row {min(missing)})")
+        raise sqlite_scan.BadColumn(f"{KERNEL_TABLE} lost rows since it was read (row {min(missing)})")
     return found
 
 
@@ -750,13 +750,13 @@ def keeps_start_times(path: Path) -> bool:
         return False
     try:
         with path.open("rb") as handle:
-            if not handle.read(len(_sqlite.SQLITE_MAGIC)).startswith(_sqlite.SQLITE_MAGIC):
+            if not handle.read(len(sqlite_scan.SQLITE_MAGIC)).startswith(sqlite_scan.SQLITE_MAGIC):
                 return False
-        conn = _sqlite.open_readonly(path)
+        conn = sqlite_scan.open_readonly(path)
     except (OSError, BadInput):
         return False
     try:
-        tables = _sqlite.table_columns(conn)
+        tables = sqlite_scan.table_columns(conn)
         if KERNEL_TABLE not in tables or "globalPid" not in tables[KERNEL_TABLE]:
             return False
         return _single_cuda_process(conn, tables, Codec.of(conn, tables)) is None
@@ -819,9 +819,9 @@ def _activity_exprs(
         # No start times for one process: its report needs durations (and launch times,
         # from the API calls).
         exprs["duration"] = common["duration"]
-    elif set(TIMES) <= _sqlite.not_null_columns(conn, table):
+    elif set(TIMES) <= sqlite_scan.not_null_columns(conn, table):
         # Several processes' ranks need starts. Read as stored, start and end need no
-        # check: a cell of text (or a real) stops the parse, which finds it (_sqlite).
+        # check: a cell of text (or a real) stops the parse, which finds it (sqlite_scan).
         exprs.update(start="start", end='"end"')
         checked = ()
     else:

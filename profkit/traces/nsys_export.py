@@ -32,7 +32,7 @@ import numpy as np
 
 from profkit.errors import BadInput
 from profkit.files import plain_copy
-from profkit.traces import _sqlite
+from profkit.traces import sqlite_scan
 from profkit.traces.nsys_ranges import NVTX_COLUMNS, NVTX_TABLE
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
@@ -87,7 +87,7 @@ class NoKernelsTraced(BadInput):
 
 @dataclass(frozen=True)
 class Codec:
-    """Packs columns into small integers: text transfer costs per digit (see ``_sqlite``).
+    """Packs columns into small integers: text transfer costs per digit (see ``sqlite_scan``).
 
     Keys are (process, correlation id) with the process counted from the first activity's,
     so a one-process trace's keys are its correlation ids; threads travel as offsets from
@@ -183,11 +183,11 @@ def opened_export(path: Path) -> Iterator[tuple[sqlite3.Connection, Path]]:
     """The export at ``path`` opened read-only (unpacked first when compressed), with the
     file on disk; whatever goes wrong reading it inside the block is one :class:`BadInput`."""
     with plain_copy(path, WHAT) as plain:
-        _sqlite.check_sqlite_file(plain, WHAT, shown=path)
-        conn = _sqlite.open_readonly(plain)
+        sqlite_scan.check_sqlite_file(plain, WHAT, shown=path)
+        conn = sqlite_scan.open_readonly(plain)
         try:
             yield conn, plain
-        except _sqlite.BadColumn as exc:
+        except sqlite_scan.BadColumn as exc:
             raise BadInput(f"{path}: {exc}; not a usable Nsight Systems export") from None
         except sqlite3.DatabaseError as exc:
             raise BadInput(f"{path} is corrupt or truncated (SQLite: {exc})") from None
@@ -217,16 +217,16 @@ def check_nsys(path: Path, tables: dict[str, list[str]]) -> None:
 
 def check_columns(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> None:
     """Every table the reader uses has its columns; small tables hold integers where due."""
-    _sqlite.require_columns(
+    sqlite_scan.require_columns(
         tables, {**REQUIRED_COLUMNS, NVTX_TABLE: NVTX_COLUMNS, STRINGS_TABLE: ("id", "value")}
     )
     if KERNEL_TABLE in tables:
         names = ("demangledName", "name", "mangledName")
         if not any(c in tables[KERNEL_TABLE] for c in names):
-            raise _sqlite.BadColumn(f"table {KERNEL_TABLE} has no name column ({', '.join(names)})")
+            raise sqlite_scan.BadColumn(f"table {KERNEL_TABLE} has no name column ({', '.join(names)})")
     for table, columns in SMALL_INTEGER_COLUMNS.items():
         if table in tables:
-            _sqlite.check_integers(conn, table, [c for c in columns if c in tables[table]])
+            sqlite_scan.check_integers(conn, table, [c for c in columns if c in tables[table]])
 
 
 def export_meta(conn: sqlite3.Connection, tables: dict[str, list[str]], path: Path) -> dict[str, Any]:
@@ -255,7 +255,7 @@ def export_meta(conn: sqlite3.Connection, tables: dict[str, list[str]], path: Pa
 def _host_and_start(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> dict[str, Any]:
     """The profiled host's name and the session's start (UTC, ns since the epoch), where
     the export records them: what tells several nodes' reports apart and puts them on one
-    clock (:mod:`profkit.analysis.nodes`)."""
+    clock (:mod:`profkit.analysis.clocks`)."""
     found: dict[str, Any] = {}
     if {"name", "value"} <= set(tables.get("TARGET_INFO_SYSTEM_ENV", [])):
         row = conn.execute(

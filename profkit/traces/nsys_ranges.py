@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.traces._sqlite import check_integers
 from profkit.traces.depth import nesting_depth
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, RANGE_COLUMNS, conform
+from profkit.traces.sqlite_scan import check_integers
 
 NVTX_TABLE = "NVTX_EVENTS"
 NVTX_COLUMNS = ("start", "end", "eventType", "globalTid")  # the ones an export always has
