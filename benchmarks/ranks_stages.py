@@ -3,19 +3,19 @@
 Runs what ``profkit kernels EXPORT --format json --no-cache`` runs for a multi-process
 Nsight Systems export whose phases are annotated, in this process, and prints the wall
 seconds and the CPU seconds (all threads: ``time.process_time``) of each stage: the
-analysis runs its chunks on up to four threads, so wall and CPU differ. ``--path stream``
-(the default, what the command runs): the imports, the columns' read, the ranks, the one
-attribution, the one pass adding up every rank's sums, the kernel statistics (sorted
-keys in batches of names), their longest activities and shapes, the reports' other
-tables, the second pass (compute kernels meeting NCCL, step spans), the NCCL overlap, the
-job and the JSON. An export of one CUDA process (a world of one rank) gets the same
-stages but the second pass's. ``--path full`` (the full tables, what inferred phases
-take): the imports, ``load_trace``, the one attribution, each rank's entry (its tables from that attribution, its NCCL time and overlap, its
-steps; the first one also adds up the range totals of the one attribution), the whole
-trace's tables, the job across ranks, and the JSON. Peak RSS and minor page faults
-come from ``getrusage``. Each stage is timed by wrapping the function that does it, so the
-stages sum to a little less than the whole. A path that is not an export profkit reads
-ends with one line and exit status 2.
+analysis runs its chunks on up to four threads, so wall and CPU differ. The stages: the
+imports, the columns' read (``traces.nsys_columns``), the ranks, the one attribution, the
+one pass adding up every rank's sums, the kernel statistics (sorted keys in batches of
+names), their longest activities and shapes, the reports' other tables, the second pass
+(compute kernels meeting NCCL, step spans), the NCCL overlap, the job and the JSON. An
+export of one CUDA process (a world of one rank) gets the same stages but the second
+pass's. Peak RSS and minor page faults come from ``getrusage``. Each stage is timed by
+wrapping the function that does it, so the stages sum to a little less than the whole. A
+path that is not an export profkit reads ends with one line and exit status 2.
+
+The old engine's stages (``--path full``: ``load_trace``, each rank's entry of
+``analysis.ranks``, ...) are timed by this script as of commit 1f38560, run from a
+checkout of that commit; their figures are docs/PERFORMANCE.md's history.
 
     python benchmarks/kernels_scale.py --ranks 100 --runs 3 --keep --workdir /tmp/k
     python benchmarks/ranks_stages.py /tmp/k/ranks2-x100.sqlite
@@ -54,19 +54,6 @@ STREAM_ORDER = [
 ]
 SECOND_PASS = ("second pass: NCCL, steps", "  NCCL overlap per rank", "job across ranks (steps)")
 ONE_PROCESS_ORDER = [s for s in STREAM_ORDER if s not in SECOND_PASS]
-ORDER = [
-    "import",
-    "load_trace",
-    "analysis",
-    "attribution (once)",
-    "each rank's entry",
-    "  its tables",
-    "    range totals (once)",
-    "  its NCCL time and overlap",
-    "whole-trace tables",
-    "job across ranks (steps)",
-    "json",
-]
 
 
 def timed(stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -84,27 +71,15 @@ def timed(stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _in_rank() -> bool:
-    """Whether the caller runs inside a rank's entry (``ranks._rank_entry``)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "_rank_entry":
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("export", type=Path, help="a multi-process nsys export (.sqlite)")
-    parser.add_argument("--path", choices=("stream", "full"), default="stream")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    run = stream if args.path == "stream" else full
     imported = timed("import", _import_profkit)
     errors = imported()
     try:
-        return run(args.export)
+        return stream(args.export)
     except errors as e:  # a user's error: one line, as the CLI gives it
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -112,36 +87,11 @@ def main() -> int:
 
 def _import_profkit() -> tuple[type[Exception], ...]:
     """The modules the stages wrap, imported (timed as ``import``); the user errors."""
-    from profkit.analysis import engine, ranks  # noqa: F401
+    from profkit.analysis import engine  # noqa: F401
     from profkit.errors import ProfkitError
-    from profkit.traces import load_trace  # noqa: F401
-    from profkit.traces.nsys_stream import read_nsys_columns  # noqa: F401
+    from profkit.traces.nsys_columns import read_nsys_columns  # noqa: F401
 
     return (ProfkitError,)
-
-
-def full(export: Path) -> int:
-    """The stages of the full tables (``analysis.ranks``)."""
-    from profkit.analysis import ranks
-    from profkit.formats import dumps
-    from profkit.traces import load_trace
-
-    ranks.attribute = timed("attribution (once)", ranks.attribute)
-    ranks._rank_entry = timed("each rank's entry", ranks._rank_entry)
-    tables_of = ranks.tables_of
-    rank_tables = timed("  its tables", tables_of)
-    whole_tables = timed("whole-trace tables", tables_of)
-    ranks.tables_of = lambda *a, **k: (rank_tables if _in_rank() else whole_tables)(*a, **k)
-    ranks.comm_stats_of = timed("  its NCCL time and overlap", ranks.comm_stats_of)
-    whole = ranks._Whole
-    whole.counts_of_all = timed("    range totals (once)", whole.counts_of_all)  # type: ignore[method-assign]
-    ranks.step_table = timed("job across ranks (steps)", ranks.step_table)
-    trace = timed("load_trace", load_trace)(export)
-    if not ranks.is_multi_rank(trace):
-        return _one_process(export)
-    report = timed("analysis", ranks.analyze_ranks)(trace)
-    timed("json", lambda: dumps(report.to_json()))()
-    return summary(export, report, ORDER)
 
 
 def stream(export: Path) -> int:
@@ -150,7 +100,7 @@ def stream(export: Path) -> int:
     trace that names no rank gives)."""
     from profkit.analysis import engine, kernel_stats, one_process, rank_layout, sums
     from profkit.formats import dumps
-    from profkit.traces.nsys_stream import read_nsys_columns
+    from profkit.traces.nsys_columns import read_nsys_columns
 
     attributed = timed("attribution (once)", engine.attributed)
     engine.attributed = sums.attributed = attributed
@@ -169,12 +119,6 @@ def stream(export: Path) -> int:
     report = timed("analysis", engine.analyze_columns)(cols, layout=layout)
     timed("json", lambda: dumps(report.to_json()))()
     return summary(export, report, STREAM_ORDER if layout else ONE_PROCESS_ORDER)
-
-
-def _one_process(export: Path) -> int:
-    """``--path full`` on an export of one process: one line, exit status 2."""
-    print(f"{export}: one CUDA process, so no ranks: try --path stream", file=sys.stderr)
-    return 2
 
 
 def summary(export: Path, report: Any, order: list[str]) -> int:
