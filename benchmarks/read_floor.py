@@ -37,9 +37,13 @@ sys.path.insert(0, str(ROOT))
 
 from profkit.errors import BadInput  # noqa: E402
 from profkit.traces import _sqlite  # noqa: E402
-from profkit.traces.nsys_activity import API_TABLES, KERNEL_TABLE  # noqa: E402
-from profkit.traces.nsys_sqlite import _check_nsys, opened_export  # noqa: E402
-from profkit.traces.nsys_stream import CHUNK_ROWS, _activity_exprs, _Plan  # noqa: E402
+from profkit.traces.nsys_columns import CHUNK_ROWS, _activity_exprs, _Plan  # noqa: E402
+from profkit.traces.nsys_export import (  # noqa: E402
+    API_TABLES,
+    KERNEL_TABLE,
+    check_nsys,
+    opened_export,
+)
 
 
 def queries(
@@ -97,7 +101,7 @@ def main() -> int:
     try:
         with opened_export(args.export) as (conn, _):
             tables = _sqlite.table_columns(conn)
-            _check_nsys(args.export, tables)
+            check_nsys(args.export, tables)
             if KERNEL_TABLE not in tables:
                 raise BadInput(f"{args.export} has no kernel table")
             rows, chunks, variants, spent = measure(conn, tables, args.runs)
