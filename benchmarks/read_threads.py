@@ -36,10 +36,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4, 8])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from profkit.analysis import kernel_stats, stream_attribution, sums
+    from profkit.analysis import attribution, kernel_stats, sums
     from profkit.analysis.selection import Selection
     from profkit.traces import _sqlite
-    from profkit.traces.nsys_stream import read_nsys_columns
+    from profkit.traces.nsys_columns import read_nsys_columns
 
     result: dict[str, object] = {}
     cols = None
@@ -51,8 +51,8 @@ def main() -> int:
         print(f"read, {threads} threads", result[f"read, {threads} threads"], flush=True)
     assert cols is not None
     start = clocks()
-    plan = stream_attribution.plan_of(cols)
-    att = stream_attribution.attributed(cols, plan)
+    plan = attribution.plan_of(cols)
+    att = attribution.attributed(cols, plan)
     result["attribution"] = since(start)
     start = clocks()
     sums.with_stats(cols, plan, att, Selection())

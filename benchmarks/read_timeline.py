@@ -85,25 +85,25 @@ class Timeline:
 
 def instrument(timeline: Timeline) -> Callable[[Path], Any]:
     """Wrap the read's steps; the read itself."""
-    from profkit.traces import _sqlite, nsys_stream
+    from profkit.traces import _sqlite, nsys_columns
 
     read_chunk = _sqlite._read_chunk
     _sqlite._read_chunk = timeline.timed(
         lambda conn, query, bounds: "chunk " + query.table.rsplit("_", 1)[-1], read_chunk
     )
     for owner, name in [
-        (nsys_stream._Calls, "add"),
-        (nsys_stream._Calls, "seal"),
-        (nsys_stream._Builder, "add"),
-        (nsys_stream._Builder, "fill_unmatched"),
+        (nsys_columns._Calls, "add"),
+        (nsys_columns._Calls, "seal"),
+        (nsys_columns._Builder, "add"),
+        (nsys_columns._Builder, "fill_unmatched"),
     ]:
         label = f"{owner.__name__}.{name}"
         setattr(owner, name, timeline.timed(lambda *a, _l=label: _l, getattr(owner, name)))
     for name in ("nvtx_rows", "build_ranges", "_trace_end"):
         setattr(
-            nsys_stream, name, timeline.timed(lambda *a, _l=name: _l, getattr(nsys_stream, name))
+            nsys_columns, name, timeline.timed(lambda *a, _l=name: _l, getattr(nsys_columns, name))
         )
-    return nsys_stream.read_nsys_columns
+    return nsys_columns.read_nsys_columns
 
 
 def main() -> int:
