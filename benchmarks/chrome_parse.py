@@ -21,20 +21,28 @@ The readers run back to back, alternating, so the machine's load drifts over bot
 
     python benchmarks/chrome_parse.py --target-mb 200 1000 --repeats 3 --gzip --ijson
 
-``whole`` is ``read_chrome_trace(path, chunk_bytes=None)`` (one ``orjson.loads`` of the
-document, then one pass: the reader before streaming); ``stream`` is the default reader.
-``columns`` is ``load_columns(path, cache=False)``: what the kernel report reads (compact
-columns; before they were read directly, ``from_trace`` of the tables). ``--tree DIR``
-adds the same read with profkit imported from another checkout (``columns@DIR``), so a
-change is timed against its base on the same file, alternating:
+``whole`` is ``read_chrome_columns(path, chunk_bytes=None)`` (one ``orjson.loads`` of
+the document, then one pass); ``stream`` is ``read_chrome_columns(path)``, the reader's
+batches of ``CHUNK_BYTES`` of JSON (:mod:`profkit.traces.chrome_json`). ``columns`` is
+``load_columns(path, cache=False)``: what the kernel report reads (the streamed read and
+the sidecar). ``--tree DIR`` adds the same read with profkit imported from another
+checkout (``columns@DIR``), so a change is timed against its base on the same file,
+alternating:
 
     git worktree add --detach /tmp/base main
     python benchmarks/chrome_parse.py --source tests/data/torch-h200-unannotated-train.json.gz \
         --copies 200 --modes columns --tree /tmp/base --repeats 3
 
 With ``--ijson`` two more modes time only the parse and the pass over the events, without
-the tables: through ijson's C backend (``ijson.items(f, "traceEvents.item")``) and through
+the columns: through ijson's C backend (``ijson.items(f, "traceEvents.item")``) and through
 the reader's own batches, so the two parsers are compared on equal terms.
+
+Before the Chrome reader gave columns, ``whole`` and ``stream`` timed the reader of the
+two full tables (``read_chrome_trace``, since deleted) and ``columns`` read those tables
+and packed them (``from_trace``); docs/PERFORMANCE.md keeps those figures as the old
+code's. To time that code again, run this script as of commit 1f38560 from a checkout
+of that commit; ``--tree`` pointed at such a checkout times its ``columns`` beside this
+one's.
 """
 
 from __future__ import annotations
@@ -211,23 +219,23 @@ def child(mode: str, path: str) -> None:
     result["profkit"] = str(Path(chrome.__file__).parents[2])  # which checkout was timed
     wall, cpu = time.perf_counter(), time.process_time()
     if mode == "whole":
-        trace = chrome.read_chrome_trace(path, chunk_bytes=None)
-        result.update(events=trace.meta["events"], kernels=len(trace.kernels))
+        columns = chrome.read_chrome_columns(path, chunk_bytes=None)
+        result.update(events=columns.meta["events"], kernels=len(columns))
     elif mode == "columns":
         columns = load_columns(path, cache=False)
         result.update(events=columns.meta["events"], kernels=len(columns))
     elif mode.startswith("stream") and not mode.endswith("-events"):  # "stream-256": 256 KiB
         chunk = int(mode.split("-")[1]) * KIB if "-" in mode else chrome.CHUNK_BYTES
-        trace = chrome.read_chrome_trace(path, chunk_bytes=chunk)
-        result.update(events=trace.meta["events"], kernels=len(trace.kernels))
-    else:  # the parse and the pass over the events only, no tables
+        columns = chrome.read_chrome_columns(path, chunk_bytes=chunk)
+        result.update(events=columns.meta["events"], kernels=len(columns))
+    else:  # the parse and the pass over the events only, no columns
         result.update(events_only(mode, Path(path)))
     result.update(read_s=time.perf_counter() - wall, read_cpu_s=time.process_time() - cpu)
     print(json.dumps(result))
 
 
 def events_only(mode: str, path: Path) -> dict[str, int]:
-    """The parse (ijson's or the reader's batches) and the reader's pass, no tables."""
+    """The parse (ijson's or the reader's batches) and the reader's pass, no columns."""
     import gc
     from itertools import islice
 
