@@ -67,7 +67,7 @@ launch_cats = {"cuda_runtime", "cuda_driver"}
 
 
 def expected(path: Path) -> dict:
-    """Counted without profkit: what read_chrome_trace must reproduce exactly."""
+    """Counted without profkit: what read_chrome_columns must reproduce exactly."""
     doc = json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)
     events = doc["traceEvents"]
     launches = {e["args"]["correlation"] for e in events
@@ -92,27 +92,29 @@ def expected(path: Path) -> dict:
 def phases(path: Path) -> dict:
     """A minimal attribution (outermost main-thread range at launch) for the summary."""
     import numpy as np
-    from profkit.traces.chrome import read_chrome_trace
+    from profkit.traces.chrome import read_chrome_columns
 
-    t = read_chrome_trace(path)
-    if t.kernels.empty or t.ranges.empty:
+    c = read_chrome_columns(path)
+    ranges, launch = c.ranges, c.arrays["launch_start"]
+    if not len(c) or ranges.empty:
         return {"trace": path.name, "kernels": 0, "without_launch": 0, "launch_threads": {},
-                "main_thread": None, "phases": {}, "warnings": t.meta["warnings"], "gpus": t.meta["gpus"]}
-    main = t.ranges.loc[t.ranges["name"] == "forward", "thread"].iloc[0]
-    top = t.ranges[(t.ranges["thread"] == main) & (t.ranges["depth"] == 0)].sort_values("start")
-    k = t.kernels.dropna(subset=["launch_start"])
-    i = np.searchsorted(top["start"].to_numpy(), k["launch_start"].to_numpy(dtype=np.int64), side="right") - 1
-    ok = (i >= 0) & (k["launch_start"].to_numpy(dtype=np.int64) < top["end"].to_numpy()[np.clip(i, 0, None)])
+                "main_thread": None, "phases": {}, "warnings": c.meta["warnings"], "gpus": c.meta["gpus"]}
+    main = ranges.loc[ranges["name"] == "forward", "thread"].iloc[0]
+    top = ranges[(ranges["thread"] == main) & (ranges["depth"] == 0)].sort_values("start")
+    known = launch >= 0
+    starts = launch[known]
+    i = np.searchsorted(top["start"].to_numpy(), starts, side="right") - 1
+    ok = (i >= 0) & (starts < top["end"].to_numpy()[np.clip(i, 0, None)])
     names = np.where(ok, top["name"].to_numpy()[np.clip(i, 0, None)], "unattributed")
-    dur = (k["end"] - k["start"]).to_numpy()
+    dur = c.arrays["duration"][known]
     rows = {}
     for name in dict.fromkeys(names):
         sel = names == name
         rows[str(name)] = {"kernels": int(sel.sum()), "gpu_time_ms": float(dur[sel].sum() / 1e6)}
-    threads = k.groupby("launch_thread").size().to_dict()
-    return {"trace": path.name, "kernels": len(t.kernels), "without_launch": int(t.kernels["launch_start"].isna().sum()),
-            "launch_threads": {str(a): int(b) for a, b in threads.items()}, "main_thread": int(main),
-            "phases": rows, "warnings": t.meta["warnings"], "gpus": t.meta["gpus"]}
+    threads, counts = np.unique(c.launch_threads(c.arrays["launch_thread"][known]), return_counts=True)
+    return {"trace": path.name, "kernels": len(c), "without_launch": int((~known).sum()),
+            "launch_threads": {str(a): int(b) for a, b in zip(threads, counts)}, "main_thread": int(main),
+            "phases": rows, "warnings": c.meta["warnings"], "gpus": c.meta["gpus"]}
 
 
 profiles = Path("profiles")
