@@ -20,8 +20,11 @@ must pay, run alternately with ``profkit kernels --no-cache`` (best of ``--runs`
 both see the same load), and prints the ratio of wall times and of CPU times.
 ``--cache`` adds the columnar cache: a first read that writes it, then each repeated query
 from it (``--phase backward``, ``--range 'computing softmax'``, ``--top 0``, and
-``profkit diff BIG BIG``), each as a share of the uncached read. ``--legacy`` also times
-the in-memory path (``load_trace`` + ``analyze``).
+``profkit diff BIG BIG``), each as a share of the uncached read. The old engine's
+in-memory path (``load_trace`` + ``analyze``, the full tables) is deleted: its figures in
+docs/PERFORMANCE.md are the old code's; to time it again, run this script with
+``--legacy`` as of commit 1f38560, from a checkout of that commit. ``engine_scale.py
+--checkout`` times two checkouts' ``profkit kernels`` against each other.
 
 Where nsys is installed (``--nsys``, ``$PROFKIT_NSYS`` or PATH) it also times
 ``nsys stats --report cuda_gpu_kern_sum`` and ``--report nvtx_gpu_proj_sum`` on the same
@@ -304,9 +307,8 @@ HITS = {
 """Repeated queries timed against the cache (``profkit diff BIG BIG`` too: two hits)."""
 
 
-def measure(big: Path, runs: int, legacy: bool) -> dict[str, object]:
-    """The scan floor and ``profkit kernels`` uncached, back to back; optionally the
-    in-memory path."""
+def measure(big: Path, runs: int) -> dict[str, object]:
+    """The scan floor and ``profkit kernels`` uncached, back to back."""
     result: dict[str, object] = {}
     kernels = [sys.executable, "-m", "profkit", "kernels", str(big), "--format", "json"]
     floors, reads = [], []
@@ -322,13 +324,6 @@ def measure(big: Path, runs: int, legacy: bool) -> dict[str, object]:
     show(f"profkit kernels --no-cache (best of {runs})", top)
     print(f"  = {result['ratio_to_floor']:.2f}x the scan floor (CPU: "
           f"{result['cpu_ratio_to_floor']:.2f}x)")  # fmt: skip
-    if legacy:
-        code = (
-            "import sys; from profkit.analysis import analyze; from profkit.traces import "
-            "load_trace; analyze(load_trace(sys.argv[1]))"
-        )
-        result["legacy"] = old = timed([sys.executable, "-c", code, str(big)], ROOT)
-        show("load_trace + analyze (the in-memory path)", old)
     return result
 
 
@@ -485,7 +480,7 @@ def one_scale(
     )
     result.update(copies=copies, scale=copies / UNIT_COPIES, export_mb=round(size_mb), rows=rows,
                   load_before=os.getloadavg())  # fmt: skip
-    result.update(measure(big, runs, args.legacy))
+    result.update(measure(big, runs))
     save()
     best = result["profkit_kernels"]
     assert isinstance(best, dict)
@@ -519,7 +514,6 @@ def main() -> int:
     parser.add_argument("--runs", type=int, nargs="+", default=[3],
                         help="runs of each timing (best kept); one per --scale, or one for all")  # fmt: skip
     parser.add_argument("--cache", action="store_true", help="also time the columnar cache")
-    parser.add_argument("--legacy", action="store_true", help="also time load_trace + analyze")
     parser.add_argument("--fixture", type=Path, default=FIXTURE)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--nsys", default=None, help="nsys executable for the comparison")
