@@ -12,7 +12,7 @@ folder, deleted at the end, if not given), the builds side by side on threads:
 Then, per round (``--rounds``), per export, each in a fresh process, wall and CPU seconds
 and peak RSS (``wait4``): (a) the bare SQL scan, one ``SELECT`` of ``total()``s over the
 rows the reader needs (every kernel's correlation id, start, end and name; the runtime
-table's launch-like calls' correlation id, start and thread: ``traces/nsys_stream.py``),
+table's launch-like calls' correlation id, start and thread: ``traces/nsys_columns.py``),
 and for each checkout in turn (A B A B ...): (b) ``python -m profkit kernels EXPORT
 --format json`` with an empty ``PROFKIT_CACHE_DIR``, (c) the same again (cache warm).
 Each output's phases are checked against ×copies the fixture's own (its ×1 report,
@@ -24,6 +24,10 @@ whose ``profkit/`` is imported (the command's working folder and ``PYTHONPATH``)
 GiB) and the ratios (b)/(a), (c)/(b) and B/A, and writes it all to ``--json`` (default
 ``WORK/engine_scale.json``, rewritten after every round). Exit status 1 if a phase check
 failed. ``--rounds 0`` only builds (×1000: ~5 GB each, minutes), for a later run to reuse.
+The A/B of docs/PERFORMANCE.md ran A = a checkout of commit 1f38560 (the code before the
+one-engine work: unannotated exports then took the full tables' engine, since deleted)
+against B = that work; any checkout whose ``profkit kernels`` takes ``--format json`` can
+be A.
 
     python benchmarks/engine_scale.py --times 10 --rounds 1
     python benchmarks/engine_scale.py --times 100 1000 --rounds 3 --work /data/engine \\
@@ -55,7 +59,7 @@ UNANNOTATED = ROOT / "tests" / "data" / "nsys-2025.3-h200-unannotated-train.sqli
 # (8 copies of 3,858): 30,744 kernels against 30,864, 5.0 MB against 5.0 MB.
 UNANNOTATED_UNIT = 61
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
-LAUNCH_NAME_PATTERNS = ("%Launch%", "%Memcpy%", "%Memset%", "%Prefetch%")  # nsys_activity's
+LAUNCH_NAME_PATTERNS = ("%Launch%", "%Memcpy%", "%Memset%", "%Prefetch%")  # nsys_export's
 SCAN = """
 import sqlite3, sys
 conn = sqlite3.connect(sys.argv[1])
