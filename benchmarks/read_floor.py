@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from profkit.errors import BadInput  # noqa: E402
-from profkit.traces import _sqlite  # noqa: E402
+from profkit.traces import sqlite_scan  # noqa: E402
 from profkit.traces.nsys_columns import CHUNK_ROWS, _activity_exprs, _Plan  # noqa: E402
 from profkit.traces.nsys_export import (  # noqa: E402
     API_TABLES,
@@ -48,7 +48,7 @@ from profkit.traces.nsys_export import (  # noqa: E402
 
 def queries(
     conn: sqlite3.Connection, tables: dict[str, list[str]]
-) -> dict[str, _sqlite._ChunkQuery]:
+) -> dict[str, sqlite_scan._ChunkQuery]:
     """The kernel table's chunk query of each variant (see the module doc)."""
     api = [t for t in API_TABLES if t in tables and "globalTid" in tables[t]]
     several = _Plan.of(conn, tables, api)
@@ -56,7 +56,7 @@ def queries(
         raise BadInput("one CUDA process: give a multi-rank export")
     codec = dataclasses.replace(several.codec, use_pid=False)
     one = dataclasses.replace(several, codec=codec, one_process=codec.pid0, devices=None)
-    info = _sqlite._column_info(conn, KERNEL_TABLE)
+    info = sqlite_scan._column_info(conn, KERNEL_TABLE)
     variants = {}
     for label, plan, extra, checked in (
         ("one process", one, {}, None),
@@ -66,18 +66,18 @@ def queries(
         exprs, check = _activity_exprs(conn, plan, tables, KERNEL_TABLE, False)
         exprs = {**exprs, **extra}
         check = check if checked is None else checked
-        variants[label] = _sqlite._chunk_query(KERNEL_TABLE, exprs, "", -1, info, check)
+        variants[label] = sqlite_scan._chunk_query(KERNEL_TABLE, exprs, "", -1, info, check)
     return variants
 
 
 def measure(
     conn: sqlite3.Connection, tables: dict[str, list[str]], runs: int
-) -> tuple[int, int, dict[str, _sqlite._ChunkQuery], dict[str, float]]:
+) -> tuple[int, int, dict[str, sqlite_scan._ChunkQuery], dict[str, float]]:
     """Rows, chunks, the queries and the seconds each spent over all chunks (best of
     ``runs`` per chunk, the queries alternating so that all see the same load)."""
     variants = queries(conn, tables)
-    conn.execute(f"PRAGMA cache_size = -{_sqlite.STREAM_CACHE_KIB}")
-    chunks = _sqlite.chunk_bounds(conn, KERNEL_TABLE, CHUNK_ROWS)
+    conn.execute(f"PRAGMA cache_size = -{sqlite_scan.STREAM_CACHE_KIB}")
+    chunks = sqlite_scan.chunk_bounds(conn, KERNEL_TABLE, CHUNK_ROWS)
     rows = int(conn.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0])
     spent = dict.fromkeys(variants, 0.0)
     for bounds in chunks:
@@ -85,7 +85,7 @@ def measure(
         for _ in range(runs):
             for label, query in variants.items():
                 started = time.perf_counter()
-                _sqlite._read_chunk(conn, query, bounds)
+                sqlite_scan._read_chunk(conn, query, bounds)
                 best[label] = min(best[label], time.perf_counter() - started)
         for label in variants:
             spent[label] += best[label]
@@ -100,7 +100,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         with opened_export(args.export) as (conn, _):
-            tables = _sqlite.table_columns(conn)
+            tables = sqlite_scan.table_columns(conn)
             check_nsys(args.export, tables)
             if KERNEL_TABLE not in tables:
                 raise BadInput(f"{args.export} has no kernel table")

@@ -38,13 +38,13 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from profkit.analysis import attribution, kernel_stats, sums
     from profkit.analysis.selection import Selection
-    from profkit.traces import _sqlite
+    from profkit.traces import sqlite_scan
     from profkit.traces.nsys_columns import read_nsys_columns
 
     result: dict[str, object] = {}
     cols = None
     for threads in args.threads:
-        _sqlite.MAX_READ_THREADS = threads
+        sqlite_scan.MAX_READ_THREADS = threads
         start = clocks()
         cols = read_nsys_columns(args.export)
         result[f"read, {threads} threads"] = since(start)

@@ -9,8 +9,8 @@ summed over them (CPU of that thread: ``time.thread_time``), and the span from t
 start to the last end, in seconds from the read's start. A step whose span runs past its
 neighbour's start ran alongside it; the main thread is the read's bottleneck where its
 steps' wall nears their span, the reader threads where their CPU over the thread count
-does (``_sqlite.MAX_READ_THREADS``). A path profkit cannot read ends with one line and exit
-status 2.
+does (``sqlite_scan.MAX_READ_THREADS``). A path profkit cannot read ends with one line and
+exit status 2.
 
     python benchmarks/kernels_scale.py --ranks 300 --runs 1 --keep --workdir /tmp/k
     python benchmarks/read_timeline.py /tmp/k/ranks2-x300.sqlite --runs 3
@@ -85,10 +85,10 @@ class Timeline:
 
 def instrument(timeline: Timeline) -> Callable[[Path], Any]:
     """Wrap the read's steps; the read itself."""
-    from profkit.traces import _sqlite, nsys_columns
+    from profkit.traces import nsys_columns, sqlite_scan
 
-    read_chunk = _sqlite._read_chunk
-    _sqlite._read_chunk = timeline.timed(
+    read_chunk = sqlite_scan._read_chunk
+    sqlite_scan._read_chunk = timeline.timed(
         lambda conn, query, bounds: "chunk " + query.table.rsplit("_", 1)[-1], read_chunk
     )
     for owner, name in [
