@@ -1,7 +1,16 @@
-"""Attribution of :class:`~profkit.traces.columns.ActivityColumns`, chunk by chunk, kept.
+"""Which ranges and which phase each GPU activity belongs to (docs/ATTRIBUTION.md), chunk
+by chunk, kept.
 
-The rule of :func:`.attribution.attribute` (same sorts and binary searches), per chunk of
-activities against the ranges, which are few: each activity gets its phase, the phase its
+The rule: an activity belongs to the ranges open on its *launching* thread when its launch
+call started. PyTorch launches every backward kernel from autograd worker threads, which
+hold no ranges; an activity launched from any thread other than its process's *phase
+owner* (:mod:`.phase_ranges`) also belongs to the ranges open on the owner at that moment,
+and takes its phase from there. Steps without phase ranges get their phases inferred
+(:mod:`.inference`). Everything is sorts and binary searches over (thread, time) keys
+packed into int64 (:mod:`.intervals`), so the cost is O((activities + ranges) log)
+whatever the nesting.
+
+It is applied per chunk of activities against the ranges, which are few: each activity gets its phase, the phase its
 launching thread alone would give it (for the notes), and the *slots* of its attribution
 points. Every range start and end key, sorted, cuts the (thread, time) keys into slots; a
 point lies in a range exactly when its slot lies between the range's start and end slots,
@@ -65,8 +74,8 @@ ARRAYS = {
 
 @dataclass
 class Plan:
-    """What attribution needs from the ranges and the inferred phases (see
-    :func:`.attribution.attribute`)."""
+    """What attribution needs from the ranges and the inferred phases (see the module
+    doc)."""
 
     lanes: Lanes
     domain: str
@@ -125,8 +134,8 @@ class Plan:
 def plan_of(
     cols: ActivityColumns, phase_domain: str | None = None, phases: PhaseMode = "auto"
 ) -> Plan:
-    """The phases (annotated where a step has phase ranges, inferred elsewhere: the rule of
-    :func:`.attribution.attribute`) and the slot bounds.
+    """The phases (annotated where a step has phase ranges, inferred elsewhere) and the slot
+    bounds.
 
     Inference costs a pass over every launch and memory per launch, and it changes nothing
     where each launching process has phase ranges, every step holds some and autograd's
