@@ -30,26 +30,61 @@ from profkit.traces.schema import PROCESS_SHIFT, THREAD_MASK
 Ids = TypeVar("Ids", int, np.ndarray, pd.Series)
 
 
+MAX_PID = (1 << 22) - 1  # Linux's pid_max at its largest; ids above do not fit the key bits
+
+
 def rank_of_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
     """``{rank, world_size, pid, host, device, path}`` of a per-rank trace from its meta
     (the device as its header says it), or None.
 
     The rank and world size come from ``distributedInfo`` (torch.profiler writes it once
-    ``torch.distributed`` is initialised), else from profkit's own header.
+    ``torch.distributed`` is initialised), else from profkit's own header. The one place
+    a header's say is checked: a rank, world size or pid that is not a whole number in its
+    range, a rank outside its world, a host that is not a name: :class:`BadInput`, one line
+    naming the file and the field.
     """
     dist = meta.get("distributedInfo")
     profkit: dict[str, Any] = meta["profkit"] if isinstance(meta.get("profkit"), dict) else {}
-    source = dist if isinstance(dist, dict) and "rank" in dist else profkit
+    from_dist = isinstance(dist, dict) and "rank" in dist
+    source = dist if from_dist else profkit
     if not isinstance(source, dict) or source.get("rank") is None:
         return None
+    where = "distributedInfo" if from_dist else "the profkit header"
+    path = meta.get("path") or "the trace"
+    rank = _whole(source["rank"], f"{where}'s rank", path, 0, 1 << 30)
+    world = source.get("world_size")
+    world = None if world in (None, 0) else _whole(world, f"{where}'s world_size", path, 1, 1 << 30)
+    if world is not None and rank >= world:
+        raise BadInput(f"{path}: {where} says rank {rank} of a world of {world}: not one run's rank")
+    pid = meta.get("pid") if meta.get("pid") is not None else profkit.get("pid")
+    host = profkit.get("host")
+    if host is not None and not isinstance(host, str):
+        raise BadInput(f"{path}: the profkit header's host is {_shown(host)}, not a host name")
     return {
-        "rank": int(source["rank"]),
-        "world_size": int(source.get("world_size") or 0) or None,
-        "pid": meta.get("pid") if meta.get("pid") is not None else profkit.get("pid"),
-        "host": profkit.get("host"),
+        "rank": rank,
+        "world_size": world,
+        "pid": None if pid is None else _whole(pid, "its pid", path, 0, MAX_PID),
+        "host": host,
         "device": profkit.get("device"),
         "path": meta.get("path"),
     }
+
+
+def _whole(value: Any, what: str, path: str, low: int, high: int) -> int:
+    """``value`` if it is a whole number from ``low`` to ``high`` (JSON's ``1.0`` included;
+    ``true`` is not a number), else one line naming it."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadInput(
+            f"{path}: {what} is {_shown(value)}, not a whole number from {low:,} to {high:,}"
+        )
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def rank_info_of(meta: dict[str, Any], devices: Any) -> dict[str, Any] | None:
