@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from profkit.analysis.report import KernelReport
+from profkit.analysis.report_types import KernelReport
 
 TABLES = ("phases", "ranges", "kernels", "overall", "categories")
 
