@@ -22,8 +22,8 @@ from nsys_data import SMALL_BF16, SMALL_FP32, unpack
 from report_checks import assert_columns_are_the_export, assert_same_report
 
 from profkit import analysis
-from profkit.analysis import KernelReport
 from profkit.analysis.engine import analyze_columns
+from profkit.analysis.report_types import KernelReport
 from profkit.traces import cache
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.job import load

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from synthetic import report
 from nsys_data import (
     GRAPH_NODES,
     GRAPH_WHOLE,
@@ -31,6 +30,7 @@ from nsys_data import (
     sql_counts_in_ranges,
     unpack,
 )
+from synthetic import report
 from typer.testing import CliRunner
 
 from profkit.analysis import display_tables, kernel_report_markdown

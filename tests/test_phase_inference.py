@@ -72,7 +72,7 @@ class Attributed:
         return np.array(self.plan.phase_names)[self.arrays["phase"]]
 
 
-def attribute(columns: ActivityColumns, phases: str = "auto") -> Attributed:
+def attribution_of(columns: ActivityColumns, phases: str = "auto") -> Attributed:
     plan = plan_of(columns, phases=phases)  # type: ignore[arg-type]
     return Attributed(plan, dict(attributed(columns, plan)))
 
@@ -87,9 +87,9 @@ def without(path: Path, drop: np.ndarray) -> ActivityColumns:
 def both(path: Path) -> tuple[ActivityColumns, Attributed, ActivityColumns, Attributed]:
     """The columns and attribution as captured, and with its phase ranges stripped."""
     columns = load(path)
-    annotated = attribute(columns)
+    annotated = attribution_of(columns)
     stripped = without(path, annotated.plan.is_phase)
-    return columns, annotated, stripped, attribute(stripped)
+    return columns, annotated, stripped, attribution_of(stripped)
 
 
 def kernel_totals(att: Attributed, columns: ActivityColumns) -> dict[str, tuple[int, int]]:
@@ -213,7 +213,7 @@ def test_a_step_without_phase_ranges_is_inferred_the_others_kept(unpacked: Path)
     ranges = columns.ranges
     second = ranges["start"] >= ranges.loc[ranges["name"] == "forward", "start"].max()
     kept = without(path, annotated.plan.is_phase & second.to_numpy())
-    mixed = attribute(kept)
+    mixed = attribution_of(kept)
     assert mixed.plan.phase_source == "mixed"
     assert int(mixed.arrays["inferred"].sum()) == 2014  # the second step's activities
     assert (mixed.phases == annotated.phases).all()
@@ -268,12 +268,12 @@ def test_chrome_autograd_ops_find_the_worker_without_thread_names() -> None:
     for key in ("thread_names", "threads"):
         by_ops.meta.pop(key, None)
     assert by_ops.meta["autograd_threads"] == [510]
-    assert kernel_totals(attribute(by_ops), by_ops) == kernel_totals(annotated, columns)
+    assert kernel_totals(attribution_of(by_ops), by_ops) == kernel_totals(annotated, columns)
     # Neither names nor ops: no backward can be found, and the note says so.
     blind = without(path, annotated.plan.is_phase)
     for key in ("thread_names", "threads", "autograd_threads"):
         blind.meta.pop(key, None)
-    assert "backward" not in kernel_totals(attribute(blind), blind)
+    assert "backward" not in kernel_totals(attribution_of(blind), blind)
     notes = report_of_columns([blind]).notes
     assert any("no autograd thread (pt_autograd_N) is named in this trace" in n for n in notes)
 
@@ -318,7 +318,7 @@ def accumulating(path: Path, pids: tuple[int, ...]) -> ActivityColumns:
 def test_gradient_accumulation_and_two_processes(tmp_path: Path) -> None:
     """Two micro-batches per optimizer step, in two processes (ranks) at once."""
     columns = accumulating(tmp_path / "accumulate.sqlite", (100, 200))
-    att = attribute(columns)
+    att = attribution_of(columns)
     names = np.array(columns.names)[columns.arrays["name"]]
     got = pd.Series(att.phases).groupby(names).agg(set).to_dict()
     assert got == {"fwd_gemm": {"forward"}, SEED: {"backward"}, "bwd_gemm": {"backward"},
@@ -331,7 +331,7 @@ def test_gradient_accumulation_and_two_processes(tmp_path: Path) -> None:
     process = (columns.launch_threads(columns.arrays["launch_thread"]) >> 24) & 0xFFFFFF
     for pid in (100, 200):
         alone = accumulating(tmp_path / f"alone{pid}.sqlite", (pid,))
-        assert (attribute(alone).phases == att.phases[process == pid]).all()
+        assert (attribution_of(alone).phases == att.phases[process == pid]).all()
     # Two steps per process: the first ends after its optimizer kernel.
     assert att.plan.inference is not None
     steps = att.plan.inference.step_of(np.array([MAIN, MAIN, RANK1_MAIN]), np.array([0, 1500, 0]))

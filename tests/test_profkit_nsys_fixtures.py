@@ -17,7 +17,6 @@ import pytest
 from nsys_data import sql_activity_totals, sql_counts, unpack
 from synthetic import report
 
-
 USER = "nsys-2025.3-h100-user_train"
 COMPILED = "nsys-2025.3-h100-small-compiled"
 
