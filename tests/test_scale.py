@@ -30,6 +30,7 @@ from report_checks import assert_columns_are_the_export, assert_same_report
 
 from profkit.analysis import one_process
 from profkit.analysis.engine import analyze_columns
+from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.load import load_columns
 from profkit.traces.nsys_stream import read_nsys_columns
@@ -180,6 +181,29 @@ def test_a_time_that_is_not_an_integer_is_one_line(tmp_path: Path, cell: str, sa
         db.execute(f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET {cell} WHERE rowid = 2000")
     with pytest.raises(BadInput, match=re.escape(f"CUPTI_ACTIVITY_KIND_KERNEL.{said}")):
         read_nsys_columns(path)
+
+
+@pytest.mark.parametrize("name", NSYS)
+@pytest.mark.parametrize("options", FILTERS, ids=lambda o: ",".join(o) or "all")
+def test_every_export_gives_the_same_report_in_small_chunks(
+    exports: Path, name: str, options: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunk seams (reader and analysis) change no report and no refusal, on every export."""
+    from profkit.analysis import chunked
+    from profkit.traces import nsys_stream
+
+    path = unpack(name, exports)
+    try:
+        expected = analyze_columns(read_nsys_columns(path), **options)
+    except BadInput as exc:
+        monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
+        monkeypatch.setattr(chunked, "CHUNK", 1000)
+        with pytest.raises(BadInput, match=re.escape(str(exc))):
+            analyze_columns(read_nsys_columns(path), **options)
+        return
+    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
+    monkeypatch.setattr(chunked, "CHUNK", 1000)
+    assert_same_report(analyze_columns(read_nsys_columns(path), **options), expected)
 
 
 def test_small_chunks_give_the_same_report(exports: Path, monkeypatch: pytest.MonkeyPatch) -> None:
