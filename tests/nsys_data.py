@@ -192,3 +192,22 @@ class Export:
         self.conn.commit()
         self.conn.close()
         return self.path
+
+
+def sql_kernel_rows(path: Path) -> list[tuple[str, int, int, int, str, str]]:
+    """Each kernel row of the export in row order, by plain SQL: (name, duration ns, its
+    launch call's start ns or -1, that call's thread or -1, grid, block as ``"x,y,z"``).
+    The activities' columns hold the kernels first, in this order."""
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        calls = [t for t in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER")
+                 if t in _tables(db)]  # fmt: skip
+        launches = " UNION ALL ".join(
+            f"SELECT correlationId, start, globalTid FROM {t}" for t in calls
+        )
+        return db.execute(
+            'SELECT s.value, k."end" - k.start, ifnull(c.start, -1), ifnull(c.globalTid, -1),'
+            " k.gridX || ',' || k.gridY || ',' || k.gridZ,"
+            " k.blockX || ',' || k.blockY || ',' || k.blockZ"
+            " FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName"
+            f" LEFT JOIN ({launches}) c ON c.correlationId = k.correlationId ORDER BY k.rowid"
+        ).fetchall()

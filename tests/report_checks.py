@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+from nsys_data import sql_kernel_rows
 
-from profkit.analysis.report import KernelReport
+from profkit.analysis.report_types import KernelReport
+from profkit.traces.columns import ActivityColumns
 
 TABLES = ("phases", "ranges", "kernels", "overall", "categories")
 
@@ -41,3 +45,19 @@ def close_json(a: Any, b: Any, where: str = "") -> None:
 def option_id(options: dict[str, Any]) -> str:
     """A parametrized test's id for a set of keyword options (``all`` for none)."""
     return ",".join(f"{k}={v}" for k, v in options.items()) or "all"
+
+
+def assert_columns_are_the_export(columns: ActivityColumns, path: Path) -> None:
+    """The kernels' columns (the first activities, in row order) say what plain SQL reads
+    from the export at ``path``: name, duration, launch call's start and thread, and shape
+    (the other activities have none)."""
+    rows = sql_kernel_rows(path)
+    kernels = len(rows)
+    arrays = columns.arrays
+    assert [columns.names[i] for i in arrays["name"][:kernels]] == [r[0] for r in rows]
+    assert arrays["duration"][:kernels].tolist() == [r[1] for r in rows]
+    assert arrays["launch_start"][:kernels].tolist() == [r[2] for r in rows]
+    threads = columns.launch_threads(arrays["launch_thread"][:kernels])
+    assert np.asarray(threads).tolist() == [r[3] for r in rows]
+    shapes = columns.shapes_at(np.arange(len(columns)))
+    assert shapes == [(r[4], r[5]) for r in rows] + [("", "")] * (len(columns) - kernels)

@@ -21,18 +21,19 @@ from nsys_data import (
     Export,
     unpack,
 )
+from synthetic import report as report_of
 
 from profkit.analysis import (
     CATEGORIES,
-    analyze,
-    attribute,
     categorize,
     kernel_report_markdown,
     short_kernel_name,
 )
-from profkit.analysis.report import CONTRACT
+from profkit.analysis.report_types import CONTRACT
+from profkit.analysis.stream_attribution import Plan, attributed, plan_of
 from profkit.errors import BadInput
-from profkit.traces import Trace, load_trace
+from profkit.traces.columns import ActivityColumns
+from profkit.traces.load import load_columns
 
 
 @pytest.fixture(scope="session")
@@ -40,34 +41,48 @@ def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("nsys")
 
 
-def phase_totals(trace: Trace, same_thread: bool = False) -> dict[str, tuple[int, int]]:
+def attribution(path: Path) -> tuple[ActivityColumns, Plan, dict[str, np.ndarray]]:
+    """The trace's columns, its attribution plan and each activity's attribution."""
+    columns = load_columns(path, cache=False)
+    plan = plan_of(columns)
+    return columns, plan, dict(attributed(columns, plan))
+
+
+def phase_totals(path: Path, same_thread: bool = False) -> dict[str, tuple[int, int]]:
     """{phase: (activities, GPU ns)} by profkit's rule, or by the launching thread alone."""
-    att = attribute(trace.kernels, trace.ranges)
-    codes = att.same_thread_phase if same_thread else att.kernel_phase
-    duration = (trace.kernels["end"] - trace.kernels["start"]).to_numpy()
+    columns, plan, att = attribution(path)
+    codes = att["same" if same_thread else "phase"]
+    duration = columns.arrays["duration"]
     return {
         name: (int((codes == i).sum()), int(duration[codes == i].sum()))
-        for i, name in enumerate(att.phase_names)
+        for i, name in enumerate(plan.phase_names)
         if (codes == i).any()
     }
+
+
+def cross_thread(plan: Plan, att: dict[str, np.ndarray]) -> int:
+    """Activities whose phase came from their process's owner thread, not their own: a
+    point on the owner's lane, a phase annotated (not inferred) and not the catch-all."""
+    unattributed = len(plan.phase_names) - 1
+    owner = (att["owner_slot"] >= 0) & (att["inferred"] == 0)
+    return int((owner & (att["phase"] != unattributed)).sum())
 
 
 # --- the real exports ---------------------------------------------------------------------
 
 
 def test_probe_backward_gets_the_kernels_autograd_launched() -> None:
-    trace = load_trace(PROBE)
-    assert phase_totals(trace) == {
+    assert phase_totals(PROBE) == {
         "forward": (6, 8_279_101),
         "backward": (23, 8_548_608),
         "unattributed": (2, 81_890),  # the randn before the first range
     }
     # The launching thread alone keeps only what the main thread launched in backward
     # (the .sum() and its memset): 9 of 23 activities, 0.1 of 8.5 ms.
-    assert phase_totals(trace, same_thread=True)["backward"] == (9, 106_529)
-    att = attribute(trace.kernels, trace.ranges)
-    assert int(att.cross_thread.sum()) == 14
-    assert att.owners == {281494723495065 >> 24: 281494723495065}
+    assert phase_totals(PROBE, same_thread=True)["backward"] == (9, 106_529)
+    _, plan, att = attribution(PROBE)
+    assert cross_thread(plan, att) == 14
+    assert plan.owners == {281494723495065 >> 24: 281494723495065}
 
 
 @pytest.mark.parametrize(
@@ -104,9 +119,9 @@ def test_training_step_phases_on_h100_exports(
     expected: dict[str, tuple[int, int]],
     backward_same_thread: tuple[int, int],
 ) -> None:
-    trace = load_trace(unpack(name, unpacked))
-    assert phase_totals(trace) == expected  # every activity lands in a phase
-    same = phase_totals(trace, same_thread=True)
+    path = unpack(name, unpacked)
+    assert phase_totals(path) == expected  # every activity lands in a phase
+    same = phase_totals(path, same_thread=True)
     assert same["backward"] == backward_same_thread
     # That same-thread rule is what Nsight Systems' own nvtx_gpu_proj_sum applies: its
     # "GPU ops" and projected time for each phase match ours exactly.
@@ -121,7 +136,7 @@ def test_attention_subranges_hold_their_kernels(unpacked: Path) -> None:
 
     nsys's "GPU Ops" are activities: kernels plus the copies and memsets."""
     name = SMALL_FP32
-    report = analyze(load_trace(unpack(name, unpacked)))
+    report = report_of(unpack(name, unpacked))
     ranges = report.ranges.set_index("range")
     nsys = pd.read_csv(STATS / f"{name}_nvtx_gpu_proj_sum.csv").set_index("Range")
     for label in ("scaled dot product attention", "computing attention scores",
@@ -146,7 +161,7 @@ def test_attention_subranges_hold_their_kernels(unpacked: Path) -> None:
 
 def test_kernel_statistics_match_nsys_cuda_gpu_kern_sum(unpacked: Path) -> None:
     name = SMALL_BF16
-    report = analyze(load_trace(unpack(name, unpacked)), top=0)
+    report = report_of(unpack(name, unpacked), top=0)
     ours = report.overall.set_index("name")
     nsys = pd.read_csv(STATS / f"{name}_cuda_gpu_kern_sum.csv").set_index("Name")
     joined = nsys.join(ours, how="left")
@@ -159,13 +174,13 @@ def test_kernel_statistics_match_nsys_cuda_gpu_kern_sum(unpacked: Path) -> None:
 
 
 def test_cuda_graph_kernels_belong_to_the_range_around_the_replay(unpacked: Path) -> None:
-    nodes = phase_totals(load_trace(unpack(GRAPH_NODES, unpacked)))
-    whole = phase_totals(load_trace(unpack(GRAPH_WHOLE, unpacked)))
+    nodes = phase_totals(unpack(GRAPH_NODES, unpacked))
+    whole = phase_totals(unpack(GRAPH_WHOLE, unpacked))
     # Three replays of (gemm, softmax, memset, sum) plus three relus in another domain.
     assert nodes["forward"] == (15, 249_090)
     assert whole["forward"] == (6, 252_417)  # three whole-graph rows plus the relus
     assert nodes["eager"][0] == whole["eager"][0] == 18
-    report = analyze(load_trace(unpack(GRAPH_WHOLE, unpacked)))
+    report = report_of(unpack(GRAPH_WHOLE, unpacked))
     categories = report.categories.set_index(["phase", "category"])
     assert categories.at[("forward", "graph"), "graphs"] == 3
     assert categories.at[("forward", "graph"), "kernels"] == 0
@@ -229,12 +244,12 @@ def test_categories_of_real_kernel_names(name: str, category: str) -> None:
 
 def test_every_kernel_of_the_fixtures_gets_a_meaningful_category(unpacked: Path) -> None:
     for name in (SMALL_FP32, SMALL_BF16, TINY_COMPILE):
-        report = analyze(load_trace(unpack(name, unpacked)), top=0)
+        report = report_of(unpack(name, unpacked), top=0)
         assert set(report.overall["category"]) <= set(CATEGORIES)
         other = report.overall[report.overall["category"] == "other"]
         # Only the embedding's index backward and CUB's radix sort stay unclassified.
         assert other["total_ms"].sum() < 0.01 * report.totals["gpu_time_ms"]
-    compiled = analyze(load_trace(unpack(TINY_COMPILE, unpacked)))
+    compiled = report_of(unpack(TINY_COMPILE, unpacked))
     assert "triton" in set(compiled.categories["category"])
 
 
@@ -265,7 +280,7 @@ def test_short_names_keep_the_functor() -> None:
 
 
 def test_json_follows_the_contract_exactly(unpacked: Path) -> None:
-    report = analyze(load_trace(unpack(SMALL_FP32, unpacked)), top=5)
+    report = report_of(unpack(SMALL_FP32, unpacked), top=5)
     value = report.to_json()
     assert list(value) == ["source", "totals", "phases", "ranges", "kernels", "categories"]
     assert {"path", "format"} <= set(value["source"]) and value["source"]["format"] == "nsys-sqlite"
@@ -290,7 +305,7 @@ def test_json_follows_the_contract_exactly(unpacked: Path) -> None:
 
 
 def test_phase_python_times_from_the_sidecar(unpacked: Path) -> None:
-    report = analyze(load_trace(unpack(SMALL_FP32, unpacked)))
+    report = report_of(unpack(SMALL_FP32, unpacked))
     phases = report.phases.set_index("phase")
     assert phases.at["forward", "python_ms"] == pytest.approx(16.653317 + 16.158417)
     assert phases.at["backward", "instances"] == 2
@@ -300,24 +315,24 @@ def test_phase_python_times_from_the_sidecar(unpacked: Path) -> None:
 
 
 def test_filters_by_phase_and_range(unpacked: Path) -> None:
-    trace = load_trace(unpack(SMALL_FP32, unpacked))
-    backward = analyze(trace, phase="backward")
+    trace = unpack(SMALL_FP32, unpacked)
+    backward = report_of(trace, phase="backward")
     assert backward.totals["kernels"] == 2310 and list(backward.phases["phase"]) == ["backward"]
-    softmax = analyze(trace, range="computing softmax")
+    softmax = report_of(trace, range="computing softmax")
     assert softmax.totals["kernels"] == 24
     assert set(softmax.categories["category"]) == {"softmax"}
-    cub = analyze(trace, range="CCCL:cub::DeviceRadixSort")
+    cub = report_of(trace, range="CCCL:cub::DeviceRadixSort")
     assert cub.totals["kernels"] == 2 and set(cub.overall["category"]) == {"other"}
     with pytest.raises(BadInput, match=r"no phase 'warmup'.*forward, backward, optimizer"):
-        analyze(trace, phase="warmup")
+        report_of(trace, phase="warmup")
     with pytest.raises(BadInput, match="no range named 'attention'"):
-        analyze(trace, range="attention")
+        report_of(trace, range="attention")
     with pytest.raises(BadInput, match="--top"):
-        analyze(trace, top=-1)
+        report_of(trace, top=-1)
 
 
 def test_markdown_report(unpacked: Path) -> None:
-    report = analyze(load_trace(unpack(SMALL_FP32, unpacked)), top=3)
+    report = report_of(unpack(SMALL_FP32, unpacked), top=3)
     text = kernel_report_markdown(report, "small fp32")
     assert text.startswith("# small fp32\n")
     for section in ("## Phases", "## Top 3 by GPU time (kernels, memcpy, memset), all phases",
@@ -337,10 +352,10 @@ def test_markdown_report(unpacked: Path) -> None:
 # --- synthetic edge cases -------------------------------------------------------------------
 
 
-def synthetic(tmp_path: Path, build) -> Trace:  # type: ignore[no-untyped-def]
+def synthetic(tmp_path: Path, build) -> Path:  # type: ignore[no-untyped-def]
     export = Export(tmp_path / "synthetic.sqlite")
     build(export)
-    return load_trace(export.save())
+    return export.save()
 
 
 def test_nested_ranges_count_their_children(tmp_path: Path) -> None:
@@ -351,7 +366,7 @@ def test_nested_ranges_count_their_children(tmp_path: Path) -> None:
         e.kernel("c_gemm", 2200, 40, launch_at=700)  # forward only
         e.kernel("late", 2300, 80, launch_at=1000)  # a range's end is exclusive
 
-    report = analyze(synthetic(tmp_path, build))
+    report = report_of(synthetic(tmp_path, build))
     ranges = report.ranges.set_index("range")
     assert ranges["kernels"].to_dict() == {"forward": 3, "layer": 2, "attention": 1}
     assert ranges["gpu_time_ms"].to_dict() == pytest.approx(
@@ -377,16 +392,16 @@ def test_worker_thread_kernels_take_the_owner_threads_ranges(tmp_path: Path) -> 
         e.kernel("after", 9000, 10, launch_at=4500, thread=WORKER)  # no phase open anywhere
 
     trace = synthetic(tmp_path, build)
-    report = analyze(trace)
+    report = report_of(trace)
     assert report.phases.set_index("phase")["kernels"].to_dict() == {
         "forward": 1, "backward": 6, "optimizer": 1, "unattributed": 1,
     }  # fmt: skip
     ranges = report.ranges.set_index("range")["kernels"].to_dict()
     assert ranges == {"step": 8, "backward": 6, "forward": 1, "optimizer": 1, "aten::mm": 1}
     assert "backward" not in phase_totals(trace, same_thread=True)  # nsys's rule: none
-    att = attribute(trace.kernels, trace.ranges)
-    assert att.owners == {MAIN >> 24: MAIN}
-    assert int(att.cross_thread.sum()) == 6
+    _, plan, att = attribution(trace)
+    assert plan.owners == {MAIN >> 24: MAIN}
+    assert cross_thread(plan, att) == 6
 
 
 def test_other_domains_are_ranges_not_phases(tmp_path: Path) -> None:
@@ -397,7 +412,7 @@ def test_other_domains_are_ranges_not_phases(tmp_path: Path) -> None:
         e.kernel("k1", 3000, 10, launch_at=500)
         e.kernel("k2", 3100, 10, launch_at=1500)
 
-    report = analyze(synthetic(tmp_path, build))
+    report = report_of(synthetic(tmp_path, build))
     assert list(report.phases["phase"]) == ["forward", "backward"]
     assert report.ranges.set_index("range").at["mylib:lib call", "kernels"] == 2
 
@@ -412,13 +427,13 @@ def test_user_ranges_are_phases_only_beside_known_phases(tmp_path: Path) -> None
     trace = synthetic(tmp_path, build)
     # No forward/backward/optimizer range anywhere: no range is promoted to a phase (it
     # could as well be an op inside the model); the phases are inferred, all forward here.
-    report = analyze(trace)
+    report = report_of(trace)
     assert report.phases.set_index("phase")["kernels"].to_dict() == {"forward": 2}
     assert report.source["phase_source"] == "inferred"
     assert report.ranges.set_index("range")["kernels"].to_dict() == {
         "epoch": 2, "train_step": 1, "inner": 1, "load batch": 1,
     }  # fmt: skip
-    forced = analyze(trace, phases="annotated")
+    forced = report_of(trace, phases="annotated")
     assert forced.phases.set_index("phase")["kernels"].to_dict() == {"unattributed": 2}
 
     def beside(e: Export) -> None:
@@ -428,7 +443,7 @@ def test_user_ranges_are_phases_only_beside_known_phases(tmp_path: Path) -> None
 
     # Beside a known phase, the user's own top-level range is a phase too.
     (tmp_path / "beside").mkdir()
-    report = analyze(synthetic(tmp_path / "beside", beside))
+    report = report_of(synthetic(tmp_path / "beside", beside))
     assert report.phases.set_index("phase")["kernels"].to_dict() == {"load batch": 1, "forward": 1}
     assert report.source["phase_source"] == "annotated"
 
@@ -443,18 +458,17 @@ def test_processes_have_their_own_owner_thread(tmp_path: Path) -> None:
         e.kernel("r0", 3000, 10, launch_at=1200, thread=WORKER)
         e.kernel("r1", 3000, 10, launch_at=1200, thread=rank1_worker, pid=200, correlation=1)
 
-    trace = synthetic(tmp_path, build)
-    att = attribute(trace.kernels, trace.ranges)
-    phases = dict(
-        zip(trace.kernels["name"], np.array(att.phase_names)[att.kernel_phase], strict=True)
-    )
+    columns, plan, att = attribution(synthetic(tmp_path, build))
+    names = [columns.names[i] for i in columns.arrays["name"]]
+    phases = dict(zip(names, np.array(plan.phase_names)[att["phase"]], strict=True))
     assert phases == {"r0": "backward", "r1": "forward"}
 
 
 def test_the_range_table_sums_each_name_and_domain_as_a_groupby_would() -> None:
-    """``ranges_from_counts`` groups range rows on integer codes; a pandas groupby on the
-    text (what it replaced) must give the same rows, order and sums, missing names dropped."""
-    from profkit.analysis.tables import ranges_from_counts
+    """``range_table`` (of ``ranges_from_counts``) groups range rows on integer codes; a
+    pandas groupby on the text (what it replaced) must give the same rows, order and sums,
+    missing names dropped."""
+    from profkit.analysis.report_tables import range_table
 
     rng = np.random.default_rng(3)
     n = 5_000
@@ -473,7 +487,11 @@ def test_the_range_table_sums_each_name_and_domain_as_a_groupby_would() -> None:
         "kernel_ns": rng.integers(0, 10**7, n),
         "gpu_ns": rng.integers(0, 10**7, n),
     }
-    got = ranges_from_counts(counts, ranges, labels, None, None)
+    none = np.zeros(n, dtype=np.int64)  # memcpy, memset, graphs
+    by_range = np.column_stack(
+        [counts["kernels"], none, none, none, counts["kernel_ns"], counts["gpu_ns"]]
+    )
+    got = range_table(by_range, ranges, labels, None, None)
     frame = pd.DataFrame(
         {"range": labels, "domain": ranges["domain"].fillna("").to_numpy(dtype=object), **counts,
          "cpu_ns": (ranges["end"] - ranges["start"]).to_numpy()}

@@ -29,7 +29,7 @@ from profkit.files import check_readable, plain_copy
 from profkit.memory.snapshot import load_snapshot
 from profkit.run.proc import check_timeout
 from profkit.sidecar import read_sidecar, sidecar_path, write_sidecar
-from profkit.traces import load_trace
+from profkit.traces.load import load_columns
 
 DATA = Path(__file__).parent / "data"
 PROBE = DATA / "nsys-2025.3-probe.sqlite"
@@ -135,7 +135,7 @@ def test_nsys_text_in_nvtx_times_is_one_line(tmp_path: Path) -> None:
 def test_compressed_export_reads_directly_and_is_kept(tmp_path: Path) -> None:
     packed = tmp_path / "probe.sqlite.gz"
     packed.write_bytes(gzip.compress(PROBE.read_bytes()))
-    assert len(load_trace(packed).kernels) == 31
+    assert len(load_columns(packed, cache=False)) == 31
     assert packed.is_file() and not (tmp_path / "probe.sqlite").exists()
     cut = tmp_path / "cut.sqlite.xz"
     cut.write_bytes(lzma.compress(PROBE.read_bytes())[:5_000])

@@ -8,6 +8,7 @@ benchmarks/kernels_scale.py, never here.
 
 from __future__ import annotations
 
+import lzma
 import os
 import shutil
 import sqlite3
@@ -18,13 +19,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from nsys_data import SMALL_BF16, SMALL_FP32, unpack
-from report_checks import assert_same_report
+from report_checks import assert_columns_are_the_export, assert_same_report
 
 from profkit import analysis
-from profkit.analysis import KernelReport, analyze
 from profkit.analysis.engine import analyze_columns
-from profkit.traces import cache, load_trace
-from profkit.traces.columns import ActivityColumns, from_trace
+from profkit.analysis.report_types import KernelReport
+from profkit.traces import cache
+from profkit.traces.columns import ActivityColumns
 from profkit.traces.job import load
 from profkit.traces.load import load_columns
 from profkit.traces.nsys_stream import read_nsys_columns
@@ -63,7 +64,7 @@ def test_first_read_builds_the_cache_and_the_second_reads_it(cache_dir: Path, ex
     assert entry is not None and len(entry) == 4_028
     assert_same_report(kernel_report(export, phase="forward"), fresh)
     hit = analyze_columns(load_columns(export), range="backward")
-    assert_same_report(hit, analyze(load_trace(export), range="backward"))
+    assert_same_report(hit, kernel_report(export, cache=False, range="backward"))
 
 
 def test_tables_from_the_cache_equal_a_fresh_read(cache_dir: Path, export: Path) -> None:
@@ -143,7 +144,6 @@ def test_a_cache_hit_says_what_a_cold_read_says(
 ) -> None:
     path = unpack(SMALL_BF16 if "top" in query else SMALL_FP32, tmp_path)
     cold = kernel_report(path, cache=False, **query)
-    assert_same_report(cold, analyze(load_trace(path), **query))  # the in-memory path
     assert_same_report(kernel_report(path, **query), cold)  # the first read, writing
     assert_same_report(kernel_report(path, **query), cold)  # a hit
 
@@ -202,11 +202,16 @@ def test_diff_and_report_read_the_cache(
     kernel_report(export)
     kernel_report(chrome)
 
-    def no_read(*args: object) -> None:
+    def no_read(*args: object, **kwargs: object) -> None:
         raise AssertionError("read the trace again instead of the cache")
 
+    hits = loader.cached_columns  # every read of a trace's columns goes through the cache
+
+    def cached_only(source: Path, read: object, *args: object) -> ActivityColumns:
+        return hits(source, no_read, *args)
+
     monkeypatch.setattr(loader, "read_nsys_columns", no_read)
-    monkeypatch.setattr(loader, "load_trace", no_read)
+    monkeypatch.setattr(loader, "cached_columns", cached_only)
     assert diff(load([export, export], side_by_side=True), top=5).to_json() == expected.to_json()
     part = _trace_part(trace_stem(chrome), [chrome], cache_dir, Pictures())
     assert "computing softmax" in part
@@ -253,21 +258,27 @@ def test_shapes_are_read_by_row_id_even_where_rows_were_deleted(
     with sqlite3.connect(path) as db:  # gaps: every 7th kernel row, and a run at the end
         db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid % 7 = 3 OR rowid > 3800")
     monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)  # several chunks, each with gaps
-    streamed, tables = read_nsys_columns(path), from_trace(load_trace(path))
+    streamed = read_nsys_columns(path)
     assert streamed.kernel_rows is not None and len(streamed.kernel_rows.starts) > 400
-    every = np.arange(len(tables))
-    assert streamed.shapes_at(every) == tables.shapes_at(every)
-    assert_same_report(analyze_columns(streamed, top=0), analyze(load_trace(path), top=0))
+    assert_columns_are_the_export(streamed, path)
+    (tmp_path / "packed").mkdir()  # the same rows and sidecar, shapes kept in the columns
+    packed = tmp_path / "packed" / f"{SMALL_FP32}.sqlite.xz"
+    packed.write_bytes(lzma.compress(path.read_bytes()))
+    shutil.copy(DATA / f"{SMALL_FP32}.profkit.json", packed.parent)
+    kept = read_nsys_columns(packed)
+    assert "shape" in kept.arrays
+    a, b = analyze_columns(streamed, top=0), analyze_columns(kept, top=0)
+    for table in ("phases", "ranges", "kernels", "overall", "categories"):
+        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
 
 
 def test_a_compressed_export_keeps_its_shapes_in_the_columns(tmp_path: Path) -> None:
     """Its plain copy is gone after the read: no row id to read a shape by afterwards."""
     packed = tmp_path / f"{SMALL_FP32}.sqlite.xz"
     shutil.copy(DATA / packed.name, packed)
-    streamed, tables = read_nsys_columns(packed), from_trace(load_trace(packed))
+    streamed = read_nsys_columns(packed)
     assert "shape" in streamed.arrays and streamed.kernel_rows is None
-    every = np.arange(len(tables))
-    assert streamed.shapes_at(every) == tables.shapes_at(every)
+    assert_columns_are_the_export(streamed, unpack(SMALL_FP32, tmp_path))
 
 
 DDP2 = "nsys-2025.3-h200x2-small-ddp2"

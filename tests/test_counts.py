@@ -30,12 +30,12 @@ from nsys_data import (
     sql_counts_in_ranges,
     unpack,
 )
+from synthetic import report
 from typer.testing import CliRunner
 
-from profkit.analysis import analyze, display_tables, kernel_report_markdown
-from profkit.analysis.report import CONTRACT
+from profkit.analysis import display_tables, kernel_report_markdown
+from profkit.analysis.report_types import CONTRACT
 from profkit.cli import app
-from profkit.traces.load import load_trace
 from profkit.workload.names import ATTENTION_RANGES, PHASES
 
 DATA = Path(__file__).parent / "data"
@@ -63,7 +63,7 @@ def _by(rows: list[dict], key: str, column: str) -> dict[str, int]:
 @pytest.mark.parametrize("name", [*EXPORTS, "example", "probe"])
 def test_nsys_counts_equal_the_export_tables(name: str, exports: Path) -> None:
     path = {"example": EXAMPLE, "probe": PROBE}.get(name) or unpack(name, exports)
-    data = analyze(load_trace(path)).to_json()
+    data = report(path).to_json()
     sql = sql_counts(path)
     totals = data["totals"]
     for count, (rows, _ns) in sql.items():
@@ -87,7 +87,7 @@ def _unattributed(data: dict, count: str) -> int:
 
 def test_small_fp32_golden_counts(exports: Path) -> None:
     """The numbers the issue quotes, in small: 4,028 activities are 3,858 kernels."""
-    data = analyze(load_trace(unpack(SMALL_FP32, exports))).to_json()
+    data = report(unpack(SMALL_FP32, exports)).to_json()
     assert data["totals"] == {
         "kernels": 3858,
         "memcpy": 98,
@@ -100,7 +100,7 @@ def test_small_fp32_golden_counts(exports: Path) -> None:
 
 
 def test_whole_cuda_graphs_are_counted_apart(exports: Path) -> None:
-    data = analyze(load_trace(unpack(GRAPH_WHOLE, exports))).to_json()
+    data = report(unpack(GRAPH_WHOLE, exports)).to_json()
     sql = sql_counts(unpack(GRAPH_WHOLE, exports))
     assert data["totals"]["kernels"] == sql["kernels"][0] == 9
     assert data["totals"]["graphs"] == 3
@@ -138,7 +138,7 @@ def _chrome_counts(path: Path) -> tuple[Counter, dict[str, Counter]]:
 @pytest.mark.parametrize("name", ["torch-small-ctx128-train", "torch-small-ctx128-forward"])
 def test_chrome_counts_equal_the_events(name: str) -> None:
     path = DATA / f"{name}.json.gz"
-    data = analyze(load_trace(path)).to_json()
+    data = report(path).to_json()
     totals, per_phase = _chrome_counts(path)
     assert {c: data["totals"][c] for c in CHROME.values()} == {
         c: totals[c] for c in CHROME.values()
@@ -162,20 +162,20 @@ def test_json_keys_are_the_contract(exports: Path) -> None:
 
 
 def test_titles_and_markdown_say_what_they_count(exports: Path) -> None:
-    report = analyze(load_trace(unpack(SMALL_FP32, exports)), top=3)
-    titles = [title for title, _ in display_tables(report)]
+    small = report(unpack(SMALL_FP32, exports), top=3)
+    titles = [title for title, _ in display_tables(small)]
     assert titles[0] == (
         "Phases — 3,858 kernels, 98 memcpy, 72 memset: 37.58 ms of GPU time, 37.34 ms in kernels"
     )
     assert "Top 3 by GPU time (kernels, memcpy, memset), all phases" in titles
-    text = kernel_report_markdown(report, "t")
+    text = kernel_report_markdown(small, "t")
     assert "GPU activities: 3,858 kernels, 98 memcpy, 72 memset" in text
 
 
 @pytest.mark.parametrize("name", [SMALL_FP32, SMALL_BF16, TINY_COMPILE, GRAPH_NODES, GRAPH_WHOLE])
 def test_kernels_agree_with_nsys_cuda_gpu_kern_sum(name: str, exports: Path) -> None:
     """Nsight Systems' own kernel summary, run on the same export: same count, same time."""
-    totals = analyze(load_trace(unpack(name, exports))).totals
+    totals = report(unpack(name, exports)).totals
     nsys = pd.read_csv(STATS / f"{name}_cuda_gpu_kern_sum.csv")
     assert totals["kernels"] == nsys["Instances"].sum()
     assert round(totals["kernel_time_ms"] * 1e6) == nsys["Total Time (ns)"].sum()

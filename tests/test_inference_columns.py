@@ -1,17 +1,16 @@
-"""Phase inference on compact columns, chunk by chunk, against the tables' inference.
+"""Phase inference on compact columns, chunk by chunk.
 
 ``inference.infer_columns`` reads an :class:`ActivityColumns`' launch arrays a chunk at a
-time; ``inference.infer_phases`` (the tables' path, ``attribution.attribute``) is the same
-rule on a reader's kernels table, as one chunk. Both must give the same per-activity phase,
-steps, main and autograd threads, instance spans and (step, phase) counts, bit for bit, on
-every committed fixture, as captured and with its phase ranges stripped, on synthetic
-corners (accumulation, several processes, ``ProfilerStep`` and ``Optimizer.step`` ranges,
-main launches sharing a key), and whatever the chunk size.
+time. Whatever the chunk size, it must give the per-activity phase, steps, main and
+autograd threads, instance spans and (step, phase) counts of one chunk holding them all,
+bit for bit: on every committed fixture (as captured and with its phase ranges stripped,
+where its phase counts, steps and threads are pinned too), and on synthetic corners
+(accumulation, several processes, ``ProfilerStep`` and ``Optimizer.step`` ranges, main
+launches sharing a key).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,19 +32,15 @@ from nsys_data import (
 )
 
 from profkit.analysis import chunked, stream_attribution
-from profkit.analysis.attribution import attribute
 from profkit.analysis.inference import (
     BACKWARD,
     FORWARD,
     InferredPhases,
     LaunchColumns,
-    Launches,
     TraceHints,
     infer_columns,
-    infer_phases,
 )
-from profkit.traces import Trace, load_trace
-from profkit.traces.columns import ActivityColumns, from_trace
+from profkit.traces.columns import ActivityColumns
 from profkit.traces.load import load_columns
 
 NSYS = [
@@ -71,9 +66,9 @@ def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def assert_same(found: InferredPhases, expected: InferredPhases) -> None:
-    """Equal, dtypes included (the columns' phase is int8, the tables' int64)."""
-    assert found.phase.dtype == np.int8
-    np.testing.assert_array_equal(found.phase.astype(np.int64), expected.phase)
+    """Equal, dtypes included (the phase is int8: no per-activity int64)."""
+    assert found.phase.dtype == expected.phase.dtype == np.int8
+    np.testing.assert_array_equal(found.phase, expected.phase)
     assert found.main_threads == expected.main_threads
     for name in ("autograd_threads", "step_starts", "step_phases"):
         got, want = getattr(found, name), getattr(expected, name)
@@ -88,45 +83,72 @@ def assert_same(found: InferredPhases, expected: InferredPhases) -> None:
         np.testing.assert_array_equal(got, want, err_msg=f"spans.{name}")
 
 
-def stripped(kernels: pd.DataFrame, ranges: pd.DataFrame, hints: TraceHints) -> pd.DataFrame:
-    """``ranges`` without the phase ranges (as tests/test_phase_inference.py strips them)."""
-    phase_ranges = attribute(kernels, ranges, hints=hints).is_phase_range
-    return ranges[~phase_ranges].reset_index(drop=True)
+def one_chunk(columns: LaunchColumns, ranges: pd.DataFrame, hints: TraceHints) -> InferredPhases:
+    """The inference of every activity in one chunk."""
+    return infer_columns(columns, ranges, hints, chunk=len(columns.launch_start) + 1)
 
 
-def check(trace: Trace, cols: ActivityColumns, chunks: tuple[int, ...] = CHUNKS) -> None:
-    """Columns (each chunk size, and the engine's own) against the tables, as captured and
-    with the phase ranges stripped."""
-    hints, col_hints = TraceHints.of(trace.meta), TraceHints.of(cols.meta)
-    launches = Launches.of(trace.kernels)
-    pairs = [
-        (trace.ranges, cols.ranges),
-        (
-            stripped(trace.kernels, trace.ranges, hints),
-            stripped(trace.kernels, cols.ranges, col_hints),
-        ),
-    ]
-    for ranges, col_ranges in pairs:
-        expected = infer_phases(launches, ranges, hints)
-        assert expected.instance is not None and expected.phase.dtype == np.int64
+Summary = tuple[tuple[int, int, int, int], int, int, int]
+
+
+def summary(found: InferredPhases) -> Summary:
+    """(activities with no phase, forward, backward, optimizer), step starts (the lane's
+    end included), main threads, autograd threads."""
+    counts = np.bincount(found.phase.astype(np.int64) + 1, minlength=4)
+    return (
+        tuple(int(c) for c in counts),  # type: ignore[return-value]
+        len(found.step_starts),
+        len(found.main_threads),
+        len(found.autograd_threads),
+    )
+
+
+def check(
+    cols: ActivityColumns, expected: Summary | None, chunks: tuple[int, ...] = CHUNKS
+) -> None:
+    """Each chunk size (and the engine's own) against one chunk, as captured and with the
+    phase ranges stripped (as tests/test_phase_inference.py strips them)."""
+    hints = TraceHints.of(cols.meta)
+    is_phase = stream_attribution.plan_of(cols).is_phase
+    for ranges in (cols.ranges, cols.ranges[~is_phase].reset_index(drop=True)):
+        whole = one_chunk(LaunchColumns.of_columns(cols), ranges, hints)
+        if expected is not None:
+            assert summary(whole) == expected
         for chunk in (chunked.CHUNK, *chunks):
-            found = infer_columns(
-                LaunchColumns.of_columns(cols), col_ranges, col_hints, chunk=chunk
-            )
+            found = infer_columns(LaunchColumns.of_columns(cols), ranges, hints, chunk=chunk)
             assert found.instance is None  # not asked for: no per-activity int64
-            assert_same(found, expected)
+            assert_same(found, whole)
+
+
+# Per fixture: summary() of its inference, the same as captured and stripped.
+PINNED: dict[str, Summary] = {
+    SMALL_FP32: ((0, 1460, 2456, 112), 3, 1, 1),
+    SMALL_BF16: ((0, 1778, 2534, 112), 3, 1, 1),
+    "nsys-2025.3-h100-small-compiled": ((0, 580, 1036, 112), 3, 1, 1),
+    TINY_COMPILE: ((0, 84, 180, 16), 3, 1, 1),
+    "nsys-2025.3-h100-user_train": ((0, 243, 615, 94), 6, 1, 1),
+    GRAPH_NODES: ((0, 33, 0, 0), 2, 1, 0),
+    GRAPH_WHOLE: ((0, 24, 0, 0), 2, 1, 0),
+    "nsys-2025.3-h200-unannotated-train": ((0, 132, 369, 54), 4, 1, 4),
+    "nsys-2025.3-h200x2-small-ddp2": ((0, 4536, 8808, 336), 7, 2, 4),
+    "torch-h200-unannotated-train.json.gz": ((0, 88, 246, 36), 4, 1, 1),
+    "torch-h200x2-small-ddp2-rank0.json.gz": ((0, 756, 1468, 56), 2, 1, 1),
+    "torch-h200x2-small-ddp2-rank1.json.gz": ((0, 756, 1468, 56), 2, 1, 1),
+    "torch-small-ctx128-forward.json.gz": ((0, 730, 0, 0), 2, 1, 0),
+    "torch-small-ctx128-train.json.gz": ((0, 730, 1228, 56), 2, 1, 1),
+    "probe": ((0, 14, 17, 0), 2, 1, 1),
+}
 
 
 @pytest.mark.parametrize("name", NSYS)
 def test_nsys_fixtures(unpacked: Path, name: str) -> None:
-    path = unpack(name, unpacked)
-    check(load_trace(path), load_columns(path, cache=False))
+    check(load_columns(unpack(name, unpacked), cache=False), PINNED[name])
 
 
 @pytest.mark.parametrize("name", [*TORCH, "probe"])
 def test_other_fixtures(name: str) -> None:
     path = PROBE if name == "probe" else DATA / name
-    check(load_trace(path), load_columns(path, cache=False))
+    check(load_columns(path, cache=False), PINNED[name])
 
 
 def test_the_engine_reads_columns_in_chunks_of_chunk(
@@ -140,7 +162,7 @@ def test_the_engine_reads_columns_in_chunks_of_chunk(
     cols = load_columns(path, cache=False)
     assert len(cols) > 10 * chunked.CHUNK
     in_chunks = stream_attribution.inferred_phases(cols)
-    assert_same(in_chunks, dataclasses.replace(whole, phase=whole.phase.astype(np.int64)))
+    assert_same(in_chunks, whole)
 
 
 # --- synthetic corners ----------------------------------------------------------------------
@@ -161,17 +183,17 @@ def test_accumulation_in_two_processes(tmp_path: Path) -> None:
             if micro % 2:
                 e.kernel(ADAM, at + 50_400, 5, launch_at=at + 400, thread=main, pid=pid)
             at += 1000
-    trace = load_trace(e.save())
-    trace.meta["thread_names"] = {MAIN: "python3", WORKER: "pt_autograd_0",
-                                  rank1_main: "python3", rank1_worker: "pt_autograd_0"}  # fmt: skip
-    check(trace, from_trace(trace), chunks=(1, 3, 5))
+    cols = load_columns(e.save(), cache=False)
+    cols.meta["thread_names"] = {MAIN: "python3", WORKER: "pt_autograd_0",
+                                 rank1_main: "python3", rank1_worker: "pt_autograd_0"}  # fmt: skip
+    check(cols, ((0, 8, 24, 4), 5, 2, 2), chunks=(1, 3, 5))  # the seeds: backward
 
 
 def in_memory(
     launches: list[tuple[int, int, str]], ranges: list[tuple[int, int, int, str]]
-) -> tuple[Launches, LaunchColumns, pd.DataFrame]:
+) -> tuple[LaunchColumns, pd.DataFrame]:
     """Activities (launch time or -1, thread, name) in this order, and ranges (thread, start,
-    end, name), as the tables' launches and as columns."""
+    end, name), as columns."""
     time = np.array([t for t, _, _ in launches], dtype=np.int64)
     thread = np.array([th for _, th, _ in launches], dtype=np.int64)
     names = list(dict.fromkeys(n for _, _, n in launches))
@@ -183,11 +205,7 @@ def in_memory(
     bounds = (int(time[rows].min()), int(time[rows].max())) if len(rows) else None
     frame = pd.DataFrame(ranges or None, columns=["thread", "start", "end", "name"])
     frame = frame.astype({"thread": np.int64, "start": np.int64, "end": np.int64})
-    return (
-        Launches(len(time), rows, time[rows], thread[rows], name[rows], names),
-        LaunchColumns(time, code, name.astype(np.int32), threads, names, bounds),
-        frame,
-    )
+    return LaunchColumns(time, code, name.astype(np.int32), threads, names, bounds), frame
 
 
 def both_ways(
@@ -195,10 +213,10 @@ def both_ways(
     ranges: Sequence[tuple[int, int, int, str]] = (),
     hints: TraceHints | None = None,
 ) -> InferredPhases:
-    """The tables' inference, checked equal to the columns' in chunks of 1, 2 and 1000."""
+    """The inference in one chunk, checked equal to it in chunks of 1, 2 and 1000."""
     hints = hints or TraceHints(thread_names={WORKER: "pt_autograd_0"})
-    table, columns, frame = in_memory(launches, list(ranges))
-    expected = infer_phases(table, frame, hints)
+    columns, frame = in_memory(launches, list(ranges))
+    expected = one_chunk(columns, frame, hints)
     for chunk in (1, 2, 1000):
         assert_same(infer_columns(columns, frame, hints, chunk=chunk), expected)
     return expected
@@ -256,7 +274,7 @@ def test_nothing_launched() -> None:
 @pytest.mark.parametrize("seed", range(2))
 def test_random_traces_any_chunk(seed: int) -> None:
     """Random steps of several processes, coarse clocks (ties everywhere), unlaunched and
-    thread-less activities, shuffled: the columns in chunks agree with the tables."""
+    thread-less activities, shuffled: the columns in chunks agree with one chunk."""
     rng = np.random.default_rng(seed)
     for _ in range(25):
         launches: list[tuple[int, int, str]] = []

@@ -25,12 +25,16 @@ from nsys_data import (
     Export,
     unpack,
 )
+from report_checks import assert_columns_are_the_export
+from synthetic import report
 
 from profkit.errors import BadInput, MissingTool, ProfkitWarning
-from profkit.traces import KERNEL_COLUMNS, RANGE_COLUMNS, load_trace
-from profkit.traces.nsys_sqlite import NoKernelsTraced, read_nsys_sqlite
+from profkit.traces.columns import ActivityColumns
+from profkit.traces.load import load_columns
+from profkit.traces.nsys_stream import read_nsys_columns
 
 PROBE_MAIN, PROBE_AUTOGRAD = 281494723495065, 281494723495102
+RANGE_COLUMNS = ["name", "start", "end", "thread", "depth", "domain"]
 
 
 @pytest.fixture(scope="session")
@@ -38,45 +42,65 @@ def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("nsys")
 
 
-def durations(trace_kernels: pd.DataFrame) -> pd.Series:
-    return trace_kernels["end"] - trace_kernels["start"]
+def kinds(columns: ActivityColumns) -> np.ndarray:
+    """Each activity's kind: kernel, memcpy, memset or graph."""
+    return np.array(columns.kinds)[columns.arrays["name"]]
 
 
-def test_probe_export_tables_follow_the_schema() -> None:
-    trace = read_nsys_sqlite(PROBE)
-    k, r = trace.kernels, trace.ranges
-    assert list(k.columns) == list(KERNEL_COLUMNS) and list(r.columns) == list(RANGE_COLUMNS)
-    assert {c: str(t) for c, t in k.dtypes.items()} == {
-        c: ("string" if t == "string" else t) for c, t in KERNEL_COLUMNS.items()
+def names(columns: ActivityColumns) -> np.ndarray:
+    """Each activity's full name."""
+    return np.array(columns.names, dtype=object)[columns.arrays["name"]]
+
+
+def launches(columns: ActivityColumns) -> dict[str, tuple[int, int]]:
+    """Per activity name (each once): its launch call's start and thread (-1: none)."""
+    threads = columns.launch_threads(columns.arrays["launch_thread"])
+    return {
+        str(n): (int(t), int(th))
+        for n, t, th in zip(names(columns), columns.arrays["launch_start"], threads, strict=True)
     }
-    assert k["kind"].value_counts().to_dict() == {"kernel": 25, "memset": 6}
-    assert int(durations(k).sum()) == 16_909_599
-    assert int(durations(k[k["kind"] == "kernel"]).sum()) == 16_903_327
+
+
+def test_probe_export_columns_follow_the_schema() -> None:
+    columns = read_nsys_columns(PROBE, None, True)  # with GPU starts and devices
+    arrays, r = columns.arrays, columns.ranges
+    assert {n: str(a.dtype) for n, a in arrays.items()} == {
+        "name": "int32", "duration": "int64", "launch_start": "int64", "launch_thread": "int16",
+        "start": "int64", "device": "int16",
+    }  # fmt: skip
+    assert list(r.columns) == RANGE_COLUMNS
+    assert pd.Series(kinds(columns)).value_counts().to_dict() == {"kernel": 25, "memset": 6}
+    assert int(arrays["duration"].sum()) == 16_909_599
+    assert int(arrays["duration"][kinds(columns) == "kernel"].sum()) == 16_903_327
     # Every activity found its launch call; the backward ones on autograd's own thread.
-    assert k["launch_start"].notna().all()
-    assert k["launch_thread"].value_counts().to_dict() == {PROBE_MAIN: 17, PROBE_AUTOGRAD: 14}
-    assert (k["launch_start"] < k["start"]).all()
+    assert (arrays["launch_start"] >= 0).all()
+    threads = columns.launch_threads(arrays["launch_thread"])
+    assert pd.Series(threads).value_counts().to_dict() == {PROBE_MAIN: 17, PROBE_AUTOGRAD: 14}
+    assert (arrays["launch_start"] < arrays["start"]).all()
     assert r["name"].tolist() == ["forward", "backward"] * 3
     assert r["depth"].tolist() == [0] * 6 and set(r["domain"]) == {""}
     assert set(r["thread"]) == {PROBE_MAIN}
-    assert trace.meta["tool_version"] == "2025.3.2.0"
-    assert trace.meta["gpu"] == "NVIDIA H100 80GB HBM3"
-    assert trace.meta["thread_names"][PROBE_AUTOGRAD] == "pt_autograd_0"
-    assert trace.meta["sidecar"] is None
+    assert columns.meta["tool_version"] == "2025.3.2.0"
+    assert columns.meta["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert columns.meta["thread_names"][PROBE_AUTOGRAD] == "pt_autograd_0"
+    assert columns.meta["sidecar"] is None
+    assert_columns_are_the_export(columns, PROBE)  # each launch is its own call's, in SQL
 
 
 def test_probe_names_grids_and_copies() -> None:
-    k = read_nsys_sqlite(PROBE).kernels
-    gemm = k[k["short_name"].str.startswith("sm80_xmma_gemm")]
-    assert len(gemm) == 3 and set(gemm["grid"]) == {"16,32,1"} and set(gemm["block"]) == {"256,1,1"}
-    cutlass = k[k["short_name"] == "Kernel2"]
+    columns = read_nsys_columns(PROBE)
+    every = names(columns)
+    shapes = columns.shapes_at(np.arange(len(columns)))
+    gemm = [i for i, n in enumerate(every) if n.startswith("sm80_xmma_gemm")]
+    assert len(gemm) == 3
+    assert {shapes[i] for i in gemm} == {("16,32,1", "256,1,1")}
+    cutlass = [n for n in every if "Kernel2" in n]
     assert (
-        cutlass["name"].iloc[0]
+        cutlass[0]
         == "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>(T1::Params)"
     )
-    memsets = k[k["kind"] == "memset"]
-    assert set(memsets["name"]) == {"[CUDA memset]"} and set(memsets["grid"]) == {""}
-    assert k["correlation_id"].is_unique
+    memsets = np.flatnonzero(kinds(columns) == "memset")
+    assert set(every[memsets]) == {"[CUDA memset]"} and {shapes[i] for i in memsets} == {("", "")}
 
 
 @pytest.mark.parametrize(
@@ -90,24 +114,22 @@ def test_probe_names_grids_and_copies() -> None:
 def test_workload_exports_match_nsys_own_totals(
     unpacked: Path, name: str, kernels: int, memcpy: int, memset: int, kernel_ns: int
 ) -> None:
-    trace = read_nsys_sqlite(unpack(name, unpacked))
-    k = trace.kernels
-    counts = k["kind"].value_counts().to_dict()
+    columns = read_nsys_columns(unpack(name, unpacked))
+    counts = pd.Series(kinds(columns)).value_counts().to_dict()
     assert counts == {
         key: n for key, n in (("kernel", kernels), ("memcpy", memcpy), ("memset", memset)) if n
     }
     # nsys stats --report cuda_gpu_kern_sum on the same export: same instances and time.
     nsys = pd.read_csv(STATS / f"{name}_cuda_gpu_kern_sum.csv")
     assert nsys["Instances"].sum() == kernels
-    assert (
-        int(durations(k[k["kind"] == "kernel"]).sum()) == nsys["Total Time (ns)"].sum() == kernel_ns
-    )
-    assert k["launch_start"].notna().all()
-    assert trace.meta["sidecar"]["config"]["size"] in ("small", "tiny")
+    kernel_time = int(columns.arrays["duration"][kinds(columns) == "kernel"].sum())
+    assert kernel_time == nsys["Total Time (ns)"].sum() == kernel_ns
+    assert (columns.arrays["launch_start"] >= 0).all()
+    assert columns.meta["sidecar"]["config"]["size"] in ("small", "tiny")
 
 
 def test_nested_ranges_get_depths_and_other_domains_keep_theirs(unpacked: Path) -> None:
-    r = read_nsys_sqlite(unpack(SMALL_FP32, unpacked)).ranges
+    r = read_nsys_columns(unpack(SMALL_FP32, unpacked)).ranges
     depth = r.groupby("name")["depth"].agg(set).to_dict()
     assert depth["forward"] == depth["backward"] == depth["optimizer"] == {0}
     assert depth["scaled dot product attention"] == {1}
@@ -119,15 +141,19 @@ def test_nested_ranges_get_depths_and_other_domains_keep_theirs(unpacked: Path) 
 
 
 def test_cuda_graphs_traced_per_node_and_as_a_whole(unpacked: Path) -> None:
-    nodes = read_nsys_sqlite(unpack(GRAPH_NODES, unpacked)).kernels
-    replayed = nodes[nodes.groupby("correlation_id")["name"].transform("size") > 1]
+    nodes = read_nsys_columns(unpack(GRAPH_NODES, unpacked))
+    # A replay's nodes share its one launch call (one correlation id in the export).
+    launch = pd.Series(
+        list(zip(nodes.arrays["launch_start"], nodes.arrays["launch_thread"], strict=True))
+    )
+    replayed = launch[launch.map(launch.value_counts()) > 1]
     assert len(replayed) == 12  # 3 replays x (gemm, softmax, memset, sum)
-    assert replayed["launch_start"].notna().all()
-    whole = read_nsys_sqlite(unpack(GRAPH_WHOLE, unpacked))
-    graphs = whole.kernels[whole.kernels["kind"] == "graph"]
-    assert graphs["name"].tolist() == ["[CUDA graph 1]"] * 3
-    assert int(durations(graphs).sum()) == 245_281
-    assert graphs["launch_start"].notna().all()
+    assert all(start >= 0 for start, _ in replayed)
+    whole = read_nsys_columns(unpack(GRAPH_WHOLE, unpacked))
+    graphs = np.flatnonzero(kinds(whole) == "graph")
+    assert names(whole)[graphs].tolist() == ["[CUDA graph 1]"] * 3
+    assert int(whole.arrays["duration"][graphs].sum()) == 245_281
+    assert (whole.arrays["launch_start"][graphs] >= 0).all()
     # The start/end range around the replays, and the push/pop ranges inside it.
     r = whole.ranges
     assert r.loc[r["name"] == "replays", "depth"].tolist() == [0]
@@ -137,8 +163,8 @@ def test_cuda_graphs_traced_per_node_and_as_a_whole(unpacked: Path) -> None:
 
 def test_export_without_kernels_says_why(tmp_path: Path) -> None:
     path = unpack(OLD_NO_KERNELS, tmp_path)
-    with pytest.raises(NoKernelsTraced) as caught:
-        read_nsys_sqlite(path)
+    with pytest.raises(BadInput) as caught:
+        read_nsys_columns(path)
     message = str(caught.value)
     assert "no CUDA kernels were traced" in message and "CUPTI_ACTIVITY_KIND_KERNEL" in message
     assert "2022.4.2.1" in message and "too old" in message and "\n" not in message
@@ -149,8 +175,8 @@ def test_export_without_cuda_tracing_says_to_trace_cuda(tmp_path: Path) -> None:
     export.range("forward", 0, 10)
     export.conn.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
     export.conn.execute("DROP TABLE CUPTI_ACTIVITY_KIND_RUNTIME")
-    with pytest.raises(NoKernelsTraced, match=r"CUDA was not traced.*-t cuda,nvtx"):
-        read_nsys_sqlite(export.save())
+    with pytest.raises(BadInput, match=r"CUDA was not traced.*-t cuda,nvtx"):
+        read_nsys_columns(export.save())
 
 
 def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
@@ -197,7 +223,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
 def test_bad_inputs_are_one_line_errors(tmp_path: Path, case: str) -> None:
     path, expected = _bad_inputs(tmp_path)[case]
     with pytest.raises(BadInput) as caught:
-        load_trace(path)
+        load_columns(path, cache=False)
     assert expected in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -207,7 +233,7 @@ def test_unreadable_file(tmp_path: Path) -> None:
     path.write_bytes(PROBE.read_bytes())
     path.chmod(0)
     with pytest.raises(BadInput, match="cannot read"):
-        load_trace(path)
+        load_columns(path, cache=False)
 
 
 def test_2022_era_columns_text_names_and_driver_calls(tmp_path: Path) -> None:
@@ -225,17 +251,20 @@ def test_2022_era_columns_text_names_and_driver_calls(tmp_path: Path) -> None:
     export.kernel("ampere_sgemm_128x64_tn", 300, 70, launch_at=20, api="cuLaunchKernel",
                   table="CUPTI_ACTIVITY_KIND_DRIVER")  # fmt: skip
     export.kernel("lost_kernel", 5_000, 30, launch_at=None)
-    trace = read_nsys_sqlite(export.save())
-    k = trace.kernels.set_index("name")
-    assert k.loc["gemm_kernel", "short_name"] == "gemm_kernel"  # no shortName: the full name
-    assert k.loc["ampere_sgemm_128x64_tn", "launch_start"] == 20
-    assert pd.isna(k.loc["lost_kernel", "launch_start"]) and pd.isna(
-        k.loc["lost_kernel", "launch_thread"]
-    )
-    r = trace.ranges.set_index("name")
+    path = export.save()
+    columns = read_nsys_columns(path)
+    assert launches(columns) == {
+        "gemm_kernel": (10, MAIN),
+        "ampere_sgemm_128x64_tn": (20, MAIN),  # found in the DRIVER table
+        "lost_kernel": (-1, -1),
+    }
+    # No shortName column: the report's short name is the full name's.
+    overall = report(path, top=0).overall.set_index("name")
+    assert overall.loc["gemm_kernel", "short_name"] == "gemm_kernel"
+    r = columns.ranges.set_index("name")
     assert r.loc["forward", "end"] == 1_000
     assert r.loc["open at capture end", "end"] == 5_030  # the trace's last GPU end
-    assert trace.meta["tool_version"] == "2099.1.0"
+    assert columns.meta["tool_version"] == "2099.1.0"
 
 
 def test_launches_are_matched_per_process(tmp_path: Path) -> None:
@@ -244,18 +273,15 @@ def test_launches_are_matched_per_process(tmp_path: Path) -> None:
     other_thread = (1 << 48) | (200 << 24) | 200
     export.kernel("a_kernel", 100, 10, launch_at=50, correlation=1)
     export.kernel("b_kernel", 100, 10, launch_at=70, correlation=1, thread=other_thread, pid=200)
-    k = read_nsys_sqlite(export.save()).kernels.set_index("name")
-    assert k.loc["a_kernel", "launch_thread"] == MAIN and k.loc["a_kernel", "launch_start"] == 50
-    assert k.loc["b_kernel", "launch_thread"] == other_thread
-    assert k.loc["b_kernel", "launch_start"] == 70
+    found = launches(read_nsys_columns(export.save()))
+    assert found == {"a_kernel": (50, MAIN), "b_kernel": (70, other_thread)}
 
 
 def test_launch_calls_with_unusual_names_are_still_found(tmp_path: Path) -> None:
     """The fast path reads launch-like API calls only; anything else is found in a second pass."""
     export = Export(tmp_path / "odd.sqlite")
     export.kernel("k", 100, 10, launch_at=40, api="cudaSomethingNew_v99000", thread=WORKER)
-    k = read_nsys_sqlite(export.save()).kernels
-    assert k["launch_start"].tolist() == [40] and k["launch_thread"].tolist() == [WORKER]
+    assert launches(read_nsys_columns(export.save())) == {"k": (40, WORKER)}
 
 
 def test_sidecar_is_read_and_a_broken_one_is_a_warning(tmp_path: Path) -> None:
@@ -263,21 +289,22 @@ def test_sidecar_is_read_and_a_broken_one_is_a_warning(tmp_path: Path) -> None:
     export.kernel("k", 100, 10, launch_at=40)
     path = export.save()
     (tmp_path / "run.profkit.json").write_text(json.dumps({"config": {"size": "large"}}))
-    assert read_nsys_sqlite(path).meta["sidecar"]["config"] == {"size": "large"}
+    assert read_nsys_columns(path).meta["sidecar"]["config"] == {"size": "large"}
     (tmp_path / "run.profkit.json").write_text("{not json")
     with pytest.warns(ProfkitWarning, match=r"ignored .*run\.profkit\.json: not valid JSON"):
-        trace = read_nsys_sqlite(path)
-    assert trace.meta["sidecar"] is None and len(trace.kernels) == 1
+        columns = read_nsys_columns(path)
+    assert columns.meta["sidecar"] is None and len(columns) == 1
 
 
-def test_load_trace_dispatches_by_content_and_suffix(tmp_path: Path) -> None:
+def test_load_columns_dispatches_by_content_and_suffix(tmp_path: Path) -> None:
     renamed = tmp_path / "profile.data"
     renamed.write_bytes(PROBE.read_bytes())
-    assert len(load_trace(renamed).kernels) == 31  # SQLite magic: read as an nsys export
+    read = load_columns(renamed, cache=False)
+    assert len(read) == 31 and read.meta["format"] == "nsys-sqlite"  # SQLite magic: an export
     unknown = tmp_path / "trace.txt"
     unknown.write_text("hello")
     with pytest.raises(BadInput, match="not a supported trace"):
-        load_trace(unknown)
+        load_columns(unknown, cache=False)
 
 
 def test_nsys_rep_without_nsys_says_what_to_install(
@@ -288,7 +315,7 @@ def test_nsys_rep_without_nsys_says_what_to_install(
     report = tmp_path / "run.nsys-rep"
     report.write_bytes(b"not really a report")
     with pytest.raises(MissingTool) as caught:
-        load_trace(report)
+        load_columns(report, cache=False)
     message = str(caught.value)
     assert "install Nsight Systems" in message and "--nsys" in message
     assert "nsys export --type sqlite run.nsys-rep" in message
@@ -307,9 +334,9 @@ def test_nsys_rep_is_exported_once_and_cached(tmp_path: Path) -> None:
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     report = tmp_path / "run.nsys-rep"
     report.write_bytes(b"report")
-    first = load_trace(report, nsys=fake)
-    second = load_trace(report, nsys=fake)
-    assert len(first.kernels) == len(second.kernels) == 31
+    first = load_columns(report, nsys=fake, cache=False)
+    second = load_columns(report, nsys=fake, cache=False)
+    assert len(first) == len(second) == 31
     assert len(calls.read_text().splitlines()) == 1  # the second read used the cached .sqlite
     assert (tmp_path / "run.sqlite").exists()
 
@@ -318,28 +345,30 @@ def test_reading_is_the_same_on_one_or_many_chunks(
     unpacked: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Columns read in chunks of rowids stay aligned row for row."""
-    from profkit.traces import _sqlite
+    from profkit.traces import nsys_stream
 
     path = unpack(SMALL_FP32, unpacked)
-    whole = read_nsys_sqlite(path).kernels
-    monkeypatch.setattr(_sqlite, "CHUNK_ROWS", 97)
-    chunked = read_nsys_sqlite(path).kernels
-    pd.testing.assert_frame_equal(whole, chunked)
-    assert np.array_equal(whole["launch_start"].to_numpy(), chunked["launch_start"].to_numpy())
+    whole = read_nsys_columns(path)
+    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 97)
+    chunked = read_nsys_columns(path)
+    assert (chunked.names, chunked.kinds) == (whole.names, whole.kinds)
+    for name, array in whole.arrays.items():
+        np.testing.assert_array_equal(chunked.arrays[name], array, err_msg=name)
+    np.testing.assert_array_equal(chunked.threads, whole.threads)
+    pd.testing.assert_frame_equal(chunked.ranges, whole.ranges)
+    assert_columns_are_the_export(chunked, path)
 
 
-def test_readers_register_by_suffix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_plugin_is_a_plain_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from profkit.traces import load as loader
 
-    monkeypatch.setattr(loader, "READERS", dict(loader.READERS))
     monkeypatch.setattr(loader, "PLUGINS", {".trace.gz": "profkit.traces.not_written_yet"})
     path = tmp_path / "run.trace.gz"
     path.write_bytes(b"\x1f\x8b")
     with pytest.raises(BadInput, match="not a supported trace"):
-        load_trace(path)  # the plugin module does not exist: a plain message
-    probe = read_nsys_sqlite(PROBE)
-    loader.register(".trace.gz", lambda p: probe)
-    assert load_trace(path) is probe
+        load_columns(path, cache=False)  # the plugin module does not exist: a plain message
 
 
 def test_sealed_calls_hold_no_second_copy_of_the_calls() -> None:

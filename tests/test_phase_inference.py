@@ -9,6 +9,7 @@ by how much and why (docs/ATTRIBUTION.md, "Phases without annotations").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +28,12 @@ from nsys_data import (
     Export,
     unpack,
 )
+from synthetic import report, report_of_columns
 
-from profkit.analysis import analyze
-from profkit.analysis.attribution import Attribution, TraceHints, attribute, inference_note
+from profkit.analysis.stream_attribution import Plan, attributed, plan_of
 from profkit.errors import BadInput
-from profkit.traces import Trace, load_trace
+from profkit.traces.columns import ActivityColumns
+from profkit.traces.load import load_columns
 
 SMALL_COMPILED = "nsys-2025.3-h100-small-compiled"
 USER_TRAIN = "nsys-2025.3-h100-user_train"
@@ -44,29 +46,59 @@ def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("nsys")
 
 
-def load(name: str, into: Path) -> Trace:
+def path_of(name: str, into: Path) -> Path:
     if name.endswith(".json.gz"):
-        return load_trace(DATA / name)
+        return DATA / name
     if name == "example":
-        return load_trace(EXAMPLE / "small-ctx128-train-fp32.sqlite")
-    return load_trace(unpack(name, into))
+        return EXAMPLE / "small-ctx128-train-fp32.sqlite"
+    return unpack(name, into)
 
 
-def both(trace: Trace) -> tuple[Attribution, Attribution]:
-    """The attribution as captured, and with its phase ranges stripped."""
-    hints = TraceHints.of(trace.meta)
-    annotated = attribute(trace.kernels, trace.ranges, hints=hints)
-    stripped = trace.ranges[~annotated.is_phase_range].reset_index(drop=True)
-    return annotated, attribute(trace.kernels, stripped, hints=hints)
+def load(path: Path) -> ActivityColumns:
+    """The trace's columns, read afresh (nothing derived kept from another reading)."""
+    return load_columns(path, cache=False)
 
 
-def kernel_totals(att: Attribution, trace: Trace) -> dict[str, tuple[int, int]]:
+@dataclass
+class Attributed:
+    """One attribution of a trace's columns: its plan and per-activity arrays."""
+
+    plan: Plan
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def phases(self) -> np.ndarray:
+        """Each activity's phase name."""
+        return np.array(self.plan.phase_names)[self.arrays["phase"]]
+
+
+def attribution_of(columns: ActivityColumns, phases: str = "auto") -> Attributed:
+    plan = plan_of(columns, phases=phases)  # type: ignore[arg-type]
+    return Attributed(plan, dict(attributed(columns, plan)))
+
+
+def without(path: Path, drop: np.ndarray) -> ActivityColumns:
+    """The trace's columns with the ranges at ``drop`` removed."""
+    columns = load(path)
+    columns.ranges = columns.ranges[~drop].reset_index(drop=True)
+    return columns
+
+
+def both(path: Path) -> tuple[ActivityColumns, Attributed, ActivityColumns, Attributed]:
+    """The columns and attribution as captured, and with its phase ranges stripped."""
+    columns = load(path)
+    annotated = attribution_of(columns)
+    stripped = without(path, annotated.plan.is_phase)
+    return columns, annotated, stripped, attribution_of(stripped)
+
+
+def kernel_totals(att: Attributed, columns: ActivityColumns) -> dict[str, tuple[int, int]]:
     """{phase: (kernels, kernel ns)}: kernel launches only, as the issue's check asks."""
-    kernel = (trace.kernels["kind"] == "kernel").to_numpy()
-    duration = (trace.kernels["end"] - trace.kernels["start"]).to_numpy()
+    kernel = np.array(columns.kinds)[columns.arrays["name"]] == "kernel"
+    duration = columns.arrays["duration"]
     out = {}
-    for index, name in enumerate(att.phase_names):
-        rows = (att.kernel_phase == index) & kernel
+    for index, name in enumerate(att.plan.phase_names):
+        rows = (att.arrays["phase"] == index) & kernel
         if rows.any():
             out[name] = (int(rows.sum()), int(duration[rows].sum()))
     return out
@@ -104,31 +136,29 @@ def within_one_percent(a: tuple[int, int], b: tuple[int, int]) -> bool:
 def test_inferred_phases_match_the_annotated_ones(
     unpacked: Path, name: str, expected: dict[str, tuple[int, int]]
 ) -> None:
-    trace = load(name, unpacked)
-    annotated, inferred = both(trace)
-    assert (annotated.phase_source, inferred.phase_source) == ("annotated", "inferred")
-    truth, found = kernel_totals(annotated, trace), kernel_totals(inferred, trace)
+    columns, annotated, stripped, inferred = both(path_of(name, unpacked))
+    assert (annotated.plan.phase_source, inferred.plan.phase_source) == ("annotated", "inferred")
+    truth, found = kernel_totals(annotated, columns), kernel_totals(inferred, stripped)
     assert found == expected
     for phase in ("forward", "backward", "optimizer"):
         assert within_one_percent(found[phase], truth[phase]), phase
     # No range is promoted to a phase once the phase ranges are gone.
-    assert not inferred.is_phase_range.any()
+    assert not inferred.plan.is_phase.any()
 
 
 def test_every_activity_lands_where_the_annotation_put_it(unpacked: Path) -> None:
     """Copies and memsets too: the small fp32 export agrees activity by activity."""
-    trace = load(SMALL_FP32, unpacked)
-    annotated, inferred = both(trace)
-    names = np.array(annotated.phase_names)[annotated.kernel_phase]
-    assert (np.array(inferred.phase_names)[inferred.kernel_phase] == names).all()
-    assert len(names) == 4028
+    _, annotated, _, inferred = both(path_of(SMALL_FP32, unpacked))
+    assert (inferred.phases == annotated.phases).all()
+    assert len(annotated.phases) == 4028
 
 
 def test_forward_only_trace(unpacked: Path) -> None:
-    trace = load("torch-small-ctx128-forward.json.gz", unpacked)
-    annotated, inferred = both(trace)
-    assert kernel_totals(inferred, trace) == kernel_totals(annotated, trace)
-    assert kernel_totals(inferred, trace) == {"forward": (718, 5_112_705)}
+    columns, annotated, stripped, inferred = both(
+        path_of("torch-small-ctx128-forward.json.gz", unpacked)
+    )
+    assert kernel_totals(inferred, stripped) == kernel_totals(annotated, columns)
+    assert kernel_totals(inferred, stripped) == {"forward": (718, 5_112_705)}
 
 
 @pytest.mark.parametrize(
@@ -150,10 +180,9 @@ def test_cuda_graph_program_the_gap(
     share a phase); ``eager`` is the program's own phase name, which nothing in a trace
     can infer: its 6 kernels join forward (+50% kernels on node-traced graphs).
     """
-    trace = load(name, unpacked)
-    annotated, inferred = both(trace)
-    assert kernel_totals(annotated, trace) == annotated_totals
-    assert kernel_totals(inferred, trace) == inferred_totals
+    columns, annotated, stripped, inferred = both(path_of(name, unpacked))
+    assert kernel_totals(annotated, columns) == annotated_totals
+    assert kernel_totals(inferred, stripped) == inferred_totals
 
 
 def test_probe_the_gap() -> None:
@@ -163,14 +192,13 @@ def test_probe_the_gap() -> None:
     of the forward pass by inference, of ``backward`` by the range: 5 of 11 kernels move
     (0.18 of 8.5 ms); the randn before the first range becomes forward too.
     """
-    trace = load_trace(PROBE)
-    annotated, inferred = both(trace)
-    assert kernel_totals(annotated, trace) == {
+    columns, annotated, stripped, inferred = both(PROBE)
+    assert kernel_totals(annotated, columns) == {
         "forward": (6, 8_279_101),
         "backward": (17, 8_542_336),
         "unattributed": (2, 81_890),
     }
-    assert kernel_totals(inferred, trace) == {
+    assert kernel_totals(inferred, stripped) == {
         "forward": (11, 8_461_376),
         "backward": (14, 8_441_951),
     }
@@ -180,76 +208,74 @@ def test_probe_the_gap() -> None:
 
 
 def test_a_step_without_phase_ranges_is_inferred_the_others_kept(unpacked: Path) -> None:
-    trace = load(SMALL_FP32, unpacked)
-    annotated, _ = both(trace)
-    second = (
-        trace.ranges["start"] >= trace.ranges.loc[trace.ranges["name"] == "forward", "start"].max()
-    )
-    kept = trace.ranges[~(annotated.is_phase_range & second.to_numpy())].reset_index(drop=True)
-    mixed = attribute(trace.kernels, kept, hints=TraceHints.of(trace.meta))
-    assert mixed.phase_source == "mixed"
-    assert int(mixed.inferred.sum()) == 2014  # the second step's activities
-    assert (
-        np.array(mixed.phase_names)[mixed.kernel_phase]
-        == np.array(annotated.phase_names)[annotated.kernel_phase]
-    ).all()
+    path = path_of(SMALL_FP32, unpacked)
+    columns, annotated, _, _ = both(path)
+    ranges = columns.ranges
+    second = ranges["start"] >= ranges.loc[ranges["name"] == "forward", "start"].max()
+    kept = without(path, annotated.plan.is_phase & second.to_numpy())
+    mixed = attribution_of(kept)
+    assert mixed.plan.phase_source == "mixed"
+    assert int(mixed.arrays["inferred"].sum()) == 2014  # the second step's activities
+    assert (mixed.phases == annotated.phases).all()
     # The second step's attention ranges are outermost there now; still not phases.
-    assert kept["name"][mixed.is_phase_range].tolist() == ["forward", "backward", "optimizer"]
+    phase_ranges = kept.ranges["name"][mixed.plan.is_phase].tolist()
+    assert phase_ranges == ["forward", "backward", "optimizer"]
 
 
 def test_subranges_stay_ranges_in_the_report(unpacked: Path) -> None:
-    trace = load(SMALL_FP32, unpacked)
-    annotated, _ = both(trace)
-    as_captured = analyze(trace)
-    trace.ranges = trace.ranges[~annotated.is_phase_range].reset_index(drop=True)
-    report = analyze(trace)
-    assert report.source["phase_source"] == "inferred"
+    path = path_of(SMALL_FP32, unpacked)
+    _, _, stripped, _ = both(path)
+    as_captured = report(path)
+    inferred = report_of_columns([stripped])
+    assert inferred.source["phase_source"] == "inferred"
     assert as_captured.source["phase_source"] == "annotated"
     # The same phase table as the annotated capture's, but for the ranges' wall times.
     same = ["phase", "instances", "kernels", "gpu_time_ms", "share"]
-    pd.testing.assert_frame_equal(report.phases[same], as_captured.phases[same])
-    phases = report.phases.set_index("phase")
+    pd.testing.assert_frame_equal(inferred.phases[same], as_captured.phases[same])
+    phases = inferred.phases.set_index("phase")
     assert phases["gpu_time_ms"].to_dict() == pytest.approx(
         {"forward": 10.281538, "backward": 19.631656, "optimizer": 7.667537}
     )
     assert phases["instances"].to_dict() == {"forward": 2, "backward": 2, "optimizer": 2}
-    ranges = report.ranges.set_index("range")
+    ranges = inferred.ranges.set_index("range")
     assert ranges.at["computing softmax", "kernels"] == 24  # a range, as before
-    assert "computing softmax" not in set(report.phases["phase"])
-    assert report.notes[0].startswith("Phases inferred (every step has no forward/backward")
-    assert "pt_autograd_0" in report.notes[0]
+    assert "computing softmax" not in set(inferred.phases["phase"])
+    assert inferred.notes[0].startswith("Phases inferred (every step has no forward/backward")
+    assert "pt_autograd_0" in inferred.notes[0]
 
 
 def test_forcing_one_source(unpacked: Path) -> None:
-    trace = load(SMALL_FP32, unpacked)
-    inferred = analyze(trace, phases="inferred")
+    path = path_of(SMALL_FP32, unpacked)
+    inferred = report(path, phases="inferred")
     assert inferred.source["phase_source"] == "inferred"
     assert inferred.phases.set_index("phase")["gpu_time_ms"].to_dict() == pytest.approx(
         {"forward": 10.281538, "backward": 19.631656, "optimizer": 7.667537}
     )
-    annotated, _ = both(trace)
-    trace.ranges = trace.ranges[~annotated.is_phase_range].reset_index(drop=True)
-    forced = analyze(trace, phases="annotated")
+    _, _, stripped, _ = both(path)
+    forced = report_of_columns([stripped], phases="annotated")
     assert forced.source["phase_source"] == "annotated"
     assert list(forced.phases["phase"]) == ["unattributed"]
     assert forced.phases.at[0, "gpu_time_ms"] == pytest.approx(37.580731)
     with pytest.raises(BadInput, match="--phases must be one of auto, annotated, inferred"):
-        analyze(trace, phases="guess")  # type: ignore[arg-type]
+        report_of_columns([stripped], phases="guess")
 
 
 def test_chrome_autograd_ops_find_the_worker_without_thread_names() -> None:
-    trace = load_trace(DATA / "torch-small-ctx128-train.json.gz")
-    assert trace.meta["autograd_threads"] == [510]
-    annotated, _ = both(trace)
-    stripped = trace.ranges[~annotated.is_phase_range].reset_index(drop=True)
-    by_ops = TraceHints(autograd_threads=frozenset({510}))
-    att = attribute(trace.kernels, stripped, hints=by_ops)
-    assert kernel_totals(att, trace) == kernel_totals(annotated, trace)
+    path = DATA / "torch-small-ctx128-train.json.gz"
+    columns, annotated, _, _ = both(path)
+    assert columns.meta["autograd_threads"] == [510]
+    by_ops = without(path, annotated.plan.is_phase)  # autograd's ops, no thread names
+    for key in ("thread_names", "threads"):
+        by_ops.meta.pop(key, None)
+    assert by_ops.meta["autograd_threads"] == [510]
+    assert kernel_totals(attribution_of(by_ops), by_ops) == kernel_totals(annotated, columns)
     # Neither names nor ops: no backward can be found, and the note says so.
-    blind = attribute(trace.kernels, stripped, hints=TraceHints())
-    assert "backward" not in kernel_totals(blind, trace)
-    note = inference_note(blind, np.arange(len(trace.kernels)), {})
-    assert "no autograd thread (pt_autograd_N) is named in this trace" in note[0]
+    blind = without(path, annotated.plan.is_phase)
+    for key in ("thread_names", "threads", "autograd_threads"):
+        blind.meta.pop(key, None)
+    assert "backward" not in kernel_totals(attribution_of(blind), blind)
+    notes = report_of_columns([blind]).notes
+    assert any("no autograd thread (pt_autograd_N) is named in this trace" in n for n in notes)
 
 
 # --- synthetic: accumulation, several processes -------------------------------------------
@@ -258,17 +284,19 @@ ADAM = "void multi_tensor_apply_kernel<FusedAdamMathFunctor<float>>(T1)"
 SEED = "void vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)"
 ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096>)"
 ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096>)"
+RANK1_MAIN = (1 << 48) | (200 << 24) | 200
+RANK1_WORKER = (1 << 48) | (200 << 24) | 201
+NAMES = {MAIN: "python3", WORKER: "pt_autograd_0", RANK1_MAIN: "python3",
+         RANK1_WORKER: "pt_autograd_0"}  # fmt: skip
 
 
-def test_gradient_accumulation_and_two_processes(tmp_path: Path) -> None:
-    """Two micro-batches per optimizer step, in two processes (ranks) at once, with
+def accumulating(path: Path, pids: tuple[int, ...]) -> ActivityColumns:
+    """Two micro-batches per optimizer step in each process of ``pids`` (100, 200), with
     collectives from autograd's hooks (backward) and from the main thread (forward)."""
-    rank1_main = (1 << 48) | (200 << 24) | 200
-    rank1_worker = (1 << 48) | (200 << 24) | 201
-    names = {MAIN: "python3", WORKER: "pt_autograd_0", rank1_main: "python3",
-             rank1_worker: "pt_autograd_0"}  # fmt: skip
-    e = Export(tmp_path / "accumulate.sqlite")
-    for main, worker, pid in ((MAIN, WORKER, 100), (rank1_main, rank1_worker, 200)):
+    e = Export(path)
+    threads = {100: (MAIN, WORKER), 200: (RANK1_MAIN, RANK1_WORKER)}
+    for pid in pids:
+        main, worker = threads[pid]
         at = 0
         for micro in range(4):  # micro-batches 0,1 then optimizer; 2,3 then optimizer
             e.kernel("fwd_gemm", at + 50_000, 10, launch_at=at, thread=main, pid=pid)
@@ -282,23 +310,29 @@ def test_gradient_accumulation_and_two_processes(tmp_path: Path) -> None:
             if micro % 2:
                 e.kernel(ADAM, at + 50_400, 5, launch_at=at + 400, thread=main, pid=pid)
             at += 1000
-    trace = load_trace(e.save())
-    trace.meta["thread_names"] = names
-    att = attribute(trace.kernels, trace.ranges, hints=TraceHints.of(trace.meta))
-    phase = np.array(att.phase_names)[att.kernel_phase]
-    got = pd.Series(phase).groupby(trace.kernels["name"].to_numpy()).agg(set).to_dict()
+    columns = load(e.save())
+    columns.meta["thread_names"] = NAMES
+    return columns
+
+
+def test_gradient_accumulation_and_two_processes(tmp_path: Path) -> None:
+    """Two micro-batches per optimizer step, in two processes (ranks) at once."""
+    columns = accumulating(tmp_path / "accumulate.sqlite", (100, 200))
+    att = attribution_of(columns)
+    names = np.array(columns.names)[columns.arrays["name"]]
+    got = pd.Series(att.phases).groupby(names).agg(set).to_dict()
     assert got == {"fwd_gemm": {"forward"}, SEED: {"backward"}, "bwd_gemm": {"backward"},
                    ADAM: {"optimizer"}, ALL_REDUCE: {"backward"},
                    ALL_GATHER: {"forward"}}  # fmt: skip
-    assert att.phase_source == "inferred"
-    instances, _ = att.phase_spans(trace.ranges)
-    assert instances.to_dict() == {"forward": 8, "backward": 8, "optimizer": 4}
-    # Per rank: each process's slice alone gives the same phases (the per-rank reading).
+    assert att.plan.phase_source == "inferred"
+    instances = {name: n for name, (n, _) in att.plan.inferred_spans.items()}
+    assert instances == {"forward": 8, "backward": 8, "optimizer": 4}
+    # Per rank: each process's activities alone give the same phases (the per-rank reading).
+    process = (columns.launch_threads(columns.arrays["launch_thread"]) >> 24) & 0xFFFFFF
     for pid in (100, 200):
-        rows = (trace.kernels["launch_thread"].to_numpy() >> 24) & 0xFFFFFF == pid
-        alone = attribute(trace.kernels[rows].reset_index(drop=True), trace.ranges,
-                          hints=TraceHints.of(trace.meta))  # fmt: skip
-        assert (np.array(alone.phase_names)[alone.kernel_phase] == phase[rows]).all()
+        alone = accumulating(tmp_path / f"alone{pid}.sqlite", (pid,))
+        assert (attribution_of(alone).phases == att.phases[process == pid]).all()
     # Two steps per process: the first ends after its optimizer kernel.
-    steps = att.inference.step_of(np.array([MAIN, MAIN, rank1_main]), np.array([0, 1500, 0]))
+    assert att.plan.inference is not None
+    steps = att.plan.inference.step_of(np.array([MAIN, MAIN, RANK1_MAIN]), np.array([0, 1500, 0]))
     assert len(set(steps.tolist())) == 3

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 from nsys_data import sql_activity_totals, sql_counts, unpack
-
-from profkit.analysis import analyze
-from profkit.traces.load import load_trace
+from synthetic import report
 
 USER = "nsys-2025.3-h100-user_train"
 COMPILED = "nsys-2025.3-h100-small-compiled"
@@ -34,8 +32,8 @@ def phases(report_json: dict) -> dict[str, tuple[int, float]]:
 
 def test_user_program_phases_and_backward_from_autograd(exports: Path) -> None:
     path = unpack(USER, exports)
-    report = analyze(load_trace(path))
-    data = report.to_json()
+    user = report(path)
+    data = user.to_json()
     activities, ns = sql_activity_totals(path)
     assert activities == 952
     assert data["totals"]["kernels"] == sql_counts(path)["kernels"][0] == 845
@@ -52,12 +50,12 @@ def test_user_program_phases_and_backward_from_autograd(exports: Path) -> None:
         ("optimizer", 5),
     ]
     # 610 of backward's kernels came from autograd's thread; nsys's own rule would give 5.
-    assert any("610 of its 615" in note and "would give it 5" in note for note in report.notes)
+    assert any("610 of its 615" in note and "would give it 5" in note for note in user.notes)
 
 
 def test_compiled_run_has_triton_kernels_in_every_phase_it_compiles(exports: Path) -> None:
     path = unpack(COMPILED, exports)
-    data = analyze(load_trace(path)).to_json()
+    data = report(path).to_json()
     activities, ns = sql_activity_totals(path)
     assert activities == 1728 and data["totals"]["memset"] == 72
     assert data["totals"]["kernels"] == sql_counts(path)["kernels"][0] == 1656
@@ -75,7 +73,7 @@ def test_compiled_run_has_triton_kernels_in_every_phase_it_compiles(exports: Pat
 
 def test_shipped_example_profile_reads(tmp_path: Path) -> None:
     example = Path(__file__).parents[1] / "profiles" / "examples" / "small-ctx128-train-fp32.sqlite"
-    data = analyze(load_trace(example)).to_json()
+    data = report(example).to_json()
     assert data["totals"]["kernels"] == sql_counts(example)["kernels"][0] == 3858
     assert sql_activity_totals(example)[0] == 3858 + 98 + 72
     assert {p["phase"] for p in data["phases"]} == {"forward", "backward", "optimizer"}

@@ -1,10 +1,10 @@
 """Huge traces: the compact columns, the chunked analysis and the columnar cache.
 
 The bounded-memory path (``read_nsys_columns`` + ``analyze_columns``, what
-``profkit kernels`` runs) must give the same report as the in-memory one
-(``load_trace`` + ``analyze``) on every real fixture, and exactly N times the numbers of
-an export replicated N times (benchmarks/kernels_scale.py builds it, as for ×1000).
-Timings live in benchmarks/, never here.
+``profkit kernels`` runs) must read each export's activities as plain SQL reads them,
+give the same report whatever its chunks, and exactly N times the numbers of an export
+replicated N times (benchmarks/kernels_scale.py builds it, as for ×1000). The reports of
+every fixture are frozen in tests/test_golden.py. Timings live in benchmarks/, never here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 from bench_scripts import benchmark
 from nsys_data import (
@@ -27,12 +26,13 @@ from nsys_data import (
     Export,
     unpack,
 )
-from report_checks import assert_same_report
+from report_checks import assert_columns_are_the_export, assert_same_report
 
-from profkit.analysis import analyze, one_process
+from profkit.analysis import one_process
 from profkit.analysis.engine import analyze_columns
-from profkit.traces import load_trace
-from profkit.traces.columns import ActivityColumns, from_trace
+from profkit.errors import BadInput
+from profkit.traces.columns import ActivityColumns
+from profkit.traces.load import load_columns
 from profkit.traces.nsys_stream import read_nsys_columns
 
 DATA = Path(__file__).parent / "data"
@@ -48,40 +48,11 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("name", NSYS)
-def test_streamed_columns_are_the_tables_columns(exports: Path, name: str) -> None:
+def test_streamed_columns_are_the_exports_rows(exports: Path, name: str) -> None:
     path = unpack(name, exports)
-    streamed, tables = read_nsys_columns(path), from_trace(load_trace(path))
-    assert (streamed.names, streamed.kinds) == (tables.names, tables.kinds)
-    for field in ("name", "duration", "launch_start"):
-        np.testing.assert_array_equal(streamed.arrays[field], tables.arrays[field])
-    every = np.arange(len(tables))
+    streamed = read_nsys_columns(path)
     assert "shape" not in streamed.arrays  # read afterwards, by row id
-    assert streamed.shapes_at(every) == tables.shapes_at(every)
-    np.testing.assert_array_equal(
-        streamed.launch_threads(streamed.arrays["launch_thread"]),
-        tables.launch_threads(tables.arrays["launch_thread"]),
-    )
-    pd.testing.assert_frame_equal(streamed.ranges, tables.ranges)
-
-
-@pytest.mark.parametrize("name", NSYS)
-@pytest.mark.parametrize("options", FILTERS, ids=lambda o: ",".join(o) or "all")
-def test_chunked_report_equals_in_memory_report(exports: Path, name: str, options: dict) -> None:
-    path = unpack(name, exports)
-    trace = load_trace(path)
-    try:
-        expected = analyze(trace, **options)
-    except Exception as exc:
-        with pytest.raises(type(exc), match=str(exc)[:40].replace("(", r"\(")):
-            analyze_columns(read_nsys_columns(path), **options)
-        return
-    assert_same_report(analyze_columns(read_nsys_columns(path), **options), expected)
-
-
-@pytest.mark.parametrize("name", CHROME)
-def test_chrome_columns_give_the_same_report(name: str) -> None:
-    trace = load_trace(DATA / name)
-    assert_same_report(analyze_columns(from_trace(trace)), analyze(trace))
+    assert_columns_are_the_export(streamed, path)
 
 
 def _old_columns_driver_calls_open_range(export: Export) -> None:
@@ -108,15 +79,30 @@ def _unusual_launch_names(export: Export) -> None:
     export.kernel("i", 400, 10, launch_at=160, thread=MAIN)
 
 
-@pytest.mark.parametrize(
-    "build",
-    [
-        _old_columns_driver_calls_open_range,
-        _two_processes_one_correlation_id,
-        _unusual_launch_names,
-    ],
-)
-def test_synthetic_edge_cases_give_the_same_columns_and_report(tmp_path: Path, build) -> None:  # type: ignore[no-untyped-def]
+OTHER = (1 << 48) | (200 << 24) | 200
+EDGE_CASES = {
+    # build: launch starts, launch threads, ranges (name, start, end), and the report's
+    # phases (phase, kernels, gpu ns) and kernels (phase, name); None: no one-process report
+    _old_columns_driver_calls_open_range: (
+        [10, 20, -1, 30], [MAIN, MAIN, -1, MAIN],
+        [("forward", 0, 1_000), ("open at capture end", 2_000, 6_000)],  # ends with the capture
+        [("forward", 3, 120), ("open at capture end", 0, 0), ("unattributed", 1, 30)],
+        [("forward", "ampere_sgemm_128x64_tn"), ("forward", "gemm_kernel"),
+         ("forward", "backwards_kernel"), ("unattributed", "lost_kernel")],
+    ),
+    _two_processes_one_correlation_id: (
+        [50, 70], [MAIN, OTHER], [("forward", 0, 1_000)], None, None
+    ),
+    _unusual_launch_names: (
+        [40, 150, 160], [WORKER, WORKER, MAIN], [("forward", 0, 100), ("backward", 100, 200)],
+        [("forward", 1, 10), ("backward", 2, 20)],
+        [("forward", "k"), ("backward", "j"), ("backward", "i")],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("build", list(EDGE_CASES), ids=lambda b: b.__name__.strip("_"))
+def test_synthetic_edge_cases_give_their_columns_and_report(tmp_path: Path, build) -> None:  # type: ignore[no-untyped-def]
     """Driver-table launches, 2022-era columns, open ranges, negative durations, two
     processes sharing a correlation id, launches found only in the second pass."""
     options = {"pid_column": False, "short_names": False, "text_ids": False,
@@ -124,18 +110,20 @@ def test_synthetic_edge_cases_give_the_same_columns_and_report(tmp_path: Path, b
     export = Export(tmp_path / "synthetic.sqlite", **options)
     build(export)
     path = export.save()
-    streamed, tables = read_nsys_columns(path), from_trace(load_trace(path))
-    np.testing.assert_array_equal(streamed.arrays["launch_start"], tables.arrays["launch_start"])
-    np.testing.assert_array_equal(
-        streamed.launch_threads(streamed.arrays["launch_thread"]),
-        tables.launch_threads(tables.arrays["launch_thread"]),
-    )
-    pd.testing.assert_frame_equal(streamed.ranges, tables.ranges)
-    if build is _two_processes_one_correlation_id:
+    starts, threads, ranges, phases, kernels = EDGE_CASES[build]
+    streamed = read_nsys_columns(path)
+    assert streamed.arrays["launch_start"].tolist() == starts
+    assert streamed.launch_threads(streamed.arrays["launch_thread"]).tolist() == threads
+    named = streamed.ranges[["name", "start", "end"]]
+    assert list(named.itertuples(index=False, name=None)) == ranges
+    if phases is None:
         # Two processes: the one-process analysis is not theirs (ranks are).
         assert not one_process(streamed)
         return
-    assert_same_report(analyze_columns(streamed), analyze(load_trace(path)))
+    report = analyze_columns(streamed)
+    assert [(p["phase"], p["kernels"], round(p["gpu_time_ms"] * 1e6)) for p in report.to_json()["phases"]] == phases  # fmt: skip
+    assert [(k["phase"], k["name"]) for k in report.to_json()["kernels"]] == kernels
+    assert report.totals["kernels"] == len(starts)
 
 
 @pytest.mark.parametrize("name", [*NSYS, *CHROME])
@@ -147,11 +135,11 @@ def test_a_phase_is_its_share_of_the_whole_trace_sums(
     from profkit.analysis import engine, stream_attribution
 
     path = DATA / name if name in CHROME else unpack(name, exports)
-    trace = load_trace(path)
-    columns = from_trace(trace) if name in CHROME else read_nsys_columns(path)
+    columns = load_columns(path, cache=False)
     plan = stream_attribution.plan_of(columns)
     assert plan.slot_phase is not None
-    phases = [p for p in plan.phase_names if p in analyze(trace).phases["phase"].tolist()]
+    seen = analyze_columns(columns).phases["phase"].tolist()
+    phases = [p for p in plan.phase_names if p in seen]
     shares = {p: analyze_columns(columns, phase=p) for p in phases}
 
     def mixed_slots(cols: ActivityColumns, domain: str | None = None, mode: str = "auto") -> object:
@@ -161,9 +149,8 @@ def test_a_phase_is_its_share_of_the_whole_trace_sums(
 
     monkeypatch.setattr(engine, "plan_of", mixed_slots)
     for phase in phases:
-        added_up = analyze_columns(from_trace(trace), phase=phase)
+        added_up = analyze_columns(load_columns(path, cache=False), phase=phase)
         assert_same_report(shares[phase], added_up)
-        assert_same_report(added_up, analyze(trace, phase=phase))
 
 
 def test_a_slot_holding_several_phases_is_seen(exports: Path) -> None:
@@ -196,13 +183,36 @@ def test_a_time_that_is_not_an_integer_is_one_line(tmp_path: Path, cell: str, sa
         read_nsys_columns(path)
 
 
+@pytest.mark.parametrize("name", NSYS)
+@pytest.mark.parametrize("options", FILTERS, ids=lambda o: ",".join(o) or "all")
+def test_every_export_gives_the_same_report_in_small_chunks(
+    exports: Path, name: str, options: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunk seams (reader and analysis) change no report and no refusal, on every export."""
+    from profkit.analysis import chunked
+    from profkit.traces import nsys_stream
+
+    path = unpack(name, exports)
+    try:
+        expected = analyze_columns(read_nsys_columns(path), **options)
+    except BadInput as exc:
+        monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
+        monkeypatch.setattr(chunked, "CHUNK", 1000)
+        with pytest.raises(BadInput, match=re.escape(str(exc))):
+            analyze_columns(read_nsys_columns(path), **options)
+        return
+    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
+    monkeypatch.setattr(chunked, "CHUNK", 1000)
+    assert_same_report(analyze_columns(read_nsys_columns(path), **options), expected)
+
+
 def test_small_chunks_give_the_same_report(exports: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk seams (reader and analysis) change nothing: 1,000-row chunks on 4,028 rows."""
     from profkit.analysis import chunked
     from profkit.traces import nsys_stream
 
     path = unpack(SMALL_FP32, exports)
-    expected = analyze(load_trace(path), range="forward")
+    expected = analyze_columns(read_nsys_columns(path), range="forward")
     monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
     monkeypatch.setattr(chunked, "CHUNK", 1000)
     assert_same_report(analyze_columns(read_nsys_columns(path), range="forward"), expected)
