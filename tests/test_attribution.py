@@ -29,8 +29,8 @@ from profkit.analysis import (
     kernel_report_markdown,
     short_kernel_name,
 )
+from profkit.analysis.attribution import Plan, attributed, plan_of
 from profkit.analysis.report_types import CONTRACT
-from profkit.analysis.stream_attribution import Plan, attributed, plan_of
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.load import load_columns

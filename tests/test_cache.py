@@ -28,7 +28,7 @@ from profkit.traces import cache
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.job import load
 from profkit.traces.load import load_columns
-from profkit.traces.nsys_stream import read_nsys_columns
+from profkit.traces.nsys_columns import read_nsys_columns
 
 DATA = Path(__file__).parent / "data"
 QUERIES = [{}, {"phase": "backward"}, {"phase": "Forward"}, {"range": "computing softmax"},
@@ -252,12 +252,12 @@ def test_a_column_damaged_inside_is_found_on_opening_and_rebuilt_in_the_same_run
 def test_shapes_are_read_by_row_id_even_where_rows_were_deleted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from profkit.traces import nsys_stream
+    from profkit.traces import nsys_columns
 
     path = unpack(SMALL_FP32, tmp_path)
     with sqlite3.connect(path) as db:  # gaps: every 7th kernel row, and a run at the end
         db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid % 7 = 3 OR rowid > 3800")
-    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)  # several chunks, each with gaps
+    monkeypatch.setattr(nsys_columns, "CHUNK_ROWS", 1000)  # several chunks, each with gaps
     streamed = read_nsys_columns(path)
     assert streamed.kernel_rows is not None and len(streamed.kernel_rows.starts) > 400
     assert_columns_are_the_export(streamed, path)

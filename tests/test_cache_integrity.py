@@ -33,7 +33,7 @@ from typer.testing import CliRunner
 from profkit.cli import app
 from profkit.traces import cache
 from profkit.traces import cache_files as files
-from profkit.traces.nsys_stream import read_nsys_columns
+from profkit.traces.nsys_columns import read_nsys_columns
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -322,7 +322,7 @@ WRITER = """
 import sys, time
 from pathlib import Path
 from profkit.traces import cache
-from profkit.traces.nsys_stream import read_nsys_columns
+from profkit.traces.nsys_columns import read_nsys_columns
 export = Path(sys.argv[1])
 columns = read_nsys_columns(export)
 entry, expected = cache.entry_dir(export), cache.identity(export)

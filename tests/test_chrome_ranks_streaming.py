@@ -1,5 +1,5 @@
 """Per-rank torch.profiler traces of one run read as compact columns
-(profkit.analysis.stream_rank_files), as the full tables read them.
+(profkit.analysis.joins), as the full tables read them.
 
 The real 2-H200 DDP traces (one file a rank), and variants written from them: rank 1 said
 to be another host whose clock runs 3 ms ahead, both ranks given one pid, no NCCL kernels,
@@ -19,19 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import profkit.analysis.nodes as nodes_module
+import profkit.analysis.ranks as ranks_module
 import pytest
+from profkit.analysis.nodes import merge_ranks_of_hosts
+from profkit.analysis.ranks import RankedReport
 from report_checks import close_json, option_id
 from typer.testing import CliRunner
 
-import profkit.analysis.nodes as nodes_module
-import profkit.analysis.ranks as ranks_module
 import profkit.traces.load as load_module
 import profkit.traces.ranks as traces_ranks
 from profkit.analysis import analyze_any, kernel_report, kernel_report_markdown
-from profkit.analysis.nodes import merge_ranks_of_hosts
+from profkit.analysis.joins import analyze_rank_file_columns, merge_rank_columns
 from profkit.analysis.rank_layout import ranks_of
-from profkit.analysis.ranks import RankedReport
-from profkit.analysis.stream_rank_files import analyze_rank_file_columns, merge_rank_columns
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.report.build import build_report

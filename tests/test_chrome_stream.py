@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from profkit.errors import BadInput
 from profkit.traces.chrome import read_chrome_trace
-from profkit.traces.chrome_stream import EventBatches, NotStreamable
+from profkit.traces.chrome_json import EventBatches, NotStreamable
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = sorted(DATA.glob("torch-*.json.gz"))

@@ -18,7 +18,7 @@ from profkit.analysis import chunked, kernel_stats
 from profkit.analysis.engine import analyze_columns
 from profkit.analysis.selection import Selection
 from profkit.formats import dumps
-from profkit.traces.nsys_stream import read_nsys_columns
+from profkit.traces.nsys_columns import read_nsys_columns
 
 
 @pytest.fixture

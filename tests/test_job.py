@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from nsys_data import PID, Export, unpack
+from profkit.analysis.ranks import RankedReport
 from typer.testing import CliRunner
 
 import profkit.traces.load as load_module
 from profkit import analysis
-from profkit.analysis.ranks import RankedReport
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.traces.columns import START

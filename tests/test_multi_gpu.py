@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from nsys_data import Export
+from profkit.analysis.ranks import analyze_ranks, is_multi_rank
 from typer.testing import CliRunner
 
 from profkit.analysis.comm import both_covered_ns, collective, comm_stats, covered_ns, is_nccl
-from profkit.analysis.ranks import analyze_ranks, is_multi_rank
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.run import bench as bench_lib
@@ -521,8 +521,9 @@ def test_python_ms_of_one_rank_is_not_shown_beside_every_ranks_ranges(data_dir: 
 
 
 def test_the_ranks_table_names_hosts_only_where_ranks_span_several(data_dir: Path) -> None:
-    from profkit.analysis import kernel_report
     from profkit.analysis.ranks import rank_tables
+
+    from profkit.analysis import kernel_report
     from profkit.traces.job import load
 
     report = kernel_report(load([data_dir / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz"]))

@@ -126,8 +126,9 @@ def test_a_multi_process_export_is_read_as_columns_whatever_its_phases(
 ) -> None:
     """Annotated or inferred phases: the export is read as compact columns (cached, the
     full tables never built)."""
-    from profkit import analysis
     from profkit.analysis.ranks import RankedReport
+
+    from profkit import analysis
     from profkit.traces.job import load
 
     plain = tmp_path / fixture.name.removesuffix(".xz")

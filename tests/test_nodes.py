@@ -17,14 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import profkit.analysis.nodes as nodes_module
 import pytest
 from bench_scripts import benchmark
-from report_checks import close_json, option_id
-from typer.testing import CliRunner
-
-import profkit.analysis.nodes as nodes_module
-import profkit.traces.load as load_module
-from profkit.analysis import analyze_any, kernel_report
 from profkit.analysis.nodes import (
     _clock,
     estimate_offset,
@@ -34,11 +29,16 @@ from profkit.analysis.nodes import (
     not_one_job,
 )
 from profkit.analysis.ranks import RankedReport
+from report_checks import close_json, option_id
+from typer.testing import CliRunner
+
+import profkit.traces.load as load_module
+from profkit.analysis import analyze_any, kernel_report
 from profkit.cli import app
 from profkit.traces import load_trace
 from profkit.traces.columns import START
 from profkit.traces.job import load
-from profkit.traces.nsys_stream import keeps_start_times
+from profkit.traces.nsys_columns import keeps_start_times
 
 DDP2 = "nsys-2025.3-h200x2-small-ddp2"
 SHIFT_NS = 3_000_000  # node 1's clock 3 ms ahead

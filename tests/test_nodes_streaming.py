@@ -1,5 +1,5 @@
 """Several nodes' multi-GPU exports read as one job from their compact columns
-(profkit.analysis.stream_nodes), in bounded memory, as the full tables read them.
+(profkit.analysis.joins), in bounded memory, as the full tables read them.
 
 No multi-host capture exists here, so a second node is made from the real 2-GPU export
 (``kernels_scale.another_node``): the same rows with every process id moved by 100,000
@@ -20,23 +20,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import profkit.analysis.nodes as nodes_module
 import pytest
 from bench_scripts import benchmark
 from nsys_data import SMALL_FP32, unpack
+from profkit.analysis.nodes import merge_node_traces, not_one_job
 from report_checks import close_json, option_id
 from typer.testing import CliRunner
 
-import profkit.analysis.nodes as nodes_module
 import profkit.traces.load as load_module
 from profkit.analysis import analyze_any, kernel_report_markdown
-from profkit.analysis.nodes import merge_node_traces, not_one_job
-from profkit.analysis.stream_nodes import analyze_node_columns
+from profkit.analysis.joins import analyze_node_columns
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.traces.columns import START
 from profkit.traces.job import load, node_facts, why_not_one_job
 from profkit.traces.load import load_columns, load_columns_of, load_traces
-from profkit.traces.nsys_stream import keeps_start_times
+from profkit.traces.nsys_columns import keeps_start_times
 
 DDP2 = "nsys-2025.3-h200x2-small-ddp2"
 PID_STEP = 100_000  # kernels_scale.PID_STEP: another node's processes

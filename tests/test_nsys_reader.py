@@ -31,7 +31,7 @@ from synthetic import report
 from profkit.errors import BadInput, MissingTool, ProfkitWarning
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.load import load_columns
-from profkit.traces.nsys_stream import read_nsys_columns
+from profkit.traces.nsys_columns import read_nsys_columns
 
 PROBE_MAIN, PROBE_AUTOGRAD = 281494723495065, 281494723495102
 RANGE_COLUMNS = ["name", "start", "end", "thread", "depth", "domain"]
@@ -345,11 +345,11 @@ def test_reading_is_the_same_on_one_or_many_chunks(
     unpacked: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Columns read in chunks of rowids stay aligned row for row."""
-    from profkit.traces import nsys_stream
+    from profkit.traces import nsys_columns
 
     path = unpack(SMALL_FP32, unpacked)
     whole = read_nsys_columns(path)
-    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 97)
+    monkeypatch.setattr(nsys_columns, "CHUNK_ROWS", 97)
     chunked = read_nsys_columns(path)
     assert (chunked.names, chunked.kinds) == (whole.names, whole.kinds)
     for name, array in whole.arrays.items():
@@ -374,9 +374,9 @@ def test_a_missing_plugin_is_a_plain_message(
 def test_sealed_calls_hold_no_second_copy_of_the_calls() -> None:
     """Calls stored out of key order are sorted at seal: a copy, after which the buffer
     they were written to must be let go (at 33 M calls, keeping both held 0.6 GB more)."""
-    from profkit.traces import nsys_stream
+    from profkit.traces import nsys_columns
 
-    calls = nsys_stream._Calls(tid0=100, base=0, capacity=1_000)
+    calls = nsys_columns._Calls(tid0=100, base=0, capacity=1_000)
     chunk = {
         "key": np.array([5, 3, 9]),
         "start": np.array([10, 20, 30]),
@@ -395,15 +395,15 @@ def test_scans_of_several_tables_share_one_window_and_keep_their_rows() -> None:
     """``stream_scans`` runs tables one after the other through one window of chunks (the
     next table's chunks are read while the last one's are taken): each table's chunks come
     in rowid order, whole, and tagged with their scan and bounds."""
-    from profkit.traces import _sqlite
+    from profkit.traces import sqlite_scan
 
     tables = ["CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"]
-    conn = _sqlite.open_readonly(PROBE)
+    conn = sqlite_scan.open_readonly(PROBE)
     scans = [
-        _sqlite.Scan(t, {"id": "correlationId"}, chunks=_sqlite.chunk_bounds(conn, t, 7))
+        sqlite_scan.Scan(t, {"id": "correlationId"}, chunks=sqlite_scan.chunk_bounds(conn, t, 7))
         for t in tables
     ]
-    with _sqlite.ParallelReader(PROBE, threads=3) as reader:
+    with sqlite_scan.ParallelReader(PROBE, threads=3) as reader:
         got = list(reader.stream_scans(conn, scans, ahead=2))
     assert [index for index, _, _ in got] == sorted(index for index, _, _ in got)
     for index, table in enumerate(tables):
@@ -424,7 +424,7 @@ def test_a_bad_call_late_in_the_read_is_one_error_and_leaves_no_thread_waiting(
     import shutil
     import threading
 
-    from profkit.traces import nsys_stream
+    from profkit.traces import nsys_columns
 
     path = tmp_path / "bad-call.sqlite"
     shutil.copy(unpack(SMALL_FP32, unpacked), path)
@@ -434,12 +434,12 @@ def test_a_bad_call_late_in_the_read_is_one_error_and_leaves_no_thread_waiting(
             "(SELECT max(r.rowid) FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
             "JOIN CUPTI_ACTIVITY_KIND_KERNEL k USING (correlationId))"
         )
-    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 500)  # many chunks, activities read ahead
+    monkeypatch.setattr(nsys_columns, "CHUNK_ROWS", 500)  # many chunks, activities read ahead
     failed: list[BaseException] = []
 
     def read() -> None:
         try:
-            nsys_stream.read_nsys_columns(path)
+            nsys_columns.read_nsys_columns(path)
         except BaseException as exc:
             failed.append(exc)
 

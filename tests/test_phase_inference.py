@@ -30,7 +30,7 @@ from nsys_data import (
 )
 from synthetic import report, report_of_columns
 
-from profkit.analysis.stream_attribution import Plan, attributed, plan_of
+from profkit.analysis.attribution import Plan, attributed, plan_of
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.load import load_columns

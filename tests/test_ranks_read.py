@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from profkit.errors import BadInput
-from profkit.traces import nsys_stream
-from profkit.traces.nsys_stream import read_nsys_columns
+from profkit.traces import nsys_columns
+from profkit.traces.nsys_columns import read_nsys_columns
 
 DATA = Path(__file__).parent / "data"
 NSYS = DATA / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz"
@@ -99,13 +99,13 @@ def _assert_columns(path: Path) -> None:
 def _devices_read(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, int]]]:
     """Record each chunk whose device column the reader had to read."""
     reads: list[tuple[str, tuple[int, int]]] = []
-    original: Callable = nsys_stream._sqlite.read_chunk
+    original: Callable = nsys_columns.sqlite_scan.read_chunk
 
     def spy(conn: sqlite3.Connection, table: str, exprs: dict, bounds: tuple[int, int]):  # type: ignore[no-untyped-def]
         reads.append((table, bounds))
         return original(conn, table, exprs, bounds)
 
-    monkeypatch.setattr(nsys_stream._sqlite, "read_chunk", spy)
+    monkeypatch.setattr(nsys_columns.sqlite_scan, "read_chunk", spy)
     return reads
 
 
@@ -120,9 +120,9 @@ def test_a_process_on_two_devices_has_its_devices_read(plain: Path, tmp_path: Pa
     path = _changed(plain, tmp_path, f"INSERT INTO {CONTEXTS} VALUES (7, 0, 1, {pid}, 5, 9, 0, 0)")
     _assert_columns(path)
     with sqlite3.connect(path) as conn:
-        tables = nsys_stream._sqlite.table_columns(conn)
-        codec = nsys_stream.Codec.of(conn, tables)
-        assert nsys_stream._process_devices(conn, tables, codec) is None
+        tables = nsys_columns.sqlite_scan.table_columns(conn)
+        codec = nsys_columns.Codec.of(conn, tables)
+        assert nsys_columns._process_devices(conn, tables, codec) is None
 
 
 def test_a_process_the_contexts_table_lacks_has_its_devices_read(

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from bench_scripts import benchmark
 from nsys_data import PID, Export
+from profkit.analysis.ranks import RankedReport
 
 from profkit import analysis
-from profkit.analysis.ranks import RankedReport
 from profkit.traces.job import load
 
 DATA = Path(__file__).parent / "data"

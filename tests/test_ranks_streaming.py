@@ -25,6 +25,7 @@ import pandas as pd
 import pytest
 from bench_scripts import benchmark
 from nsys_data import SMALL_FP32, unpack
+from profkit.analysis.ranks import RankedReport
 from report_checks import assert_same_report, close_json, option_id
 from typer.testing import CliRunner
 
@@ -32,13 +33,12 @@ import profkit.analysis as analysis
 from profkit.analysis import analyze_any, chunked
 from profkit.analysis.engine import analyze_columns
 from profkit.analysis.rank_layout import ranks_of
-from profkit.analysis.ranks import RankedReport
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.formats import dumps
 from profkit.traces import load_trace
 from profkit.traces.job import Job, load
-from profkit.traces.nsys_stream import read_nsys_columns
+from profkit.traces.nsys_columns import read_nsys_columns
 
 DATA = Path(__file__).parent / "data"
 NSYS = DATA / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz"

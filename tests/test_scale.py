@@ -33,7 +33,7 @@ from profkit.analysis.engine import analyze_columns
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.load import load_columns
-from profkit.traces.nsys_stream import read_nsys_columns
+from profkit.traces.nsys_columns import read_nsys_columns
 
 DATA = Path(__file__).parent / "data"
 NSYS = [SMALL_FP32, SMALL_BF16, TINY_COMPILE, GRAPH_NODES, GRAPH_WHOLE,
@@ -132,18 +132,18 @@ def test_a_phase_is_its_share_of_the_whole_trace_sums(
 ) -> None:
     """--phase keeps one phase's share of the sums of every activity (each slot holds one
     phase's points); adding that phase's activities up again gives the same report."""
-    from profkit.analysis import engine, stream_attribution
+    from profkit.analysis import attribution, engine
 
     path = DATA / name if name in CHROME else unpack(name, exports)
     columns = load_columns(path, cache=False)
-    plan = stream_attribution.plan_of(columns)
+    plan = attribution.plan_of(columns)
     assert plan.slot_phase is not None
     seen = analyze_columns(columns).phases["phase"].tolist()
     phases = [p for p in plan.phase_names if p in seen]
     shares = {p: analyze_columns(columns, phase=p) for p in phases}
 
     def mixed_slots(cols: ActivityColumns, domain: str | None = None, mode: str = "auto") -> object:
-        found = stream_attribution.plan_of(cols, domain, mode)  # type: ignore[arg-type]
+        found = attribution.plan_of(cols, domain, mode)  # type: ignore[arg-type]
         found.slot_phase = None  # as where several processes share a slot
         return found
 
@@ -154,8 +154,8 @@ def test_a_phase_is_its_share_of_the_whole_trace_sums(
 
 
 def test_a_slot_holding_several_phases_is_seen(exports: Path) -> None:
+    from profkit.analysis.attribution import attributed, plan_of
     from profkit.analysis.selection import Selection
-    from profkit.analysis.stream_attribution import attributed, plan_of
     from profkit.analysis.sums import add_up
 
     columns = read_nsys_columns(unpack(SMALL_FP32, exports))
@@ -190,18 +190,18 @@ def test_every_export_gives_the_same_report_in_small_chunks(
 ) -> None:
     """Chunk seams (reader and analysis) change no report and no refusal, on every export."""
     from profkit.analysis import chunked
-    from profkit.traces import nsys_stream
+    from profkit.traces import nsys_columns
 
     path = unpack(name, exports)
     try:
         expected = analyze_columns(read_nsys_columns(path), **options)
     except BadInput as exc:
-        monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
+        monkeypatch.setattr(nsys_columns, "CHUNK_ROWS", 1000)
         monkeypatch.setattr(chunked, "CHUNK", 1000)
         with pytest.raises(BadInput, match=re.escape(str(exc))):
             analyze_columns(read_nsys_columns(path), **options)
         return
-    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
+    monkeypatch.setattr(nsys_columns, "CHUNK_ROWS", 1000)
     monkeypatch.setattr(chunked, "CHUNK", 1000)
     assert_same_report(analyze_columns(read_nsys_columns(path), **options), expected)
 
@@ -209,11 +209,11 @@ def test_every_export_gives_the_same_report_in_small_chunks(
 def test_small_chunks_give_the_same_report(exports: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk seams (reader and analysis) change nothing: 1,000-row chunks on 4,028 rows."""
     from profkit.analysis import chunked
-    from profkit.traces import nsys_stream
+    from profkit.traces import nsys_columns
 
     path = unpack(SMALL_FP32, exports)
     expected = analyze_columns(read_nsys_columns(path), range="forward")
-    monkeypatch.setattr(nsys_stream, "CHUNK_ROWS", 1000)
+    monkeypatch.setattr(nsys_columns, "CHUNK_ROWS", 1000)
     monkeypatch.setattr(chunked, "CHUNK", 1000)
     assert_same_report(analyze_columns(read_nsys_columns(path), range="forward"), expected)
 

@@ -44,6 +44,7 @@ READERS: dict[str, Reader] = {}
 # imports the module named here the first time it meets one of its suffixes.
 PLUGINS: dict[str, str] = {".json": "profkit.traces.chrome", ".json.gz": "profkit.traces.chrome"}
 NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 SUPPORTED = "an Nsight Systems .sqlite or .nsys-rep export, or a Chrome trace .json[.gz]"
 
 
@@ -78,7 +79,8 @@ def load_columns(
         variant = "timed"  # the plain read keeps no starts (or, compressed, may not)
 
     def read() -> ActivityColumns:
-        if _head(source).startswith(SQLITE_MAGIC):
+        if _head(source).startswith(SQLITE_MAGIC) or _is_sqlite_name(source):
+            # A .sqlite that is not SQLite is told why by the reader (empty, truncated, ...).
             return check_column_span(read_nsys_columns(source, progress, timed))
         return _reader(source)(source, progress=progress)
 
@@ -142,6 +144,10 @@ def _checked(path: str | os.PathLike[str]) -> Path:
     if path.name.lower().endswith(".zst"):
         raise BadInput(f"{path} is zstd-compressed; unpack it first (`zstd -d` keeps the original)")
     return path
+
+
+def _is_sqlite_name(path: Path) -> bool:
+    return _without_compression(path.name.lower()).endswith(SQLITE_SUFFIXES)
 
 
 def _without_compression(name: str) -> str:
