@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from column_checks import assert_same_columns
 from rich.console import Console
 from typer.testing import CliRunner
 
 from profkit.cli import app, render
 from profkit.traces.chrome import read_chrome_columns
-from profkit.traces.columns import ActivityColumns
 from profkit.traces.load import load_columns, load_columns_of
 
 DATA = Path(__file__).parent / "data"
@@ -52,16 +52,6 @@ def assert_rises_to(heard: Heard, size: int, calls: int = 5) -> None:
     done = heard.positions()
     assert done == sorted(done) and done[0] > 0
     assert done[-1] == size
-
-
-def assert_same_columns(a: ActivityColumns, b: ActivityColumns) -> None:
-    assert list(a.arrays) == list(b.arrays)
-    for name, values in b.arrays.items():
-        np.testing.assert_array_equal(np.asarray(a.arrays[name]), values, err_msg=name)
-    assert (a.names, a.kinds, a.shapes) == (b.names, b.kinds, b.shapes)
-    np.testing.assert_array_equal(a.threads, b.threads)
-    pd.testing.assert_frame_equal(a.ranges, b.ranges)
-    assert a.meta == b.meta
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
