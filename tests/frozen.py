@@ -3,7 +3,7 @@ inputs are made in the test (variants of the real captures that tests/test_golde
 does not hold): ``tests/data/frozen/<name>.json.gz`` maps a case to its output.
 
 They were recorded from the code of commit 0f93f55 (the reports of
-``analysis.analyze_any`` on the full tables, which the columns' reports equalled then:
+the pandas engine on the full tables, which the columns' reports equalled then:
 each test compared the two). Folders that differ between runs are written ``{name}``
 (:func:`normalised`).
 """

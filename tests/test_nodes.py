@@ -211,7 +211,7 @@ def _read(*paths: Path) -> list[ActivityColumns]:
     return load_columns_of(list(paths), cache=False, timed=True)
 
 
-def _is_node_set(files: list[ActivityColumns]) -> bool:
+def _one_job(files: list[ActivityColumns]) -> bool:
     return together([Path(c.meta["path"]) for c in files], files).kind == "nodes"
 
 
@@ -223,10 +223,10 @@ def test_what_is_not_one_job_is_compared(
     nodes: dict[str, Path], data_dir: Path, tmp_path: Path
 ) -> None:
     node0, node1 = _read(nodes["node0"], nodes["node1"])
-    assert _is_node_set([node0, node1])
-    assert not _is_node_set([node0])
+    assert _one_job([node0, node1])
+    assert not _one_job([node0])
     (again,) = _read(nodes["node0"])
-    assert not _is_node_set([node0, again])  # one file twice
+    assert not _one_job([node0, again])  # one file twice
     assert _why([node0, again]) == f"{nodes['node0']} is given twice"
     copy = tmp_path / "copy.sqlite"  # one capture under two names
     shutil.copy(nodes["node0"], copy)
@@ -234,12 +234,12 @@ def test_what_is_not_one_job_is_compared(
     assert reason is not None and reason.startswith(f"{nodes['node0'].name} and copy.sqlite hold")
     (later,) = _read(nodes["node1"])
     later.meta["session_start_utc_ns"] += 3600 * 10**9  # an hour later: another run
-    assert not _is_node_set([node0, later])
+    assert not _one_job([node0, later])
     (unknown,) = _read(nodes["node1"])
     del unknown.meta["session_start_utc_ns"]
-    assert not _is_node_set([node0, unknown])
+    assert not _one_job([node0, unknown])
     (one_gpu,) = _read(data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz")  # no NCCL
-    assert not _is_node_set([node0, one_gpu])
+    assert not _one_job([node0, one_gpu])
     assert _why([node0, one_gpu]) == "nsys-2025.3-h100-small-fp32.sqlite.xz has no NCCL kernels"
     # Without its launch calls a node's activities belong to no process it could name.
     unlaunched = tmp_path / "unlaunched.sqlite"
