@@ -2,7 +2,9 @@
 inputs are made in the test (variants of the real captures that tests/test_golden.py
 does not hold): ``tests/data/frozen/<name>.json.gz`` maps a case to its output.
 
-They were recorded from the code of commit 0f93f55 (the reports of
+``ranks_streaming_tables`` holds every table of those reports besides (pandas'
+``to_json(orient="split", double_precision=15)``), and their notes. They were recorded
+from the code of commit 0f93f55 (the reports of
 the pandas engine on the full tables, which the columns' reports equalled then:
 each test compared the two). Folders that differ between runs are written ``{name}``
 (:func:`normalised`).

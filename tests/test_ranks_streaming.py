@@ -20,11 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from bench_scripts import benchmark
 from frozen import frozen, normalised, normalised_text
 from nsys_data import SMALL_FP32, unpack
-from report_checks import close_json, option_id
+from report_checks import TABLES, close_json, option_id
 from synthetic import report
 from typer.testing import CliRunner
 
@@ -110,6 +111,26 @@ def test_columns_give_the_frozen_report(
         }
     assert got.steps.to_dict("list") == want["steps"]  # exact
     assert got.world_size == want["json"]["job"]["world_size"]
+    tables = frozen("ranks_streaming_tables", f"{which}/{option_id(options)}")
+    _same_tables(got, tables["whole"])
+    for entry, theirs in zip(got.ranks, tables["ranks"], strict=True):
+        _same_tables(entry.report, theirs)
+
+
+def _same_tables(report: Any, want: dict[str, Any]) -> None:
+    """Every table of a report (not only its JSON's top rows) and its notes as frozen
+    (floats to 1e-12 relative: std is summed in another order)."""
+    assert report.notes == want["notes"]
+    for table in TABLES:
+        got = getattr(report, table)
+        frozen_table = pd.DataFrame(**want[table])
+        pd.testing.assert_frame_equal(
+            got.reset_index(drop=True),
+            frozen_table.reset_index(drop=True),
+            check_dtype=False,
+            check_index_type=False,
+            rtol=1e-12,
+        )
 
 
 @pytest.mark.parametrize("options", ERRORS, ids=lambda o: ",".join(o))
