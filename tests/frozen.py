@@ -3,7 +3,7 @@ inputs are made in the test (variants of the real captures that tests/test_golde
 does not hold): ``tests/data/frozen/<name>.json.gz`` maps a case to its output.
 
 ``ranks_streaming_tables`` holds every table of those reports besides (pandas'
-``to_json(orient="split", double_precision=15)``), and their notes. They were recorded
+``to_json(orient="split", double_precision=15)``), their notes and rank infos. They were recorded
 from the code of commit 0f93f55 (the reports of
 the pandas engine on the full tables, which the columns' reports equalled then:
 each test compared the two). Folders that differ between runs are written ``{name}``

@@ -112,6 +112,7 @@ def test_columns_give_the_frozen_report(
     assert got.steps.to_dict("list") == want["steps"]  # exact
     assert got.world_size == want["json"]["job"]["world_size"]
     tables = frozen("ranks_streaming_tables", f"{which}/{option_id(options)}")
+    assert normalised([e.info for e in got.ranks], folder=exports["x1"].parent) == tables["infos"]
     _same_tables(got, tables["whole"])
     for entry, theirs in zip(got.ranks, tables["ranks"], strict=True):
         _same_tables(entry.report, theirs)
