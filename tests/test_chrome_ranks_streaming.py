@@ -1,5 +1,5 @@
 """Per-rank torch.profiler traces of one run read as compact columns
-(profkit.analysis.stream_rank_files), as the full tables read them.
+(profkit.analysis.stream_rank_files), as the full tables read them once.
 
 The real 2-H200 DDP traces (one file a rank), and variants written from them: rank 1 said
 to be another host whose clock runs 3 ms ahead, both ranks given one pid, no NCCL kernels,
@@ -222,7 +222,7 @@ def test_the_layout_is_the_files_and_ranks_of_agrees_on_real_traces() -> None:
 def test_a_rank_trace_keeps_starts_and_devices_through_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A per-rank trace's columns keep its GPU starts and devices (the tables' own), read
+    """A per-rank trace's columns keep its GPU starts and devices (the raw JSON's), read
     fresh or from the cache, in GPU order (by start, then end, then as written: the raw
     JSON's, read here); a trace that names no rank keeps none."""
     monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))

@@ -1,5 +1,5 @@
 """Several nodes' multi-GPU exports read as one job from their compact columns
-(profkit.analysis.stream_nodes), in bounded memory, as the full tables read them.
+(profkit.analysis.stream_nodes), in bounded memory, as the full tables read them once.
 
 No multi-host capture exists here, so a second node is made from the real 2-GPU export
 (``kernels_scale.another_node``): the same rows with every process id moved by 100,000
@@ -138,7 +138,7 @@ def test_exports_read_together_keep_their_starts_and_say_why_they_are_apart(
 ) -> None:
     """A one-GPU export alone keeps no start times in its columns; read with others it
     does (each could be a node), through a cache entry of its own. The same file twice is
-    not one job: the CLI compares them and says why, as the full tables' rule says."""
+    not one job: the CLI compares them and says why."""
     single = unpack(SMALL_FP32, tmp_path)
     assert keeps_start_times(nodes["node0"]) and not keeps_start_times(single)
     assert not keeps_start_times(tmp_path / "none.sqlite")

@@ -349,7 +349,7 @@ def test_the_read_floor_script_times_the_readers_queries(
 
 def test_ranks_without_phase_ranges_infer_theirs_on_the_columns(tmp_path: Path) -> None:
     """The real export with its phase ranges deleted keeps its other NVTX ranges (attention,
-    NCCL's own): the columns infer its phases as the full tables do, and do not take its
+    NCCL's own): the columns infer its phases as the full tables did, and do not take its
     outermost other ranges for annotated phases (the full tables' report, frozen)."""
     import sqlite3
 
