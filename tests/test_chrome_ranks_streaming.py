@@ -1,43 +1,38 @@
 """Per-rank torch.profiler traces of one run read as compact columns
-(profkit.analysis.joins), as the full tables read them.
+(profkit.analysis.joins), as the full tables read them once.
 
 The real 2-H200 DDP traces (one file a rank), and variants written from them: rank 1 said
 to be another host whose clock runs 3 ms ahead, both ranks given one pid, no NCCL kernels,
 no phase ranges, no GPU activity at all (a CPU run). Joined as columns and analysed by the
-streaming ranked analysis, every set must give the report the full tables give
-(``merge_ranks_of_hosts`` + ``analyze_any``) with every option and phase mode; where the
-columns cannot (no GPU activity) the full tables are read instead.
+streaming ranked analysis, every set must give the report the full tables gave
+(every rank's tables merged, then analysed; frozen before that engine was deleted:
+tests/frozen.py) with every option and phase mode, ranks without GPU activity included.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import profkit.analysis.nodes as nodes_module
-import profkit.analysis.ranks as ranks_module
 import pytest
-from profkit.analysis.nodes import merge_ranks_of_hosts
-from profkit.analysis.ranks import RankedReport
+from frozen import frozen, normalised, normalised_text
 from report_checks import close_json, option_id
 from typer.testing import CliRunner
 
-import profkit.traces.load as load_module
-import profkit.traces.ranks as traces_ranks
-from profkit.analysis import analyze_any, kernel_report, kernel_report_markdown
+from profkit.analysis import kernel_report
 from profkit.analysis.joins import analyze_rank_file_columns, merge_rank_columns
 from profkit.analysis.rank_layout import ranks_of
+from profkit.analysis.report_types import RankedReport
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.report.build import build_report
 from profkit.traces.columns import DEVICE, START
 from profkit.traces.job import load
-from profkit.traces.load import load_columns, load_trace, load_traces
+from profkit.traces.load import load_columns
 
 DATA = Path(__file__).parent / "data"
 RANKS = [DATA / f"torch-h200x2-small-ddp2-rank{r}.json.gz" for r in (0, 1)]
@@ -123,12 +118,15 @@ def _json(report: Any) -> dict[str, Any]:
     return json.loads(json.dumps(report.to_json(), default=str))
 
 
-def _full(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
-    """The full tables' report: every rank's tables merged, then analysed."""
-    top, phase, range_ = options.get("top", 20), options.get("phase"), options.get("range_")
-    merged = merge_ranks_of_hosts(load_traces(paths))
-    phases = options.get("phases", "auto")
-    return _json(analyze_any(merged, top, phase, range_, options.get("rank"), phases))
+def _full(sets: dict[str, list[Path]], name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The full tables' report of the set ``name`` (every rank's tables merged, then
+    analysed), as it was frozen: ``{"error": ...}`` where they refused the options."""
+    return frozen("chrome_ranks_streaming", f"{name}/{option_id(options)}")
+
+
+def _same(sets: dict[str, list[Path]], name: str, value: Any) -> Any:
+    """``value`` with the set's folder and the data folder written as frozen."""
+    return normalised(value, data=DATA, set=sets[name][0].parent)
 
 
 def _streamed(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +140,10 @@ def _streamed(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
 def test_the_columns_give_the_full_tables_report(
     sets: dict[str, list[Path]], name: str, options: dict[str, Any]
 ) -> None:
-    close_json(_streamed(sets[name], options), _full(sets[name], options))
+    """(goldens kernels--torch-h200x2-small-ddp2-rank0+...-rank1* hold the CLI's JSON of
+    the real set with some of these options)"""
+    got = _same(sets, name, _streamed(sets[name], options))
+    close_json(got, _full(sets, name, options))
 
 
 @pytest.mark.parametrize("name", ["reversed", "one-pid", "no-nccl", "no-phases"])
@@ -151,7 +152,7 @@ def test_odd_sets_give_the_full_tables_report_too(sets: dict[str, list[Path]], n
     activities, under a key of its own); a run without NCCL kernels; ranks without phase
     ranges (their phases inferred)."""
     got = _streamed(sets[name], {})
-    close_json(got, _full(sets[name], {}))
+    close_json(_same(sets, name, got), _full(sets, name, {}))
     real = _streamed(sets["real"], {})
     if name == "one-pid":
         assert [(r["rank"], r["pid"]) for r in got["ranks"]] == [(0, 4242), (1, 4242)]
@@ -221,14 +222,21 @@ def test_the_layout_is_the_files_and_ranks_of_agrees_on_real_traces() -> None:
 def test_a_rank_trace_keeps_starts_and_devices_through_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A per-rank trace's columns keep its GPU starts and devices (the tables' own), read
-    fresh or from the cache; a trace that names no rank keeps none."""
+    """A per-rank trace's columns keep its GPU starts and devices (the raw JSON's), read
+    fresh or from the cache, in GPU order (by start, then end, then as written: the raw
+    JSON's, read here); a trace that names no rank keeps none."""
     monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
-    trace = load_trace(RANKS[1])
+    doc = json.loads(gzip.decompress(RANKS[1].read_bytes()))
+    base = doc["baseTimeNanoseconds"]
+    gpu = [e for e in doc["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    timed = sorted(
+        (base + round(e["ts"] * 1000), base + round((e["ts"] + e["dur"]) * 1000), i)
+        for i, e in enumerate(gpu)
+    )
     for _ in ("fresh", "cached"):
         cols = load_columns(RANKS[1])
-        assert np.array_equal(cols.arrays[START], trace.kernels["start"].to_numpy(np.int64))
-        assert np.array_equal(cols.arrays[DEVICE], trace.kernels["device"].to_numpy(np.int64))
+        assert cols.arrays[START].tolist() == [start for start, _, _ in timed]
+        assert cols.arrays[DEVICE].tolist() == [gpu[i]["args"]["device"] for _, _, i in timed]
     alone = load_columns(DATA / "torch-small-ctx128-train.json.gz", cache=False)
     assert START not in alone.arrays and DEVICE not in alone.arrays
 
@@ -257,13 +265,16 @@ def test_ranks_without_gpu_activity_give_the_full_tables_report(
     ranks of one run (the streamed analysis once crashed on them)."""
     job = load(sets[name], cache=False)
     assert job.kind == "ranks" and [len(c) == 0 for c in job.files] == [name == "no-gpu", True]
-    try:
-        want = _full(sets[name], options)
-    except BadInput as refused:
-        with pytest.raises(BadInput, match=re.escape(str(refused))):
+    want = _full(sets, name, options)
+    if "error" in want:
+        with pytest.raises(BadInput) as refused:
             kernel_report(job, **_renamed(options))
+        assert (
+            normalised_text(str(refused.value), data=DATA, set=sets[name][0].parent)
+            == want["error"]
+        )
         return
-    close_json(_json(kernel_report(job, **_renamed(options))), want)
+    close_json(_same(sets, name, _json(kernel_report(job, **_renamed(options)))), want)
 
 
 def _renamed(options: dict[str, Any]) -> dict[str, Any]:
@@ -271,44 +282,25 @@ def _renamed(options: dict[str, Any]) -> dict[str, Any]:
     return {("range" if k == "range_" else k): v for k, v in options.items()}
 
 
-def _refuse_full_tables(monkeypatch: pytest.MonkeyPatch, *, reading: bool) -> None:
-    """Every way to the ranks' full tables raises; ``reading``: reading a trace's tables
-    at all (the columns must then come from the cache)."""
-
-    def refuse(*_: Any, **__: Any) -> None:
-        raise AssertionError("the full tables were read")
-
-    for module, name in [(traces_ranks, "merge_rank_traces"), (nodes_module, "merge_rank_traces"),
-                         (nodes_module, "merge_ranks_of_hosts"), (ranks_module, "analyze_ranks"),
-                         (load_module, "load_traces")]:  # fmt: skip
-        monkeypatch.setattr(module, name, refuse)
-    if reading:
-        monkeypatch.setattr(load_module, "load_trace", refuse)
-
-
 @pytest.mark.parametrize("name", ["real", "hosts"])
-def test_the_cli_reads_rank_sets_without_the_full_tables(
+def test_the_cli_reads_rank_sets_as_the_full_tables_did(
     sets: dict[str, list[Path]], name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """With the ranks' merge and analysis refused, `profkit kernels RANK0 RANK1` gives every
-    format: JSON as the full tables' (floats to 1e-12), markdown theirs to the character;
-    once cached, no trace's tables are built at all."""
+    """`profkit kernels RANK0 RANK1` gives every format, uncached and cached: JSON as the
+    full tables' (floats to 1e-12), markdown theirs to the character."""
     paths = [str(p) for p in sets[name]]
-    full = analyze_any(merge_ranks_of_hosts(load_traces(sets[name])))
-    title = f"Kernels of {sets[name][0].name}, {sets[name][1].name}"
     monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
-    _refuse_full_tables(monkeypatch, reading=False)
     first = runner.invoke(app, ["kernels", *paths, "--format", "json"])  # fills the cache
     assert first.exit_code == 0, first.output
-    _refuse_full_tables(monkeypatch, reading=True)
     printed = {}
     for fmt in ("json", "md", "csv"):
         result = runner.invoke(app, ["kernels", *paths, "--format", fmt])
         assert result.exit_code == 0, result.output
         printed[fmt] = result.stdout
     assert printed["json"] == first.stdout
-    close_json(json.loads(printed["json"]), _json(full))
-    assert printed["md"] == kernel_report_markdown(full, title=title)
+    close_json(_same(sets, name, json.loads(printed["json"])), _full(sets, name, {}))
+    md = frozen("chrome_ranks_streaming", f"cli/{name}/md")
+    assert normalised_text(printed["md"], data=DATA, set=sets[name][0].parent) == md
     assert printed["csv"].count("\n") > 20
     picture = tmp_path / "lanes.png"
     drawn = runner.invoke(app, ["kernels", *paths, "--plot", str(picture)])
@@ -319,32 +311,20 @@ def test_the_cli_reads_rank_sets_without_the_full_tables(
     assert bad.stderr.strip().splitlines() == ["error: no rank 2 in this trace; ranks: 0, 1"]
 
 
-def test_the_cli_streams_uncached_and_inferred(
-    sets: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """--no-cache still joins the columns (each rank's read by its reader), and so does
+def test_the_cli_streams_uncached_and_inferred(sets: dict[str, list[Path]]) -> None:
+    """--no-cache joins the columns (each rank's read by its reader), and so does
     --phases inferred, and traces without GPU activity."""
     paths = [str(p) for p in sets["real"]]
-    merged: list[int] = []
-    real_merge = nodes_module.merge_ranks_of_hosts
-
-    def counted(traces: Any) -> Any:
-        merged.append(len(traces))
-        return real_merge(traces)
-
-    monkeypatch.setattr(nodes_module, "merge_ranks_of_hosts", counted)
     streamed = runner.invoke(app, ["kernels", *paths, "--no-cache", "-f", "json"])
     assert streamed.exit_code == 0, streamed.output
-    assert merged == []
+    close_json(_same(sets, "real", json.loads(streamed.stdout)), _full(sets, "real", {}))
     inferred = runner.invoke(app, ["kernels", *paths, "--no-cache", "--phases", "inferred"])
     assert inferred.exit_code == 0, inferred.output
-    assert merged == []
     cpu = runner.invoke(app, ["kernels", *map(str, sets["no-gpu"]), "--no-cache"])
     assert cpu.exit_code == 0, cpu.output
-    assert merged == []
 
 
-def test_the_report_reads_rank_sets_without_the_full_tables(
+def test_the_report_reads_rank_sets_from_the_columns(
     sets: dict[str, list[Path]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """`profkit report`'s part for a folder's per-rank traces comes from the columns, its
@@ -354,7 +334,6 @@ def test_the_report_reads_rank_sets_without_the_full_tables(
     for path in sets["hosts"]:
         (profiles / path.name).write_bytes(path.read_bytes())
     monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
-    _refuse_full_tables(monkeypatch, reading=False)
     out = tmp_path / "reports" / "REPORT.md"
     build_report(profiles, None, out)
     text = out.read_text()

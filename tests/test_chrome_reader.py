@@ -19,19 +19,38 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
+from column_checks import assert_same_columns
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from profkit.errors import BadInput
-from profkit.traces.chrome import is_chrome_trace, kernel_function_name, read_chrome_trace, to_ns
-from profkit.traces.schema import KERNEL_COLUMNS, RANGE_COLUMNS
+from profkit.traces.chrome import is_chrome_trace, kernel_function_name, read_chrome_columns, to_ns
+from profkit.traces.columns import ARRAYS, DEVICE, SHAPE, START, ActivityColumns
 from profkit.workload.config import WorkloadConfig
 from profkit.workload.step import Workload
 
 DATA = Path(__file__).parent / "data"
 GPU_FIXTURE = DATA / "torch-small-ctx128-train.json.gz"
 ATTENTION = ("computing attention scores", "computing softmax", "final matmul")
+RANGE_DTYPES = {"name": "string", "start": "int64", "end": "int64", "thread": "int64",
+                "depth": "int64", "domain": "string"}  # fmt: skip
+
+
+def column(columns: ActivityColumns, name: str) -> list[Any]:
+    """One array of the columns, per activity, its codes looked up: names, kinds, grid and
+    block, launching thread ids (-1: unknown); else the values (launch_start -1: unknown)."""
+    codes = np.asarray(columns.arrays["name"])
+    if name == "name":
+        return [columns.names[c] for c in codes]
+    if name == "kind":
+        return [columns.kinds[c] for c in codes]
+    if name in ("grid", "block"):
+        return [columns.shapes[c][name == "block"] for c in columns.arrays[SHAPE]]
+    if name == "launch_thread":
+        return columns.launch_threads(columns.arrays["launch_thread"]).tolist()
+    return np.asarray(columns.arrays[name]).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +77,7 @@ def cpu_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_cpu_trace_ranges_phases_attention_and_depths(cpu_trace: Path) -> None:
-    trace = read_chrome_trace(cpu_trace)
-    ranges = trace.ranges
+    ranges = read_chrome_columns(cpu_trace).ranges
     counts = ranges["name"].value_counts().to_dict()
     # tiny has 2 layers: one attention range with 3 sub-ranges per layer, one step.
     assert counts == {
@@ -84,7 +102,7 @@ def test_cpu_trace_ranges_phases_attention_and_depths(cpu_trace: Path) -> None:
 
 
 def test_cpu_trace_nesting_is_consistent_with_times(cpu_trace: Path) -> None:
-    ranges = read_chrome_trace(cpu_trace).ranges
+    ranges = read_chrome_columns(cpu_trace).ranges
     forward = ranges[ranges["name"] == "forward"].iloc[0]
     backward = ranges[ranges["name"] == "backward"].iloc[0]
     assert forward["end"] <= backward["start"]
@@ -98,17 +116,16 @@ def test_cpu_trace_nesting_is_consistent_with_times(cpu_trace: Path) -> None:
 
 
 def test_cpu_trace_has_no_kernels_and_says_so(cpu_trace: Path) -> None:
-    trace = read_chrome_trace(cpu_trace)
-    assert trace.kernels.empty
-    assert list(trace.kernels.columns) == list(KERNEL_COLUMNS)
-    assert trace.kernels.dtypes.astype(str).to_dict() == KERNEL_COLUMNS
-    assert trace.ranges.dtypes.astype(str).to_dict() == RANGE_COLUMNS
-    assert any("no GPU kernels were recorded" in w for w in trace.meta["warnings"])
-    assert trace.meta["format"] == "chrome"
+    columns = read_chrome_columns(cpu_trace)
+    assert len(columns) == 0 and columns.names == [] and len(columns.threads) == 0
+    assert {name: columns.arrays[name].dtype for name in ARRAYS} == ARRAYS
+    assert columns.ranges.dtypes.astype(str).to_dict() == RANGE_DTYPES
+    assert any("no GPU kernels were recorded" in w for w in columns.meta["warnings"])
+    assert columns.meta["format"] == "chrome"
 
 
 def test_profiler_step_ranges_are_kept_out_of_the_phases(cpu_trace: Path) -> None:
-    trace = read_chrome_trace(cpu_trace)
+    trace = read_chrome_columns(cpu_trace)
     assert not trace.ranges["name"].str.startswith("ProfilerStep#").any()
     (step,) = trace.meta["profiler_steps"]
     assert step["name"].startswith("ProfilerStep#")
@@ -119,16 +136,16 @@ def test_profiler_step_ranges_are_kept_out_of_the_phases(cpu_trace: Path) -> Non
 def test_plain_json_and_gzip_read_the_same(cpu_trace: Path, tmp_path: Path) -> None:
     plain = tmp_path / "cpu.json"
     plain.write_bytes(gzip.decompress(cpu_trace.read_bytes()))
-    a, b = read_chrome_trace(cpu_trace), read_chrome_trace(plain)
-    pd.testing.assert_frame_equal(a.ranges, b.ranges)
-    pd.testing.assert_frame_equal(a.kernels, b.kernels)
+    a, b = read_chrome_columns(cpu_trace), read_chrome_columns(plain)
+    b.meta["path"] = a.meta["path"]  # the one difference: the file's name
+    assert_same_columns(a, b)
 
 
 def test_times_are_base_plus_exact_nanoseconds(cpu_trace: Path) -> None:
     doc = json.loads(gzip.decompress(cpu_trace.read_bytes()), parse_float=Decimal)
     base = int(doc.get("baseTimeNanoseconds", 0))
     event = next(e for e in doc["traceEvents"] if e.get("name") == "forward")
-    trace = read_chrome_trace(cpu_trace)
+    trace = read_chrome_columns(cpu_trace)
     row = trace.ranges[trace.ranges["name"] == "forward"].iloc[0]
     assert row["start"] == base + int(event["ts"] * 1000)
     assert row["end"] - row["start"] == int(event["dur"] * 1000)
@@ -214,17 +231,21 @@ def write(tmp_path: Path, doc: Any, name: str = "t.json") -> Path:
 
 
 def test_synthetic_backward_kernels_keep_their_autograd_launch_thread(tmp_path: Path) -> None:
-    trace = read_chrome_trace(write(tmp_path, synthetic_trace(synthetic_step())))
-    k = trace.kernels
-    assert k["correlation_id"].tolist() == [501, 502, 503]
+    trace = read_chrome_columns(write(tmp_path, synthetic_trace(synthetic_step())))
     base = 1_000_000_000_000
-    assert k["launch_thread"].tolist() == [MAIN, AUTOGRAD, AUTOGRAD]
-    assert k["launch_start"].tolist() == [base + 126_000, base + 310_500, base + 320_250]
-    assert k["start"].tolist() == [base + 130_000, base + 330_001, base + 340_000]
-    assert (k["end"] - k["start"]).tolist() == [25_125, 4_500, 60_000]
-    assert k["short_name"].tolist() == ["Kernel2", "vectorized_elementwise_kernel", "Kernel2"]
-    assert k["grid"].tolist() == ["160,40,1"] * 3 and k["block"].tolist() == ["128,1,1"] * 3
-    assert set(k["kind"]) == {"kernel"} and set(k["stream"]) == {7} and set(k["device"]) == {0}
+    # Each kernel has its own launch (correlation 501, 502, 503): thread and start.
+    assert column(trace, "launch_thread") == [MAIN, AUTOGRAD, AUTOGRAD]
+    assert column(trace, "launch_start") == [base + 126_000, base + 310_500, base + 320_250]
+    assert column(trace, "duration") == [25_125, 4_500, 60_000]
+    shorts = [kernel_function_name(name) for name in column(trace, "name")]
+    assert shorts == ["Kernel2", "vectorized_elementwise_kernel", "Kernel2"]
+    assert column(trace, "grid") == ["160,40,1"] * 3 and column(trace, "block") == ["128,1,1"] * 3
+    assert set(column(trace, "kind")) == {"kernel"}
+    # A trace that names its rank keeps GPU starts and devices: the same events, timed.
+    ranked = synthetic_trace(synthetic_step(), distributedInfo={"rank": 0, "world_size": 1})
+    timed = read_chrome_columns(write(tmp_path, ranked, "ranked.json"))
+    assert column(timed, START) == [base + 130_000, base + 330_001, base + 340_000]
+    assert column(timed, DEVICE) == [0, 0, 0]
     assert trace.ranges["name"].tolist() == ["forward", "scaled dot product attention", "backward"]
     assert trace.ranges["depth"].tolist() == [0, 1, 0]
     assert trace.meta["threads"] == {
@@ -250,18 +271,17 @@ def test_synthetic_memcpy_memset_and_driver_launches(tmp_path: Path) -> None:
         x("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 40.0, 1.0, 0, 7,
           device=0, context=1, stream=7, correlation=14, bytes=64),
     ]  # fmt: skip
-    k = read_chrome_trace(write(tmp_path, synthetic_trace(events), "t.json.gz")).kernels
-    assert k["name"].tolist() == [
+    k = read_chrome_columns(write(tmp_path, synthetic_trace(events), "t.json.gz"))
+    assert column(k, "name") == [
         "[memcpy HtoD]",
         "[memset]",
         "triton_poi_fused_add_0",
         "[memcpy DtoD]",
     ]
-    assert k["short_name"].tolist() == k["name"].tolist()
-    assert k["kind"].tolist() == ["memcpy", "memset", "kernel", "memcpy"]
-    assert k["grid"].tolist() == ["", "", "160,40,1", ""]
-    assert k["stream"].tolist() == [7, 7, 9, 7]
-    assert k["launch_start"].notna().all()
+    assert column(k, "kind") == ["memcpy", "memset", "kernel", "memcpy"]
+    assert column(k, "grid") == ["", "", "160,40,1", ""]
+    base = 1_000_000_000_000  # each its own launch: 1, 2, 3 and 4 µs
+    assert column(k, "launch_start") == [base + 1_000, base + 2_000, base + 3_000, base + 4_000]
 
 
 def test_synthetic_nested_ranges_on_two_threads(tmp_path: Path) -> None:
@@ -274,7 +294,7 @@ def test_synthetic_nested_ranges_on_two_threads(tmp_path: Path) -> None:
         x("user_annotation", "other", 5.0, 200.0, 1, 2),
         x("user_annotation", "other-inner", 6.0, 1.0, 1, 2),
     ]
-    r = read_chrome_trace(write(tmp_path, synthetic_trace(events))).ranges
+    r = read_chrome_columns(write(tmp_path, synthetic_trace(events))).ranges
     depth = dict(zip(r["name"], r["depth"], strict=True))
     assert depth == {"outer": 0, "inner": 1, "inner2": 1, "deep": 2, "after": 0, "other": 0,
                      "other-inner": 1}  # fmt: skip
@@ -291,10 +311,8 @@ def test_synthetic_unmatched_duplicate_and_malformed_events(tmp_path: Path) -> N
         {"ph": "X", "cat": "kernel", "name": "half-written", "pid": 0, "tid": 7},
         "not an event",
     ]
-    trace = read_chrome_trace(write(tmp_path, synthetic_trace(events)))
-    k = trace.kernels
-    assert k["launch_start"].tolist()[0] == 1_000_000_000_000 + 5_000
-    assert k["launch_start"].isna().tolist() == [False, True]
+    trace = read_chrome_columns(write(tmp_path, synthetic_trace(events)))
+    assert column(trace, "launch_start") == [1_000_000_000_000 + 5_000, -1]  # -1: unknown
     warnings = " ".join(trace.meta["warnings"])
     assert "1 of 2 GPU activities have no matching" in warnings
     assert "skipped 2 malformed events" in warnings
@@ -309,13 +327,15 @@ def test_synthetic_old_kineto_and_array_format(tmp_path: Path) -> None:
         x("Memset", "Memset (Device)", 1_700_000_000_020.0, 1.0, 0, 7, device=0, stream=7),
     ]
     doc = {"traceEvents": events}
-    trace = read_chrome_trace(write(tmp_path, doc))
-    assert trace.kernels["kind"].tolist() == ["kernel", "memset"]
-    assert trace.kernels["launch_thread"].tolist()[0] == 1
-    assert trace.kernels["correlation_id"].tolist() == [5, -1]
-    assert (trace.kernels["end"] - trace.kernels["start"]).tolist() == [3_250, 1_000]
-    array = read_chrome_trace(write(tmp_path, events, "array.json"))
-    pd.testing.assert_frame_equal(array.kernels, trace.kernels)
+    trace = read_chrome_columns(write(tmp_path, doc))
+    assert column(trace, "kind") == ["kernel", "memset"]
+    # The kernel's launch (correlation 5) is known; the memset has none.
+    assert column(trace, "launch_thread") == [1, -1]
+    assert column(trace, "launch_start") == [1_700_000_000_001_000, -1]
+    assert column(trace, "duration") == [3_250, 1_000]
+    array = read_chrome_columns(write(tmp_path, events, "array.json"))
+    for name in ("name", "kind", "grid", "block", "duration", "launch_start", "launch_thread"):
+        assert column(array, name) == column(trace, name), name
 
 
 def test_kernel_function_names() -> None:
@@ -342,7 +362,7 @@ def test_kernel_function_names() -> None:
 
 def _one_line_bad_input(path: Path, *needles: str) -> None:
     with pytest.raises(BadInput) as info:
-        read_chrome_trace(path)
+        read_chrome_columns(path)
     message = str(info.value)
     assert "\n" not in message and str(path) in message
     for needle in needles:
@@ -403,11 +423,12 @@ def test_real_gpu_trace_matches_independent_counts() -> None:
     expected = json.loads(
         GPU_FIXTURE.with_name(GPU_FIXTURE.name.replace(".json.gz", ".expected.json")).read_text()
     )
-    trace = read_chrome_trace(GPU_FIXTURE)
-    k = trace.kernels
+    trace = read_chrome_columns(GPU_FIXTURE)
+    k = pd.DataFrame({name: column(trace, name)
+                      for name in ("kind", "duration", "launch_start", "launch_thread")})  # fmt: skip
     assert k["kind"].value_counts().to_dict() == expected["activities_by_kind"]
-    assert int((k["end"] - k["start"]).sum()) == expected["gpu_time_ns"]
-    assert int(k["launch_start"].notna().sum()) == expected["activities_with_launch"]
+    assert int(k["duration"].sum()) == expected["gpu_time_ns"]
+    assert int((k["launch_start"] >= 0).sum()) == expected["activities_with_launch"]
     assert trace.ranges["name"].value_counts().to_dict() == expected["ranges"]
 
     def launched_in(phase: str) -> tuple[pd.DataFrame, int]:

@@ -22,18 +22,25 @@ import numpy as np
 import pandas as pd
 import pytest
 from nsys_data import Export
-from profkit.analysis.ranks import analyze_ranks, is_multi_rank
+from synthetic import columns_from_tables, report, report_of_columns
 from typer.testing import CliRunner
 
-from profkit.analysis.comm import both_covered_ns, collective, comm_stats, covered_ns, is_nccl
+from profkit.analysis.comm import (
+    Intervals,
+    both_covered_ns,
+    collective,
+    comm_stats_apart,
+    covered_ns,
+    is_nccl,
+)
+from profkit.analysis.report_types import RankedReport
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.run import bench as bench_lib
 from profkit.run import torchrun
 from profkit.run.child import run_child
 from profkit.run.proc import descendants
-from profkit.traces import load_trace
-from profkit.traces.schema import KERNEL_COLUMNS, RANGE_COLUMNS, Trace, conform
+from profkit.traces.columns import ActivityColumns
 from profkit.workload.config import WorkloadConfig
 
 TINY = {"size": "tiny", "ctx": 32, "device": "cpu", "warmup": 1, "steps": 2}
@@ -108,8 +115,9 @@ def test_gemm_is_not_nccl() -> None:
 # --- per-rank analysis on a two-process trace -----------------------------------------
 
 
-def _two_ranks(slow_rank: int = 1) -> Trace:
-    """Two processes, three steps each; rank ``slow_rank``'s compute runs 50 µs longer."""
+def _two_ranks_tables(slow_rank: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Two processes, three steps each; rank ``slow_rank``'s compute runs 50 µs longer:
+    the kernels table and the ranges table."""
     kernels, ranges = [], []
     for rank in range(2):
         pid = 1000 + rank
@@ -144,16 +152,25 @@ def _two_ranks(slow_rank: int = 1) -> Trace:
                 kernels.append(dict(name=name, short_name=name, kind=kind, start=start, end=end,
                                     device=rank, stream=7, correlation_id=len(kernels), grid="",
                                     block="", launch_start=launch, launch_thread=thread))  # fmt: skip
-    return Trace(
-        conform(pd.DataFrame(kernels), KERNEL_COLUMNS),
-        conform(pd.DataFrame(ranges), RANGE_COLUMNS),
-        {"path": "two-ranks", "format": "nsys-sqlite"},
-    )
+    return pd.DataFrame(kernels), pd.DataFrame(ranges)
+
+
+def _two_ranks(slow_rank: int = 1) -> ActivityColumns:
+    """:func:`_two_ranks_tables` as one two-process file's columns, GPU starts and devices
+    kept (an nsys export of a torchrun tree)."""
+    kernels, ranges = _two_ranks_tables(slow_rank)
+    meta = {"path": "two-ranks", "format": "nsys-sqlite"}
+    return columns_from_tables(kernels, ranges, meta, timed=True)
+
+
+def _ranked(cols: ActivityColumns, **options: object) -> RankedReport:
+    got = report_of_columns([cols], **options)
+    assert isinstance(got, RankedReport)
+    return got
 
 
 def test_each_rank_reports_its_own_nccl_overlap_and_exposed_time() -> None:
-    report = analyze_ranks(_two_ranks())
-    ranks = report.to_json()["ranks"]
+    ranks = _ranked(_two_ranks()).to_json()["ranks"]
     assert [(r["rank"], r["device"], r["pid"]) for r in ranks] == [(0, 0, 1000), (1, 1, 1001)]
     # rank 0: NCCL [350, 500) µs per step against compute [250, 400): 50 µs hidden, 100 µs
     # exposed; the memcpy [480, 520) is not compute.
@@ -169,7 +186,7 @@ def test_each_rank_reports_its_own_nccl_overlap_and_exposed_time() -> None:
 
 
 def test_the_job_names_the_slow_rank_and_the_time_the_fast_one_waits() -> None:
-    job = analyze_ranks(_two_ranks(slow_rank=1)).to_json()["job"]
+    job = _ranked(_two_ranks(slow_rank=1)).to_json()["job"]
     assert job["world_size"] == 2
     assert job["slowest_rank"] == 1
     # Step span: rank 0 [10, 650) µs, rank 1 [10, 700) µs -> spread 50 µs.
@@ -182,12 +199,12 @@ def test_the_job_names_the_slow_rank_and_the_time_the_fast_one_waits() -> None:
 
 
 def test_rank_narrows_the_tables_to_one_rank() -> None:
-    report = analyze_ranks(_two_ranks(), rank=1)
-    assert [e.info["rank"] for e in report.ranks] == [1]
-    assert report.totals["kernels"] == 12  # that rank's kernels alone (15 activities)
-    assert report.totals["kernels"] + report.totals["memcpy"] + report.totals["memset"] == 15
+    one = _ranked(_two_ranks(), rank=1)
+    assert [e.info["rank"] for e in one.ranks] == [1]
+    assert one.totals["kernels"] == 12  # that rank's kernels alone (15 activities)
+    assert one.totals["kernels"] + one.totals["memcpy"] + one.totals["memset"] == 15
     with pytest.raises(BadInput, match="no rank 4 in this trace; ranks: 0, 1"):
-        analyze_ranks(_two_ranks(), rank=4)
+        report_of_columns([_two_ranks()], rank=4)
 
 
 def test_a_multi_process_nsys_export_is_read_per_process(tmp_path: Path) -> None:
@@ -197,9 +214,9 @@ def test_a_multi_process_nsys_export_is_read_per_process(tmp_path: Path) -> None
         export.range("forward", 0, 1_000, thread=main)
         export.kernel("sm90_gemm", 2_000, 100, launch_at=100, thread=main, pid=pid)
         export.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 2_050, 200, launch_at=200, thread=main, pid=pid)  # fmt: skip
-    trace = load_trace(export.save())
-    assert is_multi_rank(trace)
-    ranks = analyze_ranks(trace).to_json()["ranks"]
+    got = report(export.save())
+    assert isinstance(got, RankedReport)  # several processes: ranked
+    ranks = got.to_json()["ranks"]
     assert [(r["pid"], r["kernels"]) for r in ranks] == [(100, 2), (200, 2)]
     # NCCL [2050, 2250) against the gemm [2000, 2100): 50 ns hidden, 150 exposed.
     assert [(r["comm"]["overlapped_ms"], r["comm"]["exposed_ms"]) for r in ranks] == [
@@ -232,8 +249,14 @@ def test_rank_of_one_ranks_trace_says_to_give_every_ranks(data_dir: Path) -> Non
 
 
 def test_comm_stats_measure_each_device_apart() -> None:
-    k = _two_ranks().kernels  # both ranks' rows: the devices must not mix
-    stats = comm_stats(k)
+    k, _ = _two_ranks_tables()  # both ranks' rows: the devices must not mix
+    kernel = (k["kind"] == "kernel").to_numpy()
+    nccl = kernel & is_nccl(k["name"])
+
+    def intervals(rows: np.ndarray) -> Intervals:
+        return Intervals(*(k[c].to_numpy(np.int64)[rows] for c in ("start", "end", "device")))
+
+    stats = comm_stats_apart(intervals(nccl), intervals(kernel & ~nccl), k["name"][nccl].to_numpy())
     assert (stats.kernels, stats.overlapped_ms, stats.exposed_ms) == (6, 0.3, 0.6)
 
 
@@ -520,17 +543,31 @@ def test_python_ms_of_one_rank_is_not_shown_beside_every_ranks_ranges(data_dir: 
     assert "python_ms" in one and one["python_ms"].notna().all()
 
 
-def test_the_ranks_table_names_hosts_only_where_ranks_span_several(data_dir: Path) -> None:
-    from profkit.analysis.ranks import rank_tables
+def _ranks_table(paths: list[Path]) -> pd.DataFrame:
+    """The CLI's ranks table (the first of ``--format csv``'s tables)."""
+    import io
 
-    from profkit.analysis import kernel_report
-    from profkit.traces.job import load
+    result = runner.invoke(app, ["kernels", *map(str, paths), "--format", "csv", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(io.StringIO(result.stdout))
+    return rows[rows["table"] == rows["table"].iloc[0]].dropna(axis=1, how="all")
 
-    report = kernel_report(load([data_dir / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz"]))
-    assert "host" not in rank_tables(report)[0][1]  # one host: its name adds nothing
-    report.ranks[1].info["host"] = "node1"
-    table = rank_tables(report)[0][1]
-    assert list(table.columns[:4]) == ["rank", "host", "device", "pid"]
+
+def test_the_ranks_table_names_hosts_only_where_ranks_span_several(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    one_host = _ranks_table([data_dir / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz"])
+    assert "host" not in one_host  # one host: its name adds nothing
+    paths = []
+    for rank in (0, 1):  # the per-rank traces, rank 1 said to be on another host
+        doc = json.loads(gzip.decompress(
+            (data_dir / f"torch-h200x2-small-ddp2-rank{rank}.json.gz").read_bytes()))  # fmt: skip
+        if rank == 1:
+            doc["profkit"]["host"] = "node1"
+        paths.append(tmp_path / f"run-rank{rank}.json.gz")
+        paths[-1].write_bytes(gzip.compress(json.dumps(doc).encode(), mtime=0))
+    table = _ranks_table(paths)
+    assert list(table.columns[1:5]) == ["rank", "host", "device", "pid"]
     assert table["host"].iloc[1] == "node1" and table["host"].iloc[0] != "node1"
 
 

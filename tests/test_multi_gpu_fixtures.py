@@ -124,11 +124,10 @@ def test_per_rank_torch_traces(rank0: Path) -> None:
 def test_a_multi_process_export_is_read_as_columns_whatever_its_phases(
     fixture: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Annotated or inferred phases: the export is read as compact columns (cached, the
-    full tables never built)."""
-    from profkit.analysis.ranks import RankedReport
-
+    """Annotated or inferred phases: the export is read as compact columns (cached, with
+    its starts and devices)."""
     from profkit import analysis
+    from profkit.analysis.report_types import RankedReport
     from profkit.traces.job import load
 
     plain = tmp_path / fixture.name.removesuffix(".xz")
@@ -142,13 +141,11 @@ def test_a_multi_process_export_is_read_as_columns_whatever_its_phases(
     monkeypatch.setenv("PROFKIT_CACHE", "1")
     from profkit.traces.cache import ACTIVITIES
 
-    with monkeypatch.context() as patch:
-        patch.setattr("profkit.traces.load_trace", lambda *a, **k: pytest.fail("full read"))
-        assert isinstance(analysis.kernel_report(load([plain]), phases="inferred"), RankedReport)
-        first = analysis.kernel_report(load([plain]))
-        assert isinstance(first, RankedReport)
-        assert len(list(cache.rglob(ACTIVITIES))) == 1
-        again = analysis.kernel_report(load([plain]))  # from the cache: its starts and devices too
+    assert isinstance(analysis.kernel_report(load([plain]), phases="inferred"), RankedReport)
+    first = analysis.kernel_report(load([plain]))
+    assert isinstance(first, RankedReport)
+    assert len(list(cache.rglob(ACTIVITIES))) == 1
+    again = analysis.kernel_report(load([plain]))  # from the cache: its starts and devices too
     assert again.to_json() == first.to_json()
     analysis.kernel_report(
         load([single])
@@ -157,14 +154,15 @@ def test_a_multi_process_export_is_read_as_columns_whatever_its_phases(
 
 
 @pytest.mark.skipif(not TORCH, reason="no per-rank torch.profiler fixtures")
-def test_merged_ranks_say_each_warning_once_with_the_ranks_it_concerns() -> None:
-    from profkit.traces import load_trace
-    from profkit.traces.ranks import merge_rank_traces
+def test_joined_ranks_say_each_warning_once_with_the_ranks_it_concerns() -> None:
+    from profkit.analysis.joins import merge_rank_columns
+    from profkit.traces.chrome import read_chrome_columns
 
     rank0 = TORCH[0]
-    traces = [load_trace(rank0), load_trace(rank0.with_name(rank0.name.replace("rank0", "rank1")))]
-    for trace in traces:
-        trace.meta["warnings"] = ["said by both", "said by both"]
-    traces[1].meta["warnings"].append("said by rank 1 alone")
-    merged = merge_rank_traces(traces)
+    columns = [read_chrome_columns(rank0),
+               read_chrome_columns(rank0.with_name(rank0.name.replace("rank0", "rank1")))]  # fmt: skip
+    for cols in columns:
+        cols.meta["warnings"] = ["said by both", "said by both"]
+    columns[1].meta["warnings"].append("said by rank 1 alone")
+    merged, _ = merge_rank_columns(columns)
     assert merged.meta["warnings"] == ["said by both", "rank 1: said by rank 1 alone"]

@@ -1,10 +1,12 @@
-"""Several nodes' Nsight Systems reports read as one job (profkit.analysis.nodes).
+"""Several nodes' Nsight Systems reports read as one job (profkit.analysis.joins, profkit.analysis.clocks).
 
 No multi-host capture exists here, so the nodes are made from the real 2-GPU export: each
 rank's rows alone (``kernels_scale.one_process``, what nsys writes for a profile of that
 process), one file per "node". Read together they must give exactly what the one export
 gives; with one node's times shifted (its clock off by a known amount) the offset must be
-found from the collectives and taken out. Expected offsets come from plain SQL.
+found from the collectives and taken out. Expected offsets come from plain SQL; the
+reports of the one-GPU nodes with every option are those the full tables' engine gave
+(tests/frozen.py).
 """
 
 from __future__ import annotations
@@ -17,28 +19,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import profkit.analysis.nodes as nodes_module
 import pytest
 from bench_scripts import benchmark
-from profkit.analysis.nodes import (
-    _clock,
-    estimate_offset,
-    is_node_set,
-    merge_node_traces,
-    merge_ranks_of_hosts,
-    not_one_job,
-)
-from profkit.analysis.ranks import RankedReport
+from frozen import frozen, normalised
 from report_checks import close_json, option_id
+from synthetic import report
 from typer.testing import CliRunner
 
-import profkit.traces.load as load_module
-from profkit.analysis import analyze_any, kernel_report
+from profkit.analysis import kernel_report
+from profkit.analysis.clocks import estimate_offset, node_clock
+from profkit.analysis.report_types import RankedReport
 from profkit.cli import app
-from profkit.traces import load_trace
-from profkit.traces.columns import START
-from profkit.traces.job import load
-from profkit.traces.nsys_columns import keeps_start_times
+from profkit.traces.columns import START, ActivityColumns
+from profkit.traces.job import load, node_facts, together, why_not_one_job
+from profkit.traces.load import load_columns_of
+from profkit.traces.nsys_columns import keeps_start_times, read_nsys_columns
 
 DDP2 = "nsys-2025.3-h200x2-small-ddp2"
 SHIFT_NS = 3_000_000  # node 1's clock 3 ms ahead
@@ -101,9 +96,9 @@ def _agreeing_median(diff: np.ndarray) -> int:
 
 
 def _report(paths: list[Path]) -> RankedReport:
-    report = analyze_any(merge_node_traces([load_trace(p) for p in paths]))
-    assert isinstance(report, RankedReport)
-    return report
+    got = report(list(paths))
+    assert isinstance(got, RankedReport)
+    return got
 
 
 def _per_rank(report: RankedReport) -> list[dict[str, Any]]:
@@ -111,12 +106,16 @@ def _per_rank(report: RankedReport) -> list[dict[str, Any]]:
 
 
 def test_two_nodes_read_as_the_job_their_one_export_holds(nodes: dict[str, Path]) -> None:
-    whole = analyze_any(load_trace(nodes["whole"]))
-    assert isinstance(whole, RankedReport)
+    whole = _report([nodes["whole"]])
     merged = _report([nodes["node0"], nodes["node1"]])
     assert _per_rank(merged) == _per_rank(whole)  # rank, device, pid, host, tables, comm
     assert [e.info["host"] for e in merged.ranks] == ["vm", "vm"]
-    assert [e.info["path"] for e in merged.ranks] == [str(nodes["node0"]), str(nodes["node1"])]
+    # Each rank's file: the columns' rank infos keep no "path" (the full tables' kept the
+    # file's path there, read by nothing); the nodes say which file holds which ranks.
+    assert [(n["path"], n["ranks"]) for n in merged.nodes] == [
+        (nodes["node0"].name, [0]),
+        (nodes["node1"].name, [1]),
+    ]
     assert merged.steps.equals(whole.steps)
     assert merged.to_json()["job"] == whole.to_json()["job"]
     assert merged.to_json()["phases"] == whole.to_json()["phases"]
@@ -202,40 +201,52 @@ def test_collectives_that_pair_as_well_at_two_offsets_are_ambiguous() -> None:
     found = estimate_offset((names, ends), (names, ends + 300_000))
     assert found is not None and found.ambiguous
     trace_a = {"session_start_utc_ns": 0}
-    clock, shift = _clock("b.sqlite", trace_a, trace_a, (names, ends), (names, ends + 300_000),
+    clock, shift = node_clock("b.sqlite", trace_a, trace_a, (names, ends), (names, ends + 300_000),
                           [1], False)  # fmt: skip
     assert clock.ambiguous and clock.offset_ms is None and not clock.applied and shift == 0
+
+
+def _read(*paths: Path) -> list[ActivityColumns]:
+    """Exports' columns as a job of several reads them: with their GPU starts."""
+    return load_columns_of(list(paths), cache=False, timed=True)
+
+
+def _one_job(files: list[ActivityColumns]) -> bool:
+    return together([Path(c.meta["path"]) for c in files], files).kind == "nodes"
+
+
+def _why(files: list[ActivityColumns]) -> str | None:
+    return why_not_one_job([node_facts(c) for c in files])
 
 
 def test_what_is_not_one_job_is_compared(
     nodes: dict[str, Path], data_dir: Path, tmp_path: Path
 ) -> None:
-    node0, node1 = load_trace(nodes["node0"]), load_trace(nodes["node1"])
-    assert is_node_set([node0, node1])
-    assert not is_node_set([node0])
-    assert not is_node_set([node0, load_trace(nodes["node0"])])  # one file twice
-    assert not_one_job([node0, load_trace(nodes["node0"])]) == f"{nodes['node0']} is given twice"
+    node0, node1 = _read(nodes["node0"], nodes["node1"])
+    assert _one_job([node0, node1])
+    assert not _one_job([node0])
+    (again,) = _read(nodes["node0"])
+    assert not _one_job([node0, again])  # one file twice
+    assert _why([node0, again]) == f"{nodes['node0']} is given twice"
     copy = tmp_path / "copy.sqlite"  # one capture under two names
     shutil.copy(nodes["node0"], copy)
-    reason = not_one_job([node0, load_trace(copy)])
+    reason = _why([node0, *_read(copy)])
     assert reason is not None and reason.startswith(f"{nodes['node0'].name} and copy.sqlite hold")
-    later = load_trace(nodes["node1"])
+    (later,) = _read(nodes["node1"])
     later.meta["session_start_utc_ns"] += 3600 * 10**9  # an hour later: another run
-    assert not is_node_set([node0, later])
-    unknown = load_trace(nodes["node1"])
+    assert not _one_job([node0, later])
+    (unknown,) = _read(nodes["node1"])
     del unknown.meta["session_start_utc_ns"]
-    assert not is_node_set([node0, unknown])
-    one_gpu = load_trace(data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz")  # no NCCL
-    assert not is_node_set([node0, one_gpu])
-    assert (
-        not_one_job([node0, one_gpu]) == "nsys-2025.3-h100-small-fp32.sqlite.xz has no NCCL kernels"
-    )
+    assert not _one_job([node0, unknown])
+    (one_gpu,) = _read(data_dir / "nsys-2025.3-h100-small-fp32.sqlite.xz")  # no NCCL
+    assert not _one_job([node0, one_gpu])
+    assert _why([node0, one_gpu]) == "nsys-2025.3-h100-small-fp32.sqlite.xz has no NCCL kernels"
     # Without its launch calls a node's activities belong to no process it could name.
     unlaunched = tmp_path / "unlaunched.sqlite"
     shutil.copy(nodes["node1"], unlaunched)
     with sqlite3.connect(unlaunched) as conn:
         conn.execute("DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME")
-    reason = not_one_job([node0, load_trace(unlaunched)])
+    reason = _why([node0, *_read(unlaunched)])
     assert reason == "unlaunched.sqlite has no GPU activity with a traced launch call"
 
 
@@ -281,23 +292,18 @@ ONE_GPU_OPTIONS = [
 @pytest.mark.parametrize("second", ["node1", "node1-ahead"])
 @pytest.mark.parametrize("options", ONE_GPU_OPTIONS, ids=option_id)
 def test_nodes_of_one_gpu_are_read_as_columns_with_their_starts(
-    nodes: dict[str, Path], second: str, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    nodes: dict[str, Path], second: str, options: dict[str, Any]
 ) -> None:
     """Each node's export holds one process, whose columns alone keep no GPU starts: read
-    together they keep them, are one job, and give the full tables' report (which they
-    once needed) with every option and phase mode, the full tables never read."""
+    together they keep them, are one job, and give the report the full tables gave (which
+    they once needed) with every option and phase mode."""
     paths = [nodes["node0"], nodes[second]]
-    want = _json(analyze_any(merge_node_traces([load_trace(p) for p in paths]), **options))
+    want = frozen("nodes", f"{second}/{option_id(options)}")
     assert not any(keeps_start_times(p) for p in paths)
-
-    def refuse(*_: Any, **__: Any) -> None:
-        raise AssertionError("the full tables were read")
-
-    monkeypatch.setattr(load_module, "load_trace", refuse)
-    monkeypatch.setattr(nodes_module, "merge_node_traces", refuse)
     job = load(paths, cache=False)
     assert job.kind == "nodes" and all(START in c.arrays for c in job.files)
-    close_json(_json(kernel_report(job, **options)), want)
+    got = normalised(_json(kernel_report(job, **options)), folder=nodes["whole"].parent)
+    close_json(got, want)
 
 
 def _json(report: Any) -> dict[str, Any]:
@@ -327,7 +333,7 @@ def test_an_nsys_export_says_its_host_and_session_start(nodes: dict[str, Path]) 
         host = conn.execute(
             "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'"
         ).fetchone()
-    meta = load_trace(nodes["whole"]).meta
+    meta = read_nsys_columns(nodes["whole"]).meta
     assert meta["session_start_utc_ns"] == start[0] and meta["host"] == host[0] == "vm"
 
 
@@ -341,28 +347,31 @@ def _chrome_nccl_ends(path: Path) -> np.ndarray:
     return np.array([base + round((e["ts"] + e["dur"]) * 1000) for e in nccl], dtype=np.int64)
 
 
-def test_per_rank_torch_traces_of_two_hosts_are_put_on_one_clock(data_dir: Path) -> None:
+def test_per_rank_torch_traces_of_two_hosts_are_put_on_one_clock(
+    data_dir: Path, tmp_path: Path
+) -> None:
     """The real per-rank torch traces, rank 1 said to be another host whose clock runs
     3 ms ahead: the offset its NCCL ends show is taken out; one host is merged as it is."""
     paths = [data_dir / f"torch-h200x2-small-ddp2-rank{r}.json.gz" for r in (0, 1)]
-    one_host = analyze_any(merge_ranks_of_hosts([load_trace(p) for p in paths]))
-    assert isinstance(one_host, RankedReport) and one_host.nodes == []
-    rank0, rank1 = (load_trace(p) for p in paths)
-    rank1.meta["profkit"] = {**rank1.meta["profkit"], "host": "node1"}
-    for column in ("start", "end", "launch_start"):
-        rank1.kernels[column] = rank1.kernels[column] + SHIFT_NS
-    rank1.ranges["start"] += SHIFT_NS
-    rank1.ranges["end"] += SHIFT_NS
-    report = analyze_any(merge_ranks_of_hosts([rank0, rank1]))
-    assert isinstance(report, RankedReport)
-    first, second = report.nodes
+    one_host = _report(paths)
+    assert one_host.nodes == []
+    moved = []
+    for rank, path in enumerate(paths):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        if rank == 1:  # every time of the trace 3 ms later, on a host of its own
+            doc["profkit"] = {**doc["profkit"], "host": "node1"}
+            doc["baseTimeNanoseconds"] += SHIFT_NS
+        moved.append(tmp_path / path.name)
+        moved[-1].write_bytes(gzip.compress(json.dumps(doc).encode(), mtime=0))
+    got = _report(moved)
+    first, second = got.nodes
     assert (first["host"], second["host"]) == ("vm", "node1")
     expected = _agreeing_median(
         _chrome_nccl_ends(paths[1]) + SHIFT_NS - _chrome_nccl_ends(paths[0])
     )
     assert second["offset_ms"] == pytest.approx(expected / 1e6, abs=1e-5)
     assert (second["pairs"], second["agreeing"], second["applied"]) == (19, 19, True)
-    mine = [{k: v for k, v in e.to_json().items() if k != "host"} for e in report.ranks]
+    mine = [{k: v for k, v in e.to_json().items() if k != "host"} for e in got.ranks]
     theirs = [{k: v for k, v in e.to_json().items() if k != "host"} for e in one_host.ranks]
     assert mine == theirs
-    assert report.steps["step_ms"].tolist() == one_host.steps["step_ms"].tolist()
+    assert got.steps["step_ms"].tolist() == one_host.steps["step_ms"].tolist()

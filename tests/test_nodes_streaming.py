@@ -1,12 +1,13 @@
 """Several nodes' multi-GPU exports read as one job from their compact columns
-(profkit.analysis.joins), in bounded memory, as the full tables read them.
+(profkit.analysis.joins), in bounded memory, as the full tables read them once.
 
 No multi-host capture exists here, so a second node is made from the real 2-GPU export
 (``kernels_scale.another_node``): the same rows with every process id moved by 100,000
 (another host's processes), and in one variant every time 3 ms later (a clock ahead). Read as a 2-node, 4-rank job, the
-streamed report must equal the full tables' (``merge_node_traces``) everywhere, with every
-option and phase mode; the CLI reads every set of exports as columns (a node of one GPU
-too: tests/test_nodes.py), and compares those that are not one job.
+streamed report must equal the full tables' (the nodes' tables merged, frozen before
+that engine was deleted: tests/frozen.py) everywhere, with every option and phase mode; the CLI
+reads every set of exports as columns (a node of one GPU too: tests/test_nodes.py), and
+compares those that are not one job.
 """
 
 from __future__ import annotations
@@ -20,22 +21,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import profkit.analysis.nodes as nodes_module
 import pytest
 from bench_scripts import benchmark
+from frozen import frozen, normalised, normalised_text
 from nsys_data import SMALL_FP32, unpack
-from profkit.analysis.nodes import merge_node_traces, not_one_job
 from report_checks import close_json, option_id
 from typer.testing import CliRunner
 
-import profkit.traces.load as load_module
-from profkit.analysis import analyze_any, kernel_report_markdown
 from profkit.analysis.joins import analyze_node_columns
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.traces.columns import START
 from profkit.traces.job import load, node_facts, why_not_one_job
-from profkit.traces.load import load_columns, load_columns_of, load_traces
+from profkit.traces.load import load_columns, load_columns_of
 from profkit.traces.nsys_columns import keeps_start_times
 
 DDP2 = "nsys-2025.3-h200x2-small-ddp2"
@@ -66,12 +64,9 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _full(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
-    top, phase = options.get("top", 20), options.get("phase")
-    merged = merge_node_traces(load_traces(paths))
-    phases = options.get("phases", "auto")
-    report = analyze_any(merged, top, phase, options.get("range_"), options.get("rank"), phases)
-    return json.loads(json.dumps(report.to_json(), default=str))
+def _full(case: str) -> dict[str, Any]:
+    """The full tables' report of a case (the nodes' tables merged, then analysed), frozen."""
+    return frozen("nodes_streaming", case)
 
 
 def _streamed(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
@@ -85,8 +80,11 @@ def _streamed(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
 def test_the_columns_give_the_full_tables_report(
     nodes: dict[str, Path], second: str, options: dict[str, Any]
 ) -> None:
+    """(goldens kernels--node0+node1-ahead* and kernels--node0+node1 hold the CLI's JSON
+    for some of these, on the same files)"""
     paths = [nodes["node0"], nodes[second]]
-    close_json(_streamed(paths, options), _full(paths, options))
+    got = normalised(_streamed(paths, options), folder=nodes["node0"].parent)
+    close_json(got, _full(f"{second}/{option_id(options)}"))
 
 
 def test_four_ranks_two_hosts_pids_and_the_clock(nodes: dict[str, Path]) -> None:
@@ -109,31 +107,22 @@ def test_four_ranks_two_hosts_pids_and_the_clock(nodes: dict[str, Path]) -> None
         }
 
 
-def test_the_cli_streams_node_sets_and_prints_what_the_full_tables_print(
-    nodes: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_the_cli_streams_node_sets_and_prints_what_the_full_tables_printed(
+    nodes: dict[str, Path], tmp_path: Path
 ) -> None:
-    """With the full tables' read refused, the CLI still gives every format: the JSON
-    matches the full tables' report (floats to 1e-12), the markdown is theirs to the
-    character (its numbers are rounded; CSV's are not, and may differ in the last digits
-    of a standard deviation, summed in another order)."""
+    """The CLI gives every format: the JSON matches the full tables' report (floats to
+    1e-12), the markdown is theirs to the character (its numbers are rounded; CSV's are
+    not, and may differ in the last digits of a standard deviation, summed in another
+    order)."""
     paths = [str(nodes["node0"]), str(nodes["node1-ahead"])]
-    full = analyze_any(merge_node_traces(load_traces([Path(p) for p in paths])))
-    title = f"Kernels of {nodes['node0'].name}, {nodes['node1-ahead'].name}"
-    full_md = kernel_report_markdown(full, title=title)
-
-    def refuse(*_: Any) -> None:
-        raise AssertionError("the full tables were read")
-
-    monkeypatch.setattr(nodes_module, "merge_node_traces", refuse)
-    monkeypatch.setattr(load_module, "load_traces", refuse)
-    monkeypatch.setattr(load_module, "load_trace", refuse)
+    folder = nodes["node0"].parent
     printed = {}
     for fmt in ("json", "md", "csv"):
         result = runner.invoke(app, ["kernels", *paths, "--no-cache", "--format", fmt])
         assert result.exit_code == 0, result.output
         printed[fmt] = result.stdout
-    close_json(json.loads(printed["json"]), json.loads(json.dumps(full.to_json(), default=str)))
-    assert printed["md"] == full_md
+    close_json(normalised(json.loads(printed["json"]), folder=folder), _full("cli/json"))
+    assert normalised_text(printed["md"], folder=folder) == _full("cli/md")
     assert printed["csv"].count("\n") > 20 and "clock_offset_us" in printed["csv"]
     picture = tmp_path / "lanes.png"
     drawn = runner.invoke(app, ["kernels", *paths, "--no-cache", "--plot", str(picture)])
@@ -149,7 +138,7 @@ def test_exports_read_together_keep_their_starts_and_say_why_they_are_apart(
 ) -> None:
     """A one-GPU export alone keeps no start times in its columns; read with others it
     does (each could be a node), through a cache entry of its own. The same file twice is
-    not one job: the CLI compares them and says why, as the full tables' rule says."""
+    not one job: the CLI compares them and says why."""
     single = unpack(SMALL_FP32, tmp_path)
     assert keeps_start_times(nodes["node0"]) and not keeps_start_times(single)
     assert not keeps_start_times(tmp_path / "none.sqlite")
@@ -160,7 +149,6 @@ def test_exports_read_together_keep_their_starts_and_say_why_they_are_apart(
     assert START not in load_columns(single).arrays  # its own entry stayed as it was
     twice = [nodes["node0"], nodes["node0"]]
     facts = [node_facts(c) for c in load_columns_of(twice, cache=False)]
-    assert why_not_one_job(facts) == not_one_job(load_traces(twice))
     assert why_not_one_job(facts) == f"{nodes['node0']} is given twice"
     assert load(twice, cache=False).why_apart == why_not_one_job(facts)
     result = runner.invoke(app, ["kernels", *map(str, twice), "--no-cache"])
@@ -217,7 +205,8 @@ def test_a_node_that_began_before_the_first_keeps_its_launches(
         conn.execute("UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = utcEpochNs + 20000000")
     first, second = [late, nodes["node1"]], [nodes["node1"], late]
     got = _streamed(first, {})
-    close_json(got, _full(first, {}))
+    same = normalised(normalised(got, folder=tmp_path), folder=nodes["node0"].parent)
+    close_json(same, _full("late"))
     other = _streamed(second, {})
     assert got["nodes"][1]["base_ms"] == pytest.approx(-20.0)
     for mine, theirs in zip(got["ranks"][2:], other["ranks"][:2], strict=True):

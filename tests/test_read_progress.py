@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from column_checks import assert_same_columns
 from rich.console import Console
 from typer.testing import CliRunner
 
 from profkit.cli import app, render
-from profkit.traces.chrome import read_chrome_trace
-from profkit.traces.load import load_columns, load_traces
+from profkit.traces.chrome import read_chrome_columns
+from profkit.traces.load import load_columns, load_columns_of
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = sorted(DATA.glob("torch-*.json.gz"))
@@ -53,20 +54,14 @@ def assert_rises_to(heard: Heard, size: int, calls: int = 5) -> None:
     assert done[-1] == size
 
 
-def assert_same_trace(a, b) -> None:  # type: ignore[no-untyped-def]
-    pd.testing.assert_frame_equal(a.kernels, b.kernels)
-    pd.testing.assert_frame_equal(a.ranges, b.ranges)
-    assert a.meta == b.meta
-
-
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 def test_a_gzip_trace_reports_compressed_bytes_up_to_its_size(path: Path) -> None:
     heard = Heard()
-    trace = read_chrome_trace(path, chunk_bytes=SMALL_CHUNK, progress=heard)
+    columns = read_chrome_columns(path, chunk_bytes=SMALL_CHUNK, progress=heard)
     assert_rises_to(heard, path.stat().st_size)  # the compressed size, not the JSON's
     assert heard.positions()[-1] < len(gzip.decompress(path.read_bytes()))
     assert len(set(heard.positions())) >= 3  # the position really moves while streaming
-    assert_same_trace(trace, read_chrome_trace(path, chunk_bytes=SMALL_CHUNK))
+    assert_same_columns(columns, read_chrome_columns(path, chunk_bytes=SMALL_CHUNK))
 
 
 @pytest.mark.parametrize("kind", ["json", "json.xz"])
@@ -75,16 +70,16 @@ def test_plain_and_xz_traces_report_their_own_bytes(kind: str, tmp_path: Path) -
     path = tmp_path / f"train.{kind}"
     path.write_bytes(lzma.compress(text) if kind.endswith("xz") else text)
     heard = Heard()
-    trace = read_chrome_trace(path, chunk_bytes=SMALL_CHUNK, progress=heard)
+    columns = read_chrome_columns(path, chunk_bytes=SMALL_CHUNK, progress=heard)
     assert_rises_to(
         heard, path.stat().st_size, calls=3 if kind.endswith("xz") else len(text) // SMALL_CHUNK
     )
-    assert trace.meta["events"] == len(json.loads(text)["traceEvents"])
+    assert columns.meta["events"] == len(json.loads(text)["traceEvents"])
 
 
 def test_a_whole_document_read_reports_the_whole_file_once() -> None:
     heard = Heard()
-    read_chrome_trace(TRAIN, chunk_bytes=None, progress=heard)
+    read_chrome_columns(TRAIN, chunk_bytes=None, progress=heard)
     assert heard == [(TRAIN.stat().st_size, TRAIN.stat().st_size, "bytes")]
 
 
@@ -101,12 +96,12 @@ def test_load_columns_passes_the_progress_to_the_chrome_reader() -> None:
 
 def test_several_traces_share_one_progress_in_bytes_of_all_files() -> None:
     heard = Heard()
-    traces = load_traces(RANKS, progress=heard)
+    files = load_columns_of(RANKS, cache=False, progress=heard)
     sizes = [p.stat().st_size for p in RANKS]
     assert_rises_to(heard, sum(sizes))
     assert sizes[0] in heard.positions()  # the first file ends where the second starts
-    for trace, path in zip(traces, RANKS, strict=True):
-        assert_same_trace(trace, read_chrome_trace(path))
+    for columns, path in zip(files, RANKS, strict=True):
+        assert_same_columns(columns, read_chrome_columns(path))
 
 
 def test_the_cli_off_a_terminal_draws_no_bar(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +122,7 @@ def test_the_bar_on_a_terminal_says_megabytes(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(render, "err_console", screen)
     monkeypatch.setattr(render, "SHOW_AFTER_S", 0.0)
     with render.read_progress(TRAIN.name) as progress:
-        read_chrome_trace(TRAIN, chunk_bytes=SMALL_CHUNK, progress=progress)
+        read_chrome_columns(TRAIN, chunk_bytes=SMALL_CHUNK, progress=progress)
     drawn = screen.file.getvalue()  # type: ignore[attr-defined]
     assert f"reading {TRAIN.name}" in drawn and "0.4/0.4 MB" in drawn
 

@@ -16,7 +16,7 @@ from profkit.errors import BadInput
 from profkit.torchprof.profile import default_name
 from profkit.torchprof.result import TorchOptions
 from profkit.torchprof.tables import averages_table
-from profkit.traces.chrome import read_chrome_trace
+from profkit.traces.chrome import read_chrome_columns
 from profkit.workload.config import WorkloadConfig
 from profkit.workload.step import Workload
 
@@ -103,8 +103,8 @@ def test_json_output_is_the_contract(json_run: tuple[Path, dict]) -> None:
 def test_written_traces_read_back_with_phases_and_config(json_run: tuple[Path, dict]) -> None:
     _, data = json_run
     forward_run, train_run = data["runs"]
-    forward = read_chrome_trace(forward_run["trace_path"])
-    train = read_chrome_trace(train_run["trace_path"])
+    forward = read_chrome_columns(forward_run["trace_path"])
+    train = read_chrome_columns(train_run["trace_path"])
     assert set(forward.ranges.query("depth == 0")["name"]) == {"forward"}
     assert set(train.ranges.query("depth == 0")["name"]) == {"forward", "backward", "optimizer"}
     assert (train.ranges["name"] == "computing softmax").sum() == 2  # tiny: 2 layers, 1 step
