@@ -208,6 +208,41 @@ _COMPRESSED = (  # magic bytes -> format; inputs are recognised by content, not 
 _STREAM_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
 
 
+@contextlib.contextmanager
+def written(path: Path) -> Iterator[Path]:
+    """Where to write ``path``'s new content: a temporary file beside it, renamed over
+    ``path`` once the block ends, removed if it fails. A full disk, an interrupt or a
+    writer's error leaves ``path`` as it was (its old content, or no file); only a
+    finished file ever bears the name. An unwritable place is one :class:`BadInput` line."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    except OSError as exc:
+        check_writable(path)  # says why when it can (a parent that is a file, ...)
+        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+    os.close(fd)
+    temporary = Path(name)
+    try:
+        yield temporary
+        if path.exists():  # keep what the old file allowed (mkstemp makes it 0600)
+            os.chmod(temporary, stat.S_IMODE(path.stat().st_mode))
+        else:
+            os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def check_readable(path: Path | str, what: str) -> Path:
     """Raise :class:`BadInput` unless ``path`` is a regular file we can read; return it.
 

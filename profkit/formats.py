@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from profkit.errors import BadInput
-from profkit.files import check_writable
+from profkit.files import written
 
 FORMATS = ("table", "md", "csv", "json")
 
@@ -79,13 +79,10 @@ def dumps(value: Any) -> str:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write a file, turning an unwritable path into a one-line user error."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    except OSError as exc:
-        check_writable(path)  # says why when it can (a parent that is a file, ...)
-        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+    """Write a file whole or not at all (:func:`~profkit.files.written`: an earlier file
+    survives a failed write); an unwritable path is a one-line user error."""
+    with written(path) as temporary:
+        temporary.write_text(text)
 
 
 _SUFFIX_FORMATS = {".csv": "csv", ".json": "json", ".md": "md", ".markdown": "md"}

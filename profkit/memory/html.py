@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from profkit.errors import BadInput
-from profkit.files import open_input, reading
+from profkit.files import open_input, reading, written
 from profkit.memory.snapshot import WHAT, load_snapshot
 from profkit.memory.trace_columns import SnapshotColumns
 
@@ -44,21 +44,16 @@ def write_html(path: Path, snapshot: SnapshotColumns, out: Path) -> Path:
                 f"loaded whole, and it has {entries:,} trace entries (at most "
                 f"{HTML_WHOLE_MAX_ENTRIES:,}); save it with pickle protocol 4 (torch does)"
             )
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w", encoding="utf-8") as page, reading(path):
-            page.write(head)
-            page.write('[{"name": "snapshot.pickle", "base64": "')
-            if streamed:
-                with open_input(path, WHAT) as source:
-                    _write_base64(page, source)
-            else:
-                _write_base64(page, io.BytesIO(pickle.dumps(load_snapshot(path), protocol=4)))
-            page.write('"}]')
-            page.write(tail)
-    except OSError as exc:
-        out.unlink(missing_ok=True)
-        raise BadInput(f"cannot write {out}: {exc.strerror or exc}") from None
+    with written(out) as temporary, temporary.open("w", encoding="utf-8") as page, reading(path):
+        page.write(head)
+        page.write('[{"name": "snapshot.pickle", "base64": "')
+        if streamed:
+            with open_input(path, WHAT) as source:
+                _write_base64(page, source)
+        else:
+            _write_base64(page, io.BytesIO(pickle.dumps(load_snapshot(path), protocol=4)))
+        page.write('"}]')
+        page.write(tail)
     return out
 
 

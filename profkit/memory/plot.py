@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from profkit.errors import BadInput
-from profkit.files import REPORTS_DIR, check_writable
+from profkit.files import REPORTS_DIR, check_writable, written
 from profkit.memory.summary import (
     GIB,
     fmt_bytes,
@@ -89,11 +89,8 @@ def plot_timeline(
 
 
 def save_figure(fig: Any, out: Path) -> None:
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out)
-    except OSError as exc:
-        raise BadInput(f"cannot write {out}: {exc.strerror or exc}") from None
+    with written(out) as temporary:
+        fig.savefig(temporary, format=out.suffix[1:] or None)
 
 
 @dataclass
@@ -341,8 +338,8 @@ def plot_file(
     base = stem_path.with_name(stem_path.name.removesuffix(".profkit.json"))
     out = out if out is not None else REPORTS_DIR / f"{base.name}.png"
     check_image_path(out)
-    for written in (out, out.with_suffix(".html")) if html else (out,):
-        check_writable(written)  # before the work: "its parent is a file", not "File exists"
+    for target in (out, out.with_suffix(".html")) if html else (out,):
+        check_writable(target)  # before the work: "its parent is a file", not "File exists"
     snapshot = read_snapshot(snapshot_path)
     meta = read_sidecar(snapshot_path) or {}
     timeline = reconstruct(snapshot)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from profkit.errors import BadInput
+from profkit.files import written
 from profkit.memory.plot import PHASE_COLORS
 from profkit.report.figures import MemoryCurves, SpeedupPanel, StepBars
 
@@ -34,10 +34,8 @@ def pyplot() -> Any:
 def save_figure(fig: Any, out: Path) -> Path:
     plt = pyplot()
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=DPI, bbox_inches="tight")
-    except OSError as exc:
-        raise BadInput(f"cannot write {out}: {exc.strerror or exc}") from None
+        with written(out) as temporary:
+            fig.savefig(temporary, dpi=DPI, bbox_inches="tight", format=out.suffix[1:] or None)
     finally:
         plt.close(fig)
     return out

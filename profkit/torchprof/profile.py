@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from profkit import __version__
 from profkit.errors import BadInput, ProfkitError
 from profkit.files import output_dirs
+from profkit.formats import write_text
 from profkit.run import teardown
 from profkit.run.quiet import Quietly
 from profkit.run.threads import choose_threads
@@ -320,9 +321,6 @@ def _release_memory(device: str) -> None:
 
 
 def write_report(path: Path, text: str) -> None:
-    """Write a run's markdown report; a path that cannot be written is one line."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    except OSError as exc:
-        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+    """Write a run's markdown report whole or not at all; a path that cannot be written is
+    one line."""
+    write_text(path, text)
