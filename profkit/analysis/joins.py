@@ -62,7 +62,7 @@ from profkit.traces.columns import (
 )
 from profkit.traces.job import nccl_name_codes, path_labels, process_ids, rank_infos
 from profkit.traces.ranks import process_key, rank_set, rank_thread_ids
-from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT, THREAD_MASK
+from profkit.traces.schema import MAX_SPAN_NS, PROCESS_MASK, PROCESS_SHIFT, THREAD_MASK
 
 ARRAYS = ("name", "duration", "launch_start", "launch_thread", START, DEVICE)
 
@@ -259,7 +259,11 @@ def joined_columns(
     activities, threads and ranges, each trace's written into arrays of the whole length
     (given up after, with ``consume``). ``rekeys[i]`` gives trace *i*'s thread ids their
     merged process keys, ``shifts[i]`` is added to its times (an unknown launch stays
-    unknown), and its GPUs are numbered after ``i * stride`` (0: kept as they are)."""
+    unknown), and its GPUs are numbered after ``i * stride`` (0: kept as they are).
+    Raises :class:`BadInput` where the joined times would span more than the analysis'
+    time keys hold (each file alone may be fine: clocks a lifetime apart are not one job).
+    """
+    _check_joined_span(nodes, shifts)
     total = sum(len(c) for c in nodes)
     arrays = {name: np.empty(total, dtype=nodes[0].arrays[name].dtype) for name in ARRAYS}
     names: dict[str, int] = {}
@@ -297,6 +301,31 @@ def joined_columns(
         threads=np.concatenate(threads),
         ranges=pd.concat(ranges, ignore_index=True),
     )
+
+
+def _check_joined_span(files: list[ActivityColumns], shifts: list[int]) -> None:
+    """The one check of a join's span: every file's launches, GPU times and ranges moved by
+    its shift, within ``MAX_SPAN_NS`` of each other."""
+    lows, highs = [], []
+    for cols, shift in zip(files, shifts, strict=True):
+        a = cols.arrays
+        bounds = [cols.launch_bounds()]
+        if len(cols) and START in a:
+            end = a[START] + a["duration"]
+            bounds.append((int(a[START].min()), int(end.max())))
+        if len(cols.ranges):
+            r = cols.ranges
+            bounds.append((int(r["start"].min()), int(r["end"].max())))
+        for low, high in (b for b in bounds if b is not None):
+            lows.append(low + shift)
+            highs.append(high + shift)
+    if lows and max(highs) - min(lows) > MAX_SPAN_NS:
+        days = (max(highs) - min(lows)) / 86_400e9
+        names = ", ".join(path_labels([str(c.meta.get("path")) for c in files]))
+        raise BadInput(
+            f"{names}: joined on one clock their times span {days:,.0f} days, so they are "
+            "not the traces of one job (a damaged clock or timestamp in one of them)"
+        )
 
 
 def shapes_of(nodes: list[ActivityColumns]) -> ShapeReader:

@@ -120,6 +120,8 @@ def kernels(
     with read_progress(label) as progress:
         job = load(paths, nsys, False if no_cache else None, progress, side_by_side=compare)
     if compare or job.kind == "side_by_side":
+        if rank is not None:
+            raise BadInput(f"--rank picks a rank of one job's traces; {_apart(job)}")
         _compare(job, top, phase, range_, mode, tolerance, fmt, out, plot)
         return
     report = analysis.kernel_report(job, top, phase, range_, rank, mode, consume=True)
@@ -146,6 +148,12 @@ def kernels(
     if fmt == "table":
         for note in report.notes:
             console.print(f"[dim]• {note}[/]", highlight=False)
+
+
+def _apart(job: Job) -> str:
+    """How a side-by-side set is told apart from one job, for refusals."""
+    why = f" ({job.why_apart})" if job.why_apart else ""
+    return f"these traces are compared side by side{why}"
 
 
 def _compare(

@@ -111,8 +111,45 @@ def together(paths: list[Path], files: list[ActivityColumns], side_by_side: bool
         infos = rank_infos(files)
         if names_distinct_ranks(infos):
             rank_set([c.meta for c in files], infos)  # one run's? else one line, now
+            _check_captured_together(files, infos)
             return Job(paths, files, "ranks")
     return Job(paths, files, "side_by_side")
+
+
+RUN_SLACK_NS = 60_000_000_000
+"""How far apart per-rank captures of one run may lie and still be one run's: their ranks
+profile the same steps together, on hosts whose clocks NTP keeps within ms; a minute covers
+a slow start."""
+
+
+def _check_captured_together(files: list[ActivityColumns], infos: list[Any]) -> None:
+    """Per-rank traces of one run were captured at the same time: one line where a rank's
+    capture ends before another's begins (two runs' traces, a day apart)."""
+    windows = [(w, info["rank"]) for c, info in zip(files, infos, strict=True)
+               if (w := _capture_window(c)) is not None]  # fmt: skip
+    if len(windows) < 2:
+        return
+    (late, late_rank) = max(windows, key=lambda item: item[0][0])
+    (early, early_rank) = min(windows, key=lambda item: item[0][1])
+    gap = late[0] - early[1]
+    if gap > RUN_SLACK_NS:
+        raise BadInput(
+            f"rank {late_rank}'s capture begins {gap / 3.6e12:,.1f} h after rank {early_rank}'s "
+            "ends: these traces come from different runs; give the ranks of one run"
+        )
+
+
+def _capture_window(cols: ActivityColumns) -> tuple[int, int] | None:
+    """The first and last time a trace holds (GPU activities where it keeps their starts,
+    else launches, else ranges), or None for an empty one."""
+    if len(cols) and START in cols.arrays:
+        return _window(cols)
+    bounds = cols.launch_bounds()
+    if bounds is not None:
+        return bounds
+    if len(cols.ranges):
+        return int(cols.ranges["start"].min()), int(cols.ranges["end"].max())
+    return None
 
 
 def rank_infos(files: list[ActivityColumns]) -> list[dict[str, Any] | None]:
