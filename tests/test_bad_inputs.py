@@ -380,6 +380,36 @@ def test_wrong_typed_cells_read_as_null_with_one_warning(tmp_path: Path) -> None
     assert result.stderr.count("warning:") == 1 and "(step_ms)" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("column", "cell"),
+    [
+        ("forward_times_ms", "not json"),
+        ("forward_times_ms", "[" * 50_000 + "]" * 50_000),  # deeper than a JSON parser goes
+        ("ranks", "{broken"),
+        ("ranks", "[" * 50_000 + "]" * 50_000),
+        ("ranks", "[1, 2]"),  # JSON, but not the ranks' records
+    ],
+    ids=["list not json", "list nested 50,000 deep", "ranks not json", "ranks nested",
+         "ranks not records"],
+)
+def test_cells_that_are_not_their_json_read_as_null_with_one_warning(
+    tmp_path: Path, column: str, cell: str
+) -> None:
+    """compare and report read the rest of the DB; the bad cell is null, said once."""
+    add = "ALTER TABLE bench ADD COLUMN ranks TEXT" if column == "ranks" else "SELECT 1"
+    path = results_db(tmp_path, add)
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"UPDATE bench SET {column} = ? WHERE rowid = 1", (cell,))
+    result = invoke("compare", "dtype", "--db", path, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.count("warning:") == 1 and f"({column})" in result.stderr
+    report = invoke(
+        "report", "--db", path, "--profiles", tmp_path / "none", "--out", tmp_path / "R.md"
+    )
+    assert report.exit_code == 0, report.stderr
+    assert (tmp_path / "R.md").exists()
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0"])
 def test_timeout_must_be_finite_and_positive(value: str) -> None:
     with pytest.raises(BadInput, match="--timeout must be a positive number of seconds"):

@@ -154,7 +154,13 @@ def _panel(comparison: compare_lib.Comparison) -> SpeedupPanel:
     for block in wanted:
         base = block.cells[0]
         for label, cell in zip(labels[1:], block.cells[1:], strict=True):
-            if base["status"] == "ok" and cell["status"] == "ok" and cell["mean_ms"]:
+            # A time that did not survive its cell (read as empty) gets no bar either.
+            if (
+                base["status"] == "ok"
+                and cell["status"] == "ok"
+                and base["mean_ms"]
+                and cell["mean_ms"]
+            ):
                 panel.bars.append(
                     Speedup(
                         _config_label(block.fixed, varying),

@@ -200,17 +200,26 @@ def decode_row(row: dict[str, Any], bad: list[str] | None = None) -> Row:
     if out.get("ranks") is None:
         out.pop("ranks", None)
     elif isinstance(out["ranks"], str):
-        out["ranks"] = json.loads(out["ranks"])
+        ranks = _json_cell(out["ranks"])
+        ok = isinstance(ranks, list) and all(isinstance(r, dict) for r in ranks)
+        out["ranks"] = ranks if ok else None
+        if not ok:
+            (bad if bad is not None else []).append("ranks")
     return out
 
 
 def _number_list(text: str) -> list[float] | None:
-    try:
-        values = json.loads(text)
-    except ValueError:
-        return None
+    values = _json_cell(text)
     ok = isinstance(values, list) and all(results.fits(v, float) for v in values)
     return values if ok else None
+
+
+def _json_cell(text: str) -> Any:
+    """A cell's JSON, or None where it is not JSON or nests deeper than a parser goes."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def load(db_path: Path | str = results.DEFAULT_DB) -> list[Row]:
