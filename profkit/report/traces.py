@@ -112,13 +112,20 @@ def _read(paths: list[Path]) -> Any:
 
 
 def _trace_part(stem: str, paths: list[Path], out_dir: Path, pictures: Pictures) -> str:
+    """One trace's (or one run's ranks') part of its section; what goes wrong with these
+    files (unreadable, bad headers, clocks that cannot be joined, a file that cannot be
+    written) is said in the part, and the rest of the report is written."""
+    try:
+        return _trace_body(stem, paths, out_dir, pictures)
+    except ProfkitError as exc:
+        return f"### {stem}\n\n_Could not read `{', '.join(p.name for p in paths)}`: {exc}._"
+
+
+def _trace_body(stem: str, paths: list[Path], out_dir: Path, pictures: Pictures) -> str:
     from profkit.analysis import kernel_report_markdown
 
     heading = f"### {stem}"
-    try:
-        report = _read(paths)
-    except ProfkitError as exc:
-        return f"{heading}\n\n_Could not read `{', '.join(p.name for p in paths)}`: {exc}._"
+    report = _read(paths)
     if report is None:  # same stem, yet not the ranks of one run: each on its own
         return "\n\n".join(_trace_part(trace_stem(p), [p], out_dir, pictures) for p in paths)
     full = out_dir / f"{stem}.md"

@@ -174,6 +174,7 @@ def run_child(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            errors="replace",  # a library may print bytes of any encoding
             env=child_env(env),
             start_new_session=True,  # Ctrl-C reaches us; we end the child's whole group
             preexec_fn=die_with_parent(),  # and SIGKILL of us ends the child too

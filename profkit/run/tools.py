@@ -42,7 +42,7 @@ def nsys_version(nsys: Path) -> str | None:
     """``2025.3.1`` style version of an nsys executable, or None if it does not say."""
     try:
         out = subprocess.run(
-            [str(nsys), "--version"], capture_output=True, text=True, timeout=60
+            [str(nsys), "--version"], capture_output=True, text=True, errors="replace", timeout=60
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -72,7 +72,9 @@ def export_sqlite(
         "--output", str(partial), str(report),
     ]  # fmt: skip
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, preexec_fn=die_with_parent())
+        proc = subprocess.run(  # an nsys that fails may print bytes of any encoding
+            argv, capture_output=True, text=True, errors="replace", preexec_fn=die_with_parent()
+        )
         if proc.returncode != 0 or not _is_sqlite(partial):
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise BadInput(f"nsys export of {report} failed ({proc.returncode}): {tail[0]}")
