@@ -32,14 +32,18 @@ def _disk_fills_after(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
     monkeypatch.setattr(Path, "write_text", full)
 
 
-def test_a_full_disk_keeps_the_earlier_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_disk_keeps_the_earlier_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "report.md"
     first = runner.invoke(app, ["kernels", str(TRACE), "--out", str(out), "--no-cache"])
     assert first.exit_code == 0, first.output
     before = out.read_bytes()
     assert len(before) > 1024
     _disk_fills_after(monkeypatch, 100)
-    second = runner.invoke(app, ["kernels", str(TRACE), "--out", str(out), "--no-cache", "--top", "3"])
+    second = runner.invoke(
+        app, ["kernels", str(TRACE), "--out", str(out), "--no-cache", "--top", "3"]
+    )
     assert second.exit_code == 2
     assert second.output.strip().splitlines() == [
         f"error: cannot write {out}: {os.strerror(errno.ENOSPC)}"

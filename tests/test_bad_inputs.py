@@ -389,8 +389,13 @@ def test_wrong_typed_cells_read_as_null_with_one_warning(tmp_path: Path) -> None
         ("ranks", "[" * 50_000 + "]" * 50_000),
         ("ranks", "[1, 2]"),  # JSON, but not the ranks' records
     ],
-    ids=["list not json", "list nested 50,000 deep", "ranks not json", "ranks nested",
-         "ranks not records"],
+    ids=[
+        "list not json",
+        "list nested 50,000 deep",
+        "ranks not json",
+        "ranks nested",
+        "ranks not records",
+    ],
 )
 def test_cells_that_are_not_their_json_read_as_null_with_one_warning(
     tmp_path: Path, column: str, cell: str

@@ -31,7 +31,9 @@ def _set(where: str, key: str, value: Any) -> Callable[[Header], None]:
 @pytest.fixture(scope="module")
 def ranks() -> list[Header]:
     return [
-        json.loads(gzip.decompress((DATA / f"torch-h200x2-small-ddp2-rank{r}.json.gz").read_bytes()))
+        json.loads(
+            gzip.decompress((DATA / f"torch-h200x2-small-ddp2-rank{r}.json.gz").read_bytes())
+        )
         for r in (0, 1)
     ]
 

@@ -118,6 +118,7 @@ class LaunchColumns:
         bounds = cols.launch_bounds()
         return cls(a["launch_start"], a["launch_thread"], a["name"], threads, cols.names, bounds)
 
+
 @dataclass
 class InferredPhases:
     """Each activity's inferred phase, and the step structure it came from."""

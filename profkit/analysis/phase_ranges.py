@@ -33,6 +33,7 @@ PhaseMode = Literal["auto", "annotated", "inferred"]
 PHASE_MODES: tuple[PhaseMode, ...] = ("auto", "annotated", "inferred")
 """``auto``: annotated phases where a step has them, inferred elsewhere."""
 
+
 def default_phase_domain(ranges: pd.DataFrame) -> str:
     """The NVTX domain phase ranges are looked for in: the default one ("") where any range
     uses it, else the most used."""

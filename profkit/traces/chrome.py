@@ -195,9 +195,7 @@ def _read(p: Path, chunk_bytes: int | None, progress: Progress | None) -> _Read:
     """The one pass over the events, then the ranges table, the activities in order and
     the meta."""
     with _gc_paused():
-        header, collected, gathered = _read_events(
-            p, chunk_bytes, _bytes_read(p, progress)
-        )
+        header, collected, gathered = _read_events(p, chunk_bytes, _bytes_read(p, progress))
     base_ns = _int_or(header.get("baseTimeNanoseconds"), 0)
     if not abs(base_ns) < MAX_BASE_NS:
         collected["issues"].add("baseTimeNanoseconds out of range (read as 0)", 1)

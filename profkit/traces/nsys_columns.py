@@ -684,7 +684,9 @@ def _shapes_by_rowid(conn: sqlite3.Connection, rowids: np.ndarray) -> dict[int, 
             found[int(rowid)] = (unpacked_shape(grid, 31, 16), unpacked_shape(block, 11, 10))
     missing = set(rowids.tolist()) - set(found)
     if missing:
-        raise sqlite_scan.BadColumn(f"{KERNEL_TABLE} lost rows since it was read (row {min(missing)})")
+        raise sqlite_scan.BadColumn(
+            f"{KERNEL_TABLE} lost rows since it was read (row {min(missing)})"
+        )
     return found
 
 

@@ -223,13 +223,17 @@ def check_columns(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> Non
     if KERNEL_TABLE in tables:
         names = ("demangledName", "name", "mangledName")
         if not any(c in tables[KERNEL_TABLE] for c in names):
-            raise sqlite_scan.BadColumn(f"table {KERNEL_TABLE} has no name column ({', '.join(names)})")
+            raise sqlite_scan.BadColumn(
+                f"table {KERNEL_TABLE} has no name column ({', '.join(names)})"
+            )
     for table, columns in SMALL_INTEGER_COLUMNS.items():
         if table in tables:
             sqlite_scan.check_integers(conn, table, [c for c in columns if c in tables[table]])
 
 
-def export_meta(conn: sqlite3.Connection, tables: dict[str, list[str]], path: Path) -> dict[str, Any]:
+def export_meta(
+    conn: sqlite3.Connection, tables: dict[str, list[str]], path: Path
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"path": str(path), "format": FORMAT, "tool": "Nsight Systems"}
     for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
         if table in tables:

@@ -55,7 +55,9 @@ def rank_of_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
     world = source.get("world_size")
     world = None if world in (None, 0) else _whole(world, f"{where}'s world_size", path, 1, 1 << 30)
     if world is not None and rank >= world:
-        raise BadInput(f"{path}: {where} says rank {rank} of a world of {world}: not one run's rank")
+        raise BadInput(
+            f"{path}: {where} says rank {rank} of a world of {world}: not one run's rank"
+        )
     pid = meta.get("pid") if meta.get("pid") is not None else profkit.get("pid")
     host = profkit.get("host")
     if host is not None and not isinstance(host, str):
