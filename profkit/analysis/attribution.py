@@ -45,6 +45,12 @@ from profkit.analysis.inference import (
     profiler_step_rows,
 )
 from profkit.analysis.intervals import Lanes, stab
+from profkit.analysis.phase_marks import (
+    PhaseRanges,
+    library_ranges,
+    phase_domains,
+    unclosed_ranges,
+)
 from profkit.analysis.phase_ranges import (
     PHASE_MODES,
     PhaseMode,
@@ -61,7 +67,7 @@ from profkit.workload.names import PHASES
 
 KEPT_AS = "attribution"
 INFERENCE_AS = "inference"
-VERSION = 2  # bumped whenever what the arrays mean changes (2: inferred phases)
+VERSION = 3  # bumped whenever what the arrays mean changes (3: library ranges never phases)
 MAX_PROJECTED = 1 << 23  # projected phase bounds at most (each lane × each phase bound)
 ARRAYS = {
     "phase": np.int16,
@@ -132,7 +138,10 @@ class Plan:
 
 
 def plan_of(
-    cols: ActivityColumns, phase_domain: str | None = None, phases: PhaseMode = "auto"
+    cols: ActivityColumns,
+    phase_domain: str | None = None,
+    phases: PhaseMode = "auto",
+    phase_ranges: PhaseRanges | None = None,
 ) -> Plan:
     """The phases (annotated where a step has phase ranges, inferred elsewhere) and the slot
     bounds.
@@ -140,19 +149,21 @@ def plan_of(
     Inference costs a pass over every launch and memory per launch, and it changes nothing
     where each launching process has phase ranges, every step holds some and autograd's
     launches all fall in them: :func:`_inference_unneeded` checks that first (its verdict
-    kept with the columns), and the plan of such a trace is the annotated one alone."""
+    kept with the columns), and the plan of such a trace is the annotated one alone.
+    ``phase_ranges``: the user's marks that are the phases (``--phase-ranges``)."""
     if phases not in PHASE_MODES:
         raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
+    if phase_ranges is not None:
+        phase_ranges.check_found(cols.ranges)
+    per_process = phase_domain is None
     if phase_domain is None:
         phase_domain = default_phase_domain(cols.ranges)
-        per_process = True
-    else:
-        per_process = False
+    domain = phase_domain if phase_ranges is None else f"--phase-ranges {phase_ranges}"
     if phases != "inferred":
-        plan = _plan(cols, phase_domain, per_process, phases, None)
+        plan = _plan(cols, domain, per_process, phases, None, phase_ranges)
         if plan is not None and _inference_unneeded(cols, plan):
             return plan
-    found = _plan(cols, phase_domain, per_process, phases, inferred_phases(cols))
+    found = _plan(cols, domain, per_process, phases, inferred_phases(cols), phase_ranges)
     assert found is not None  # with the inference at hand, every plan can be made
     return found
 
@@ -163,6 +174,7 @@ def _plan(
     per_process: bool,
     phases: PhaseMode,
     inference: InferredPhases | None,
+    phase_ranges: PhaseRanges | None = None,
 ) -> Plan | None:
     """The plan, with ``inference`` or without (None where that cannot be told without).
 
@@ -174,14 +186,14 @@ def _plan(
     r_thread = r["thread"].to_numpy(np.int64)
     known = cols.launch_bounds()
     lanes = Lanes(r_thread, [r_start, r_end, np.array(known if known else [], dtype=np.int64)])
-    in_domain = _in_phase_domain(r, phase_domain, per_process)
-    found = phase_range_rows(r, in_domain & (phases != "inferred"), lanes, inference)
+    marks, in_domain = phase_candidates(cols, phase_domain, per_process, phase_ranges)
+    found = phase_range_rows(marks, in_domain & (phases != "inferred"), lanes, inference)
     if found is None:
         return None
     phase_rows, owners = found
     if inference is not None:
         owners = {**inference.main_threads, **owners}  # ranges' owner first, else main thread
-    intervals = phase_intervals(r, phase_rows, lanes)
+    intervals = phase_intervals(marks, phase_rows, lanes)
     step_phases = np.zeros((0, 3), np.int64) if inference is None else inference.step_phases
     if inference is not None and phases == "auto":
         annotated_steps = inference.step_of(r_thread[intervals.rows], r_start[intervals.rows])
@@ -226,23 +238,28 @@ def _plan(
     return plan
 
 
-def _in_phase_domain(ranges: pd.DataFrame, domain: str, per_process: bool) -> np.ndarray:
-    """Per range: in the NVTX domain its process takes phases from?"""
-    domains = ranges["domain"].fillna("").astype(str)
-    if not per_process or ranges.empty:
-        return (domains == domain).to_numpy()
-    process = pd.Series(ranges["thread"].to_numpy(np.int64) >> PROCESS_SHIFT, name="process")
-    # default_phase_domain per process: "" where it uses it, else its most used (ties: the
-    # first in sorted order, as ``mode`` gives).
-    counts = domains.groupby([process, domains.rename("domain")]).size()
-    counts = counts.reset_index(name="n").sort_values(["process", "n", "domain"],
-                                                     ascending=[True, False, True])  # fmt: skip
-    chosen = counts.drop_duplicates("process").set_index("process")["domain"]
-    default = counts[counts["domain"] == ""]["process"]
-    chosen[chosen.index.isin(default)] = ""
-    return (domains.to_numpy(dtype=object) == process.map(chosen).to_numpy(dtype=object)).astype(
-        bool
-    )
+def phase_candidates(
+    cols: ActivityColumns,
+    domain: str,
+    per_process: bool,
+    phase_ranges: PhaseRanges | None,
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """The ranges as phases are looked for in them (with ``phase_ranges``, each mapped
+    range renamed to its phase), and per range whether it may be one: in its process's
+    phase domain (:func:`.phase_marks.phase_domains`; all in ``domain`` unless
+    ``per_process``) or mapped, never a library's range, never one left open at the
+    capture's end (it would swallow the rest of the capture)."""
+    ranges = cols.ranges
+    closed = ~unclosed_ranges(ranges, cols.meta)
+    mapped = None if phase_ranges is None else phase_ranges.phase_of(ranges)
+    if mapped is not None and (mapped != None).any():  # noqa: E711 (elementwise)
+        marks = ranges.copy()
+        marks["name"] = np.where(mapped == None, "", mapped)  # noqa: E711 (elementwise)
+        return marks, (mapped != None) & closed  # noqa: E711
+    if per_process:
+        return ranges, phase_domains(ranges) & closed
+    domains = ranges["domain"].fillna("").astype(str).to_numpy(dtype=object)
+    return ranges, (domains == domain) & ~library_ranges(ranges) & closed
 
 
 CHECK_AS = "inference_check"

@@ -62,11 +62,12 @@ from profkit.traces import cache_files as files
 from profkit.traces.columns import KEPT, SHAPE, ActivityColumns, Derived, RowMap
 from profkit.traces.schema import KINDS, RANGE_COLUMNS, conform
 
-VERSION = 6  # 2: Arrow IPC files, optional shape codes, kernel row ids, derived arrays;
+VERSION = 7  # 2: Arrow IPC files, optional shape codes, kernel row ids, derived arrays;
 # 3: start times and devices of multi-process exports (the streaming ranks need them);
 # 4: an nsys export's host and session start in the meta (several nodes' reports);
 # 5: start times and devices of per-rank Chrome traces (their ranks joined as columns);
-# 6: sealed files (CRC-32), identity with inode, ctime and the trace's ends' fingerprint
+# 6: sealed files (CRC-32), identity with inode, ctime and the trace's ends' fingerprint;
+# 7: an nsys export's ranges left open at its end (meta ``unclosed_ranges``)
 ENV_SWITCH = "PROFKIT_CACHE"
 ENV_DIR = "PROFKIT_CACHE_DIR"
 INDEX = "entry.json"

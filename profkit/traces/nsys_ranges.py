@@ -73,7 +73,11 @@ def build_ranges(
     }
     frame["thread"] = frame["thread"].fillna(-1).astype(np.int64)
     frame["start"] = frame["start"].astype(np.int64)
-    # A range still open when the capture stopped has no end: it lasts to the trace's end.
+    # A range still open when the capture stopped has no end: it lasts to the trace's end
+    # (never a phase: it would swallow the rest of the capture).
+    open_rows = frame["end"].isna().to_numpy()
+    if open_rows.any() and meta is not None:
+        _note_unclosed(frame[open_rows], meta)
     frame["end"] = frame["end"].fillna(max(trace_end, int(frame["start"].max()))).astype(np.int64)
     backwards = frame["end"].to_numpy() < frame["start"].to_numpy()
     if backwards.any() and meta is not None:
@@ -95,6 +99,20 @@ def build_ranges(
     frame["depth"] = nesting_depth(lane, frame["start"].to_numpy(), frame["end"].to_numpy())
     frame = frame.sort_values(["start", "depth"], kind="stable")
     return conform(frame, RANGE_COLUMNS)
+
+
+def _note_unclosed(frame: pd.DataFrame, meta: dict[str, Any]) -> None:
+    """``meta["unclosed_ranges"]``: (thread, start) of each range left open, and a warning."""
+    thread = frame["thread"].fillna(-1).astype(np.int64)
+    meta["unclosed_ranges"] = [
+        [int(t), int(s)] for t, s in zip(thread, frame["start"], strict=True)
+    ]
+    names = frame["name"].fillna("(unnamed)").astype(str).value_counts()
+    listed = ", ".join(f"{n} ×{c}" if c > 1 else str(n) for n, c in names.head(5).items())
+    meta.setdefault("warnings", []).append(
+        f"{len(frame):,} NVTX ranges were still open when the capture ended ({listed}"
+        f"{', ...' if len(names) > 5 else ''}): they count as ranges to its end, never as phases"
+    )
 
 
 def _pid(global_tid: int) -> int:
