@@ -15,6 +15,7 @@ import numpy as np
 
 from profkit.analysis.categories import CATEGORIES, categorize
 from profkit.analysis.names import short_kernel_name
+from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import PhaseMode
 from profkit.analysis.presentation import display_tables, kernel_report_markdown
 from profkit.analysis.report_types import KernelReport
@@ -47,6 +48,7 @@ def kernel_report(
     rank: int | None = None,
     phases: PhaseMode = "auto",
     consume: bool = False,
+    phase_ranges: PhaseRanges | None = None,
 ) -> KernelReport:
     """The kernel report of a loaded job (:func:`profkit.traces.job.load`), from its files'
     compact columns, in bounded memory, phases annotated or inferred (``phases``).
@@ -58,18 +60,23 @@ def kernel_report(
     :class:`~profkit.analysis.report_types.RankedReport`; ``rank`` narrows its tables to
     one rank.
     ``consume``: a join gives each file's arrays up as it copies them (the job's columns
-    are of no further use then). Traces to compare side by side have no one report:
+    are of no further use then). ``phase_ranges``: the user's marks that are the phases
+    (``--phase-ranges``). Traces to compare side by side have no one report:
     :func:`side_by_side`.
     """
     from profkit.analysis.joins import analyze_node_columns, analyze_rank_file_columns
 
     if job.kind == "ranks":
-        return analyze_rank_file_columns(job.files, top, phase, range, rank, consume, phases)
+        return analyze_rank_file_columns(
+            job.files, top, phase, range, rank, consume, phases, phase_ranges
+        )
     if job.kind == "nodes":
-        return analyze_node_columns(job.files, top, phase, range, rank, consume, phases)
+        return analyze_node_columns(
+            job.files, top, phase, range, rank, consume, phases, phase_ranges
+        )
     if job.kind != "trace":
         raise ValueError(f"a job of {job.kind} traces has no one report")
-    return _one_file(job.files[0], top, phase, range, rank, phases)
+    return _one_file(job.files[0], top, phase, range, rank, phases, phase_ranges)
 
 
 def _one_file(
@@ -79,6 +86,7 @@ def _one_file(
     range: str | None,
     rank: int | None,
     phases: PhaseMode,
+    phase_ranges: PhaseRanges | None = None,
 ) -> KernelReport:
     """The report of one file's columns: ranked where several of its processes ran GPU
     work (an nsys export of a torchrun tree)."""
@@ -89,8 +97,12 @@ def _one_file(
     if layout is None:
         if rank is not None:
             raise BadInput(_one_rank_message(cols.meta))
-        return analyze_columns(cols, top=top, phase=phase, range=range, phases=phases)
-    return analyze_columns(cols, top, phase, range, phases=phases, layout=layout, rank=rank)
+        return analyze_columns(
+            cols, top=top, phase=phase, range=range, phases=phases, phase_ranges=phase_ranges
+        )
+    return analyze_columns(
+        cols, top, phase, range, phases=phases, layout=layout, rank=rank, phase_ranges=phase_ranges
+    )
 
 
 def side_by_side(
@@ -100,6 +112,7 @@ def side_by_side(
     range: str | None = None,
     phases: PhaseMode = "auto",
     tolerance: float = 5.0,
+    phase_ranges: PhaseRanges | None = None,
 ) -> SideBySide:
     """The files of a job compared side by side: each analysed alone as one trace (its
     processes together, not per rank: the phases of the run are compared) by
@@ -110,7 +123,8 @@ def side_by_side(
 
     if len(job.files) < 2:
         raise BadInput("--compare needs two or more traces (e.g. run.sqlite run.json.gz)")
-    reports = [analyze_columns(c, top=top, phase=phase, range=range, phases=phases)
+    reports = [analyze_columns(c, top=top, phase=phase, range=range, phases=phases,
+                               phase_ranges=phase_ranges)
                for c in job.files]  # fmt: skip
     return compare_reports(reports, [p.stem for p in job.paths], tolerance)
 

@@ -24,6 +24,7 @@ import pandas as pd
 
 from profkit.analysis import crosscheck
 from profkit.analysis.names import short_kernel_name
+from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.report_types import KernelReport
 from profkit.errors import BadInput
 from profkit.formats import plural
@@ -144,7 +145,9 @@ class ProfileDiff:
         return tables
 
 
-def diff(job: Job, per_step: bool = True, top: int = 10) -> ProfileDiff:
+def diff(
+    job: Job, per_step: bool = True, top: int = 10, phase_ranges: PhaseRanges | None = None
+) -> ProfileDiff:
     """Compare two loaded traces (:func:`profkit.traces.job.load` of A and B, side by side),
     B against A, each reported as `profkit kernels` reports it alone (per rank where it
     holds several processes)."""
@@ -152,7 +155,7 @@ def diff(job: Job, per_step: bool = True, top: int = 10) -> ProfileDiff:
 
     if len(job.files) != 2:
         raise BadInput(f"profkit diff takes two profiles, A and B; got {len(job.files)}")
-    a, b = (kernel_report(part, top=0) for part in job.parts())
+    a, b = (kernel_report(part, top=0, phase_ranges=phase_ranges) for part in job.parts())
     return diff_reports(a, b, per_step=per_step, top=top)
 
 

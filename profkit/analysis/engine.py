@@ -34,6 +34,7 @@ from profkit.analysis import chunked
 from profkit.analysis.attribution import Plan, attributed, plan_of
 from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import is_nccl
+from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import UNATTRIBUTED, PhaseMode
 from profkit.analysis.rank_comm import (
     kernels_reader,
@@ -75,16 +76,18 @@ def analyze_columns(
     *,
     layout: Layout | None = None,
     rank: int | None = None,
+    phase_ranges: PhaseRanges | None = None,
 ) -> KernelReport:
     """The kernel report of the columns: of one process, or with ``layout``
     (:func:`.rank_layout.ranks_of`) a :class:`~.report_types.RankedReport` of its ranks,
     ``rank`` narrowing its tables to one. Raises :class:`.rank_layout.RanksUntold` where
-    the columns cannot tell it (no other reading is tried)."""
+    the columns cannot tell it (no other reading is tried). ``phase_ranges``: the user's
+    marks that are the phases (``--phase-ranges``)."""
     if layout is not None and rank is not None and rank not in [p["rank"] for p in layout.info]:
         known = ", ".join(str(p["rank"]) for p in layout.info) or "none"
         raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
     check_options(top, phases)
-    plan = plan_of(cols, phase_domain, phases)
+    plan = plan_of(cols, phase_domain, phases, phase_ranges)
     views = [RankView.whole(cols, plan)] if layout is None else rank_views(cols, plan, layout)
     rank_of, infos = (None, None) if layout is None else (layout.rank, layout.info)
     att = _Attribution(cols, plan)

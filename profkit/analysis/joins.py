@@ -46,6 +46,7 @@ from profkit.analysis.clocks import (
     node_clock,
 )
 from profkit.analysis.engine import analyze_columns
+from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import PhaseMode
 from profkit.analysis.rank_layout import Layout, ranks_of
 from profkit.analysis.report_types import RankedReport
@@ -123,13 +124,16 @@ def analyze_rank_file_columns(
     rank: int | None = None,
     consume: bool = False,
     phases: PhaseMode = "auto",
+    phase_ranges: PhaseRanges | None = None,
 ) -> RankedReport:
     """The ranked report of per-rank traces of one run from their columns, ranks without
     GPU activity included (a CPU run's traces: their phases' CPU time, no kernels).
     ``consume``: as for :func:`merge_rank_columns`; ``phases``: where phases come from
     (auto, annotated, inferred)."""
     cols, layout = merge_rank_columns(columns, consume)
-    report = analyze_columns(cols, top, phase, range_, phases=phases, layout=layout, rank=rank)
+    report = analyze_columns(
+        cols, top, phase, range_, phases=phases, layout=layout, rank=rank, phase_ranges=phase_ranges
+    )
     assert isinstance(report, RankedReport)  # a layout gives one
     real = {int(info["rank"]): info for info in cols.meta["ranks"]}
     for entry in report.ranks:  # the layout's pid was the merged key
@@ -159,13 +163,16 @@ def analyze_node_columns(
     rank: int | None = None,
     consume: bool = False,
     phases: PhaseMode = "auto",
+    phase_ranges: PhaseRanges | None = None,
 ) -> RankedReport:
     """The ranked report of the nodes of one job (:func:`profkit.traces.job.why_not_one_job`
     says they are) from their columns, each read with its GPU starts. ``consume``: the
     nodes' arrays are given up as they are merged (:func:`merge_node_columns`); ``phases``:
     where phases come from (auto, annotated, inferred)."""
     cols, layout, real = merge_node_columns(nodes, consume)
-    report = analyze_columns(cols, top, phase, range_, phases=phases, layout=layout, rank=rank)
+    report = analyze_columns(
+        cols, top, phase, range_, phases=phases, layout=layout, rank=rank, phase_ranges=phase_ranges
+    )
     assert isinstance(report, RankedReport)  # a layout gives one
     for entry in report.ranks:  # the merged keys gave the analysis its processes
         entry.info.update(real[entry.info["rank"]])

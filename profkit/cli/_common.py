@@ -239,6 +239,15 @@ TimeoutOpt = Annotated[
     float | None,
     typer.Option("--timeout", help="Seconds per config before its process is killed."),
 ]
+PhaseRangesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--phase-ranges",
+        help="Your own ranges as the phases: forward=NAME,backward=NAME,optimizer=NAME (any of "
+        "them; NAME a range name or domain:name, e.g. forward=mymarks:fwd). Exact, per rank.",
+        show_default=False,
+    ),
+]
 NsysOpt = Annotated[
     str | None,
     typer.Option(

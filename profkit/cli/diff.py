@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from profkit.analysis import diff as diff_lib
-from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
+from profkit.analysis.phase_marks import PhaseRanges
+from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, PhaseRangesOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
@@ -44,6 +45,7 @@ def diff(
     fmt: FormatOpt = "table",
     out: OutOpt = None,
     nsys: NsysOpt = None,
+    phase_ranges: PhaseRangesOpt = None,
 ) -> None:
     """What changed from A to B: GPU time per phase and category; kernels appeared, vanished, faster, slower.
 
@@ -53,9 +55,10 @@ def diff(
     paths = list(profiles or [])
     if len(paths) != 2:
         raise BadInput(f"profkit diff takes two profiles, A and B; got {len(paths)}")
+    marks = PhaseRanges.parse(phase_ranges)
     with read_progress(f"{paths[0].name} and {paths[1].name}") as progress:
         job = load(paths, nsys, progress=progress, side_by_side=True)
-    result = diff_lib.diff(job, per_step, top)
+    result = diff_lib.diff(job, per_step, top, marks)
     tables = result.display_tables()
     fmt = file_format(fmt, out)
     if fmt == "md":

@@ -8,10 +8,11 @@ from typing import Annotated, cast
 import typer
 
 from profkit import analysis
+from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import PHASE_MODES, PhaseMode
 from profkit.analysis.presentation import rank_tables
 from profkit.analysis.report_types import RankedReport
-from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, command
+from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, PhaseRangesOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
@@ -103,11 +104,12 @@ def kernels(
     rank: RankOpt = None,
     plot: PlotOpt = None,
     phases: PhasesOpt = "auto",
+    phase_ranges: PhaseRangesOpt = None,
     no_cache: NoCacheOpt = False,
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
-    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). A multi-GPU trace (one nsys report of torchrun, several nodes' reports of one job, or the per-rank torch traces of one run) is reported per rank, with NCCL time and its overlap with compute (docs/MULTI_GPU.md). Steps without forward/backward/optimizer ranges get their phases inferred, marked (inferred); `--phases` forces one source. Other sets of traces are compared side by side (`--compare`).
+    Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). A multi-GPU trace (one nsys report of torchrun, several nodes' reports of one job, or the per-rank torch traces of one run) is reported per rank, with NCCL time and its overlap with compute (docs/MULTI_GPU.md). Library NVTX ranges (NCCL, CUB, cuDNN, PyTorch's op ranges) are never phases; your own marks in any domain are, with `--phase-ranges`. Steps without forward/backward/optimizer ranges get their phases inferred, marked (inferred); `--phases` forces one source. Other sets of traces are compared side by side (`--compare`).
     """
     check_format(fmt)
     if not tolerance >= 0:  # also catches nan
@@ -115,6 +117,7 @@ def kernels(
     if plot is not None:
         check_image_path(plot)
     mode = _mode(phases)
+    marks = PhaseRanges.parse(phase_ranges)
     paths = list(path)
     label = paths[0].name if len(paths) == 1 else f"{len(paths)} traces"
     with read_progress(label) as progress:
@@ -122,9 +125,11 @@ def kernels(
     if compare or job.kind == "side_by_side":
         if rank is not None:
             raise BadInput(f"--rank picks a rank of one job's traces; {_apart(job)}")
-        _compare(job, top, phase, range_, mode, tolerance, fmt, out, plot)
+        _compare(job, top, phase, range_, mode, tolerance, fmt, out, plot, marks)
         return
-    report = analysis.kernel_report(job, top, phase, range_, rank, mode, consume=True)
+    report = analysis.kernel_report(
+        job, top, phase, range_, rank, mode, consume=True, phase_ranges=marks
+    )
     names = ", ".join(p.name for p in paths)
     if plot is not None:
         if not isinstance(report, RankedReport):
@@ -166,6 +171,7 @@ def _compare(
     fmt: str,
     out: Path | None,
     plot: Path | None,
+    marks: PhaseRanges | None = None,
 ) -> None:
     """Traces side by side: their phases per step, each against the first."""
     if job.why_apart is not None:
@@ -177,7 +183,7 @@ def _compare(
             "--plot draws the ranks of one multi-GPU run; these traces are compared "
             "side by side instead"
         )
-    compared = analysis.side_by_side(job, top, phase, range_, phases, tolerance)
+    compared = analysis.side_by_side(job, top, phase, range_, phases, tolerance, marks)
     for label, p in zip(compared.labels, job.paths, strict=True):
         err_console.print(f"{label} = {p}", highlight=False)
     title = (

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from profkit.cli._common import command
+from profkit.cli._common import PhaseRangesOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import err_console, progress_bar
 from profkit.errors import BadInput
@@ -61,6 +61,7 @@ def report(
     out: ReportOutOpt = Path("reports/REPORT.md"),
     run: RunOpt = False,
     plan: PlanOpt = "auto",
+    phase_ranges: PhaseRangesOpt = None,
 ) -> None:
     """Regenerate reports/REPORT.md from the results DB and profiles/: every table and plot.
 
@@ -70,7 +71,11 @@ def report(
 
     Example: profkit report --run
     """
+    from profkit.analysis.phase_marks import PhaseRanges
     from profkit.report import build_report
+
+    # Traces without the marks are read as without the option (a report reads every trace).
+    marks = PhaseRanges.parse(phase_ranges, strict=False)
 
     db_path = db if db is not None else profiles / "results.db"
     check_output(out, [db_path])
@@ -81,7 +86,7 @@ def report(
     if run:
         _run(profiles, db_path, out.parent, plan)
     with err_console.status("writing the report") as status:
-        result = build_report(profiles, db_path, out, progress=status.update)
+        result = build_report(profiles, db_path, out, progress=status.update, phase_ranges=marks)
     for section in result.sections:
         if section.skipped:
             err_console.print(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from profkit.analysis.phase_marks import PhaseRanges
 from profkit.errors import BadInput, ProfkitError
 from profkit.files import check_output
 from profkit.formats import write_text
@@ -46,9 +47,11 @@ def build_report(
     db_path: Path | None = None,
     out: Path = DEFAULT_OUT,
     progress: Say | None = None,
+    phase_ranges: PhaseRanges | None = None,
 ) -> ReportResult:
     """Write the report from the results DB (default ``PROFILES/results.db``) and the
-    traces and snapshots in ``profiles_dir``; PNGs go beside ``out``.
+    traces and snapshots in ``profiles_dir``; PNGs go beside ``out``. ``phase_ranges``: the
+    user's marks that are the phases of the traces holding them (``--phase-ranges``).
 
     Raises :class:`BadInput` when there is nothing to report at all.
     """
@@ -72,8 +75,8 @@ def build_report(
         sizes_section(),
         bench_section(inv, pictures),
         comparisons_section(inv, pictures),
-        nsys_section(inv, out_dir, pictures),
-        torch_section(inv, out_dir, pictures),
+        nsys_section(inv, out_dir, pictures, phase_ranges),
+        torch_section(inv, out_dir, pictures, phase_ranges),
         memory_section(inv, pictures),
         attention_section(inv),
     ]

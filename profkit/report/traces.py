@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.report_types import RankedReport
 from profkit.errors import ProfkitError
 from profkit.formats import markdown_table, write_text
@@ -65,7 +66,9 @@ def trace_groups(paths: list[Path]) -> list[tuple[str, list[Path]]]:
     ]
 
 
-def nsys_section(inv: Inventory, out_dir: Path, pictures: Pictures) -> Section:
+def nsys_section(
+    inv: Inventory, out_dir: Path, pictures: Pictures, marks: PhaseRanges | None = None
+) -> Section:
     title = "Nsight Systems profiles"
     if not inv.nsys:
         return skipped(
@@ -78,11 +81,13 @@ def nsys_section(inv: Inventory, out_dir: Path, pictures: Pictures) -> Section:
         "backward kernels included (docs/ATTRIBUTION.md). GPU time is summed over the "
         "captured steps."
     )
-    parts = [_trace_part(trace_stem(p), [p], out_dir, pictures) for p in inv.nsys]
+    parts = [_trace_part(trace_stem(p), [p], out_dir, pictures, marks) for p in inv.nsys]
     return Section(title, "\n\n".join([intro, *parts]))
 
 
-def torch_section(inv: Inventory, out_dir: Path, pictures: Pictures) -> Section:
+def torch_section(
+    inv: Inventory, out_dir: Path, pictures: Pictures, marks: PhaseRanges | None = None
+) -> Section:
     title = "torch.profiler traces"
     if not inv.torch:
         return skipped(
@@ -94,11 +99,14 @@ def torch_section(inv: Inventory, out_dir: Path, pictures: Pictures) -> Section:
         "The Chrome traces of `profkit torch` read into the same tables as an nsys export "
         "(open them in https://ui.perfetto.dev for the timeline)."
     )
-    parts = [_trace_part(stem, group, out_dir, pictures) for stem, group in trace_groups(inv.torch)]
+    parts = [
+        _trace_part(stem, group, out_dir, pictures, marks)
+        for stem, group in trace_groups(inv.torch)
+    ]
     return Section(title, "\n\n".join([intro, *parts]))
 
 
-def _read(paths: list[Path]) -> Any:
+def _read(paths: list[Path], marks: PhaseRanges | None = None) -> Any:
     """The kernel report of one trace, or of the per-rank traces of one run (several hosts'
     on one clock), as `profkit kernels` reads them (cache too); None when these traces are
     not the ranks of one run."""
@@ -108,26 +116,34 @@ def _read(paths: list[Path]) -> Any:
     job = load(paths)
     if job.kind == "side_by_side":
         return None
-    return kernel_report(job, top=TOP_KERNELS, consume=True)
+    return kernel_report(job, top=TOP_KERNELS, consume=True, phase_ranges=marks)
 
 
-def _trace_part(stem: str, paths: list[Path], out_dir: Path, pictures: Pictures) -> str:
+def _trace_part(
+    stem: str,
+    paths: list[Path],
+    out_dir: Path,
+    pictures: Pictures,
+    marks: PhaseRanges | None = None,
+) -> str:
     """One trace's (or one run's ranks') part of its section; what goes wrong with these
     files (unreadable, bad headers, clocks that cannot be joined, a file that cannot be
     written) is said in the part, and the rest of the report is written."""
     try:
-        return _trace_body(stem, paths, out_dir, pictures)
+        return _trace_body(stem, paths, out_dir, pictures, marks)
     except ProfkitError as exc:
         return f"### {stem}\n\n_Could not read `{', '.join(p.name for p in paths)}`: {exc}._"
 
 
-def _trace_body(stem: str, paths: list[Path], out_dir: Path, pictures: Pictures) -> str:
+def _trace_body(
+    stem: str, paths: list[Path], out_dir: Path, pictures: Pictures, marks: PhaseRanges | None
+) -> str:
     from profkit.analysis import kernel_report_markdown
 
     heading = f"### {stem}"
-    report = _read(paths)
+    report = _read(paths, marks)
     if report is None:  # same stem, yet not the ranks of one run: each on its own
-        return "\n\n".join(_trace_part(trace_stem(p), [p], out_dir, pictures) for p in paths)
+        return "\n\n".join(_trace_part(trace_stem(p), [p], out_dir, pictures, marks) for p in paths)
     full = out_dir / f"{stem}.md"
     if not full.exists() or full.stat().st_mtime < max(p.stat().st_mtime for p in paths):
         write_text(full, kernel_report_markdown(report, f"Kernels: {stem}"))
