@@ -324,7 +324,7 @@ def inferred_phases(cols: ActivityColumns) -> InferredPhases:
     return found
 
 
-INFERENCE_VERSION = 1
+INFERENCE_VERSION = 2  # 2: Optimizer.step ranges that enclose a backward pass (Lightning)
 _SPANS = ("instance", "step", "phase", "first", "last")
 
 

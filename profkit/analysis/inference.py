@@ -251,9 +251,13 @@ def infer_columns(
     threads = _Threads(lanes.codes(process), is_autograd, is_main)
     reader = _Reader(columns, threads.lane, lanes.base, lanes.span, size)
     marks = _Marks.of(ranges, ids, columns.names, bounds)
-    autograd_keys, main_keys, mark_keys = _sorted_keys(reader, threads, launches, marks)
+    autograd_keys, main_keys, mark_rows = _sorted_keys(reader, threads, launches, marks)
     passes = _Passes.of(autograd_keys, main_keys, lanes, size)
-    split = passes.splits(mark_keys)
+    key, left = mark_rows[:, 0], mark_rows[:, 1]
+    in_step = left >= 0
+    keep = ~in_step
+    keep[in_step] = enclosing_no_pass(passes, key[in_step], left[in_step])
+    split = passes.splits(key[keep])
     seeds = _Seeds.of(passes.seed_candidates(main_keys), main_keys, marks.is_fill)
     del autograd_keys, main_keys  # the bulk of inference's memory: not needed any more
     if seeds.shared.any():
@@ -406,13 +410,28 @@ class _Marks:
         )
         return cls(is_optimizer, is_fill, lanes.codes(threads), lanes.base, lanes.span, *inside)
 
-    def of_launches(self, code: np.ndarray, time: np.ndarray, name: np.ndarray) -> np.ndarray:
-        """Per launch (all the main thread's): does it mark the optimizer?"""
-        marked = self.is_optimizer[name]
+    def of_launches(
+        self, code: np.ndarray, time: np.ndarray, name: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per launch (all the main thread's): is it an optimizer kernel, and how long
+        before the end of the ``Optimizer.step`` range it lies in (-1: in none)."""
+        left = np.full(len(code), -1, dtype=np.int64)
         if len(self.start):
             keys = self.lane[code] * self.span + (time - self.base)
-            marked |= stab(self.start, self.end, keys) >= 0
-        return marked
+            inside = stab(self.start, self.end, keys)
+            left = np.where(inside >= 0, self.end[inside] - keys, -1)
+        return self.is_optimizer[name], left
+
+
+def enclosing_no_pass(passes: _Passes, key: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """Per launch inside an ``Optimizer.step`` range (its key, and how long before the
+    range's end): does no backward pass start between it and that end? Lightning's
+    ``optimizer.step(closure)`` runs forward and backward inside the step: only what
+    follows the last pass in it is the optimizer's."""
+    starts = passes.start[passes.real]
+    return np.searchsorted(starts, key, side="right") == np.searchsorted(
+        starts, key + left, side="left"
+    )
 
 
 def _sorted_keys(
@@ -422,14 +441,18 @@ def _sorted_keys(
     of the optimizer marks: one pass, into arrays sized from the per-thread counts."""
     autograd = np.empty(int(launches[threads.autograd].sum()), dtype=np.int64)
     main = np.empty(int(launches[threads.main].sum()), dtype=np.int64)
-    found: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    found: list[np.ndarray] = [np.zeros((0, 2), dtype=np.int64)]
     columns = reader.columns
 
     def gather(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rows, code, time, key = reader.launches(lo, hi)
         mine = np.flatnonzero(threads.main[code])
-        marked = marks.of_launches(code[mine], time[mine], columns.name[lo:hi][rows[mine]])
-        return key[threads.autograd[code]], key[mine], key[mine[marked]]
+        kernel, left = marks.of_launches(code[mine], time[mine], columns.name[lo:hi][rows[mine]])
+        marked = kernel | (left >= 0)
+        # An optimizer kernel marks wherever it is (left -1); a launch in an Optimizer.step
+        # range only where no pass follows it there (enclosing_no_pass)
+        mark = np.stack([key[mine[marked]], np.where(kernel, -1, left)[marked]], axis=1)
+        return key[threads.autograd[code]], key[mine], mark
 
     at_autograd = at_main = 0
     for autograd_part, main_part, marked in reader.map(gather):
