@@ -116,6 +116,11 @@ class Plan:
         return self.inference.autograd_threads if self.inference else np.zeros(0, np.int64)
 
     @property
+    def closures(self) -> int:
+        """Forward/backward passes found inside ``Optimizer.step`` ranges (Lightning)."""
+        return self.inference.closures if self.inference else 0
+
+    @property
     def step_phases(self) -> np.ndarray:
         """(step, phase, launches) rows of the inferred phases (none without inference)."""
         return self.inference.step_phases if self.inference else np.zeros((0, 3), np.int64)
@@ -339,6 +344,7 @@ def _kept_inference(found: InferredPhases, identity: dict[str, Any]) -> Derived:
         "main_processes": processes,
         "main_threads": np.array([found.main_threads[p] for p in processes.tolist()], np.int64),
         "step_phases": found.step_phases,
+        "closures": np.array([found.closures], dtype=np.int64),
         **{f"spans.{name}": getattr(found.spans, name) for name in _SPANS},
     }
     return Derived(arrays, {"identity": identity, "base": lanes.base, "span": lanes.span})
@@ -357,6 +363,7 @@ def _restored_inference(kept: Derived) -> InferredPhases | None:
             _step_starts=np.asarray(a["step_starts"]),
             spans=InstanceSpans(*(np.asarray(a[f"spans.{name}"]) for name in _SPANS)),
             step_phases=np.asarray(a["step_phases"]).reshape(-1, 3),
+            closures=int(np.asarray(a["closures"])[0]),
         )
     except (KeyError, TypeError, ValueError):
         return None

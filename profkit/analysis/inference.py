@@ -135,6 +135,9 @@ class InferredPhases:
     """The launch span of every phase instance in each step it reaches."""
     step_phases: np.ndarray
     """(step, phase, launches) for each step and ``PHASES`` index that has launches."""
+    closures: int = 0
+    """Gaps before a backward pass whose launches lay inside an ``Optimizer.step`` range
+    (Lightning's ``optimizer.step(closure)``): forwards run inside the step."""
 
     @property
     def step_lanes(self) -> Lanes:
@@ -257,6 +260,8 @@ def infer_columns(
     in_step = left >= 0
     keep = ~in_step
     keep[in_step] = enclosing_no_pass(passes, key[in_step], left[in_step])
+    dropped = key[in_step & ~keep]
+    closures = len(np.unique(np.searchsorted(passes.start, dropped, side="right")))
     split = passes.splits(key[keep])
     seeds = _Seeds.of(passes.seed_candidates(main_keys), main_keys, marks.is_fill)
     del autograd_keys, main_keys  # the bulk of inference's memory: not needed any more
@@ -299,6 +304,7 @@ def infer_columns(
         _step_starts=step_starts,
         spans=InstanceSpans.merged(spans),
         step_phases=step_phase_rows(counts),
+        closures=closures,
     )
 
 

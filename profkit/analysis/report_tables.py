@@ -18,6 +18,7 @@ import pandas as pd
 
 from profkit.analysis.attribution import Plan
 from profkit.analysis.categories import CATEGORIES
+from profkit.analysis.frameworks import phase_story
 from profkit.analysis.phase_ranges import UNATTRIBUTED, inference_sentence
 from profkit.analysis.rank_layout import ACTIVITY_ELSEWHERE, RanksUntold, RankView
 from profkit.analysis.report_types import KernelReport, run_config, source_of
@@ -56,6 +57,10 @@ class Scope:
     inferred: int = 0
     """Activities whose phase was inferred."""
     autograd_threads: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    domain: str = ""
+    """The plan's phase domain (``--phase-ranges ...`` where the user's marks were mapped)."""
+    closures: int = 0
+    """Forward/backward passes the inference found inside ``Optimizer.step`` ranges."""
 
 
 def whole_scope(
@@ -80,6 +85,8 @@ def whole_scope(
         inferred_spans=plan.inferred_spans,
         inferred=int(sums.inferred.sum()),
         autograd_threads=plan.autograd_threads,
+        domain=plan.domain,
+        closures=plan.closures,
     )
 
 
@@ -114,6 +121,8 @@ def rank_scope(
         inferred_spans=view.inferred_spans,
         inferred=int(sums.inferred[r].sum()),
         autograd_threads=plan.autograd_threads,
+        domain=plan.domain,
+        closures=plan.closures,
     )
 
 
@@ -164,6 +173,18 @@ def scope_report(
         top=top,
     )
     report.notes = notes(scope, cols.threads, by_phase[:, : len(KINDS)].sum(axis=1), cols.meta)
+    story = phase_story(
+        per_phase,
+        report.phases,
+        scope.ranges[scope.is_phase],
+        scope.phase_source,
+        scope.domain,
+        scope.closures,
+    )
+    report.source["phases_from"] = story.phases_from
+    report.source["patterns"] = story.patterns
+    said = [] if scope.phase_source == "inferred" else [story.phases_from]  # else: notes' own
+    report.notes = [*said, *story.notes, *report.notes]
     return report
 
 
