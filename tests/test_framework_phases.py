@@ -127,15 +127,30 @@ def test_torch_marks_mapped_are_the_truth(trace: Path) -> None:
     assert found == chrome_truth(trace)
 
 
-@pytest.mark.parametrize("trace", TORCH, ids=_id)
-def test_torch_phases_inferred_without_marks(trace: Path, tmp_path: Path) -> None:
+def _stripped(trace: Path, folder: Path) -> Path:
+    """A copy of a torch.profiler trace without its ``truth:*`` events."""
     data = json.loads(gzip.decompress(trace.read_bytes()))
     data["traceEvents"] = [
         e for e in data["traceEvents"] if not str(e.get("name", "")).startswith("truth:")
     ]
-    bare = tmp_path / trace.name.removesuffix(".gz")
+    bare = folder / trace.name.removesuffix(".gz")
     bare.write_text(json.dumps(data))
-    ((_, found),) = _per_rank(bare, None)
+    return bare
+
+
+@pytest.mark.parametrize("trace", TORCH, ids=_id)
+def test_torch_marks_spelled_domain_phase_are_the_phases(trace: Path) -> None:
+    """``record_function("truth:forward")`` reads as nsys shows the same mark: ``forward``
+    of domain ``truth``, a phase without ``--phase-ranges``."""
+    report = analysis.kernel_report(load([trace], cache=False))
+    assert "NVTX domain 'truth'" in report.source["phases_from"]
+    ((_, found),) = _per_rank(trace, None)
+    assert found == chrome_truth(trace)
+
+
+@pytest.mark.parametrize("trace", TORCH, ids=_id)
+def test_torch_phases_inferred_without_marks(trace: Path, tmp_path: Path) -> None:
+    ((_, found),) = _per_rank(_stripped(trace, tmp_path), None)
     assert not _close(found, chrome_truth(trace))
 
 
@@ -218,8 +233,10 @@ PATTERNS = {
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
-def test_the_report_names_the_framework_pattern(name: str) -> None:
-    report = analysis.kernel_report(load([FRAMEWORKS / f"{name}.json.gz"], cache=False))
+def test_the_report_names_the_framework_pattern(name: str, tmp_path: Path) -> None:
+    """On the traces without their truth marks: what the inference recognizes."""
+    bare = _stripped(FRAMEWORKS / f"{name}.json.gz", tmp_path)
+    report = analysis.kernel_report(load([bare], cache=False))
     source = report.to_json()["source"]
     assert set(source["patterns"]) == PATTERNS[name]
     assert source["phases_from"]

@@ -49,6 +49,7 @@ from profkit.analysis.phase_marks import (
     PhaseRanges,
     library_ranges,
     phase_domains,
+    spelled_in_domain,
     unclosed_ranges,
 )
 from profkit.analysis.phase_ranges import (
@@ -262,7 +263,8 @@ def phase_candidates(
         marks["name"] = np.where(mapped == None, "", mapped)  # noqa: E711 (elementwise)
         return marks, (mapped != None) & closed  # noqa: E711
     if per_process:
-        return ranges, phase_domains(ranges) & closed
+        marks = spelled_in_domain(ranges)
+        return marks, phase_domains(marks) & closed
     domains = ranges["domain"].fillna("").astype(str).to_numpy(dtype=object)
     return ranges, (domains == domain) & ~library_ranges(ranges) & closed
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from profkit.analysis.phase_marks import spelled_in_domain
+
 # Forward-only kernels: launched in backward only when the forward is recomputed there.
 _FORWARD_ONLY = re.compile(
     r"layer_norm_kernel|rms_norm_kernel|cutlassF|flash_fwd|fmha_fwd|softmax_warp_forward|"
@@ -112,6 +114,7 @@ def _phases_from(phase_ranges: pd.DataFrame, source: str, domain: str) -> str:
     if domain.startswith("--phase-ranges"):
         found = f"the ranges mapped by {domain}"
     else:
+        phase_ranges = spelled_in_domain(phase_ranges)
         domains = sorted({str(d) for d in phase_ranges["domain"].fillna("").astype(str)})
         where = ", ".join(f"NVTX domain {d!r}" if d else "the default domain" for d in domains)
         found = f"the phase ranges in {where}" if domains else ""

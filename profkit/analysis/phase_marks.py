@@ -10,7 +10,8 @@ range's domain from its own process's ``NvtxDomainCreate``.
 
 A program's own marks become phases without help when they are spelled as phases
 (``forward``, ``backward``, ``optimizer``, any case) in the default domain or, where the
-default domain holds none, in the one domain of its own that does (:func:`phase_domains`).
+default domain holds none, in the one domain of its own that does (:func:`phase_domains`;
+a torch.profiler range ``DOMAIN:forward`` counts as ``forward`` of domain ``DOMAIN``).
 Other spellings are mapped by the user: ``--phase-ranges
 forward=NAME,backward=NAME,optimizer=NAME`` (:class:`PhaseRanges`), a NAME being a range
 name or ``domain:name``.
@@ -58,6 +59,27 @@ def library_ranges(ranges: pd.DataFrame) -> np.ndarray:
         return np.zeros(0, dtype=bool)
     by_domain = matching(ranges["domain"].fillna("").astype(str), is_library_domain)
     return by_domain | matching(ranges["name"], lambda name: bool(_OP_RANGE.search(name)))
+
+
+_SPELLED = re.compile(r"^([A-Za-z_]\w*):(" + "|".join(PHASES) + r")$", re.IGNORECASE)
+
+
+def spelled_in_domain(ranges: pd.DataFrame) -> pd.DataFrame:
+    """``ranges`` with each default-domain ``DOMAIN:phase`` name (a torch.profiler
+    ``record_function("truth:forward")``, which has no NVTX domain) read as the range
+    ``phase`` of domain ``DOMAIN``, as nsys shows the same mark (a copy only where any)."""
+    if ranges.empty:
+        return ranges
+    names = ranges["name"].astype(str)
+    spelled = matching(names, lambda name: bool(_SPELLED.match(name)))
+    spelled &= (ranges["domain"].fillna("").astype(str) == "").to_numpy()
+    if not spelled.any():
+        return ranges
+    parts = names[spelled].str.extract(_SPELLED)
+    out = ranges.copy()
+    out.loc[spelled, "domain"] = parts[0].to_numpy()
+    out.loc[spelled, "name"] = parts[1].str.lower().to_numpy()
+    return out
 
 
 def phase_domains(ranges: pd.DataFrame) -> np.ndarray:
