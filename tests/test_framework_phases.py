@@ -276,5 +276,27 @@ def test_phase_ranges_on_the_command_line() -> None:
         app, ["diff", str(trace), str(trace), "--phase-ranges", MARKS, "--format", "json"]
     )
     assert diffed.exit_code == 0, diffed.stderr
-    phases = {row["phase"] for row in json.loads(diffed.stdout)["phases"]}
-    assert {"forward", "backward", "optimizer"} <= phases
+    per_step = {row["phase"]: row["a_kernels"] for row in json.loads(diffed.stdout)["phases"]}
+    assert per_step["forward"] == 55 and per_step["optimizer"] == 8  # 3 marks each
+
+
+def test_phase_ranges_on_the_report(tmp_path: Path) -> None:
+    """``report`` maps the marks where a trace has them; a bad value is one line, exit 2."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "torch-h100-lightning-rank0.json.gz").write_bytes(
+        (FRAMEWORKS / "torch-h100-lightning-rank0.json.gz").read_bytes()
+    )
+    out, db = tmp_path / "reports" / "REPORT.md", profiles / "results.db"
+    sqlite3.connect(db).close()  # an empty results DB: the traces alone are reported
+    args = ["report", "--profiles", str(profiles), "--db", str(db), "--out", str(out)]
+    args.append("--phase-ranges")
+    result = runner.invoke(app, [*args, "forward=truth:forward,backward=truth:backward"])
+    assert result.exit_code == 0, result.stderr
+    text = out.read_text()
+    assert "| forward | 3 | 165 |" in text and "| unattributed | 0 | 27 |" in text
+    refused = runner.invoke(app, [*args, "fwd=x"])
+    assert refused.exit_code == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: --phase-ranges: 'fwd' is not a phase; use forward, backward, optimizer"
+    ]

@@ -110,6 +110,9 @@ class Plan:
     slot_phase: np.ndarray | None = None
     """The phase of every point in each slot (then -1 for slot -1), where one phase holds
     them all (:func:`_projected_phases`); the sums check it as they go."""
+    range_names: np.ndarray | None = None
+    """Per range, the name it has as a phase where that differs from its own (ranges
+    mapped by ``--phase-ranges``, ``DOMAIN:forward`` names); None where none does."""
 
     @property
     def autograd_threads(self) -> np.ndarray:
@@ -241,6 +244,8 @@ def _plan(
     )
     if projected is not None:
         plan.slot_phase = _slot_phases(plan)
+    if marks is not r:  # renamed: a phase range's instances count under its phase's name
+        plan.range_names = marks["name"].to_numpy(dtype=object)
     return plan
 
 

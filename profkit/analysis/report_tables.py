@@ -61,6 +61,8 @@ class Scope:
     """The plan's phase domain (``--phase-ranges ...`` where the user's marks were mapped)."""
     closures: int = 0
     """Forward/backward passes the inference found inside ``Optimizer.step`` ranges."""
+    range_names: np.ndarray | None = None
+    """Per range, its name as a phase where the plan renamed ranges (else None)."""
 
 
 def whole_scope(
@@ -87,6 +89,7 @@ def whole_scope(
         autograd_threads=plan.autograd_threads,
         domain=plan.domain,
         closures=plan.closures,
+        range_names=plan.range_names,
     )
 
 
@@ -123,6 +126,7 @@ def rank_scope(
         autograd_threads=plan.autograd_threads,
         domain=plan.domain,
         closures=plan.closures,
+        range_names=None if plan.range_names is None else plan.range_names[view.range_rows],
     )
 
 
@@ -154,7 +158,7 @@ def scope_report(
         **source_of(cols.meta, phase, range_, top, config),
         "phase_source": scope.phase_source,
     }
-    instances, wall = range_spans(scope.ranges[scope.is_phase])
+    instances, wall = range_spans(phase_ranges_of(scope))
     extra = pd.DataFrame.from_dict(scope.inferred_spans, orient="index",
                                    columns=["instances", "wall"])  # fmt: skip
     spans = (
@@ -263,6 +267,14 @@ def phase_table(
     instances, cpu_ns = spans
     active = by_phase[:, : len(KINDS)].sum(axis=1) > 0
     return phases_from_counts(phase_names, found, instances, cpu_ns, active, sidecar, filtered)
+
+
+def phase_ranges_of(scope: Scope) -> pd.DataFrame:
+    """The scope's phase ranges, each under its phase's name."""
+    found = scope.ranges[scope.is_phase]
+    if scope.range_names is None:
+        return found
+    return found.assign(name=scope.range_names[scope.is_phase])
 
 
 def range_spans(phase_ranges: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
