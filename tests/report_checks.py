@@ -14,21 +14,37 @@ from profkit.analysis.report_types import KernelReport
 from profkit.traces.columns import ActivityColumns
 
 TABLES = ("phases", "ranges", "kernels", "overall", "categories")
+STORY_KEYS = ("phases_from", "patterns")
+"""What the columns' report says of its phases' origin and the framework patterns (issue
+25), which the full tables' engine, kept only as a reference until it is deleted, lacks."""
+STORY_NOTES = ("Phases from ", "Recognized: ")
+
+
+def _without_story(report: KernelReport) -> tuple[list[str], dict[str, Any]]:
+    notes = [n for n in report.notes if not n.startswith(STORY_NOTES)]
+    return notes, {k: v for k, v in report.source.items() if k not in STORY_KEYS}
 
 
 def assert_same_report(a: KernelReport, b: KernelReport) -> None:
     """Every table, total, note and source field equal (std to 1e-12: it is summed in
-    another order, sorted instead of row order, so equal to the last ulps only)."""
+    another order, sorted instead of row order, so equal to the last ulps only), the phase
+    story aside where one of them lacks it (:data:`STORY_KEYS`)."""
     for table in TABLES:
         pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table), rtol=1e-12)
     assert a.totals == b.totals
-    assert a.notes == b.notes
-    assert a.source == b.source
+    if "patterns" in a.source and "patterns" in b.source:
+        assert a.notes == b.notes
+        assert a.source == b.source
+    else:
+        assert _without_story(a) == _without_story(b)
 
 
 def close_json(a: Any, b: Any, where: str = "") -> None:
     """JSON values equal, floats to 1e-12 relative (std is summed in another order)."""
     if isinstance(b, dict):
+        if where.endswith("source") and isinstance(a, dict):  # the story: see STORY_KEYS
+            a = {k: v for k, v in a.items() if k not in STORY_KEYS or k in b}
+            b = {k: v for k, v in b.items() if k not in STORY_KEYS or k in a}
         assert isinstance(a, dict) and list(a) == list(b), where
         for key in b:
             close_json(a[key], b[key], f"{where}.{key}")
