@@ -33,7 +33,7 @@ from profkit.workload.names import PHASES
 
 LIBRARY_DOMAINS = (
     "NCCL", "RCCL", "CCCL", "CUB", "Thrust", "cuDNN", "cuBLAS", "cuBLASLt", "cuSPARSE",
-    "cuFFT", "cuSOLVER", "cuRAND", "NVSHMEM", "nvshmem", "CUTLASS", "TensorRT", "NPP",
+    "cuFFT", "cuSOLVER", "cuRAND", "NVSHMEM", "CUTLASS", "TensorRT", "NPP",
     "nvJPEG", "DALI", "UCX", "UCC", "MPI", "PyTorch", "torch", "libtorch", "JAX", "XLA",
     "TransformerEngine", "Megatron",
 )  # fmt: skip
