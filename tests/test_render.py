@@ -83,8 +83,8 @@ def test_a_table_wider_than_the_terminal_hides_details_not_names() -> None:
     report = kernel_report(load([export]))
     top = display_tables(report)[1][1].head(3)  # the top kernels of all phases
     assert list(top.columns)[:2] == ["short_name", "category"] and "grid" in top.columns
-    for width, hidden in ((80, ["std_us", "min_us", "max_us", "grid", "block", "med_us"]),
-                          (200, [])):  # fmt: skip
+    hidden_at_80 = ["std_us", "min_us", "max_us", "grid", "block", "med_us", "instances"]
+    for width, hidden in ((80, hidden_at_80), (200, [])):
         console = Console(width=width, record=True, color_system=None)
         console.print(rich_table(top, "top", width=width))
         text = console.export_text()
@@ -94,5 +94,45 @@ def test_a_table_wider_than_the_terminal_hides_details_not_names() -> None:
         shown = [c for c in top.columns if f" {c} " in header]
         assert shown == [c for c in top.columns if c not in hidden]
         assert ("not shown at 80 columns: " + ", ".join(hidden) in " ".join(lines)) == bool(hidden)
-        assert "sm80_xmma_gemm" in text  # the names, not squeezed away
+        assert "sm80_xmma_g" in text  # the names, not squeezed away
+        # One line each, and still three different names (they differ in the middle).
+        names = [line.split("│")[1].strip() for line in lines if "sm80_xmma" in line]
+        assert len(names) == len(set(names)) == 3, names
+        if width == 80:
+            assert [n[n.index("…") + 1 :][:4] for n in names] == ["tn_n", "nt_n", "nn_n"]
     assert all(c in NARROW_HIDDEN for c in ("std_us", "grid", "block"))
+
+
+def test_fit_names_keeps_different_names_different() -> None:
+    """The issue's cases: GEMMs that differ in the middle, templates cut in the middle,
+    and two lambda instances of one functor."""
+    from profkit.analysis.names import fit_names, short_kernel_name
+
+    lam = (
+        "void at::native::vectorized_elementwise_kernel<(int)4, void at::native::<unnamed>::"
+        "pow_tensor_scalar_kernel_impl<float, float>(at::TensorIteratorBase &, T2)::"
+        "[lambda(float) (instance {})], std::array<char *, (unsigned long)2>>(int, T2, T3)"
+    )
+    one, two = short_kernel_name(lam.format(1)), short_kernel_name(lam.format(2))
+    assert one == "vectorized_elementwise_kernel<4, pow_tensor_scalar_kernel_impl<float>>"
+    assert two == "vectorized_elementwise_kernel<4, pow_tensor_scalar_kernel_impl<float>#2>"
+    torch_two = lam.format(2).replace("[lambda(float) (instance 2)]", "{lambda(float)#2}")
+    assert short_kernel_name(torch_two) == two  # torch.profiler's spelling too
+    names = [
+        "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_ffma_kernel",
+        "sm80_xmma_gemm_f32f32_f32f32_f32_nt_n_tilesize64x64x8_ffma_kernel",
+        "multi_tensor_apply_kernel<TensorListMetadata<3>, PointwiseOpScalarFunctor<float, 3, 3, 0>>",
+        "multi_tensor_apply_kernel<TensorListMetadata<2>, PointwiseOpScalarFunctor<float, 3, 3, 0>>",
+        one, two, one, "forward",
+    ]  # fmt: skip
+    for width in (24, 34, 50, 80):
+        shown = fit_names(names, width)
+        assert all(len(s) <= width for s in shown)
+        assert len(set(shown)) == len(set(names)) and shown[4] == shown[6]  # same name, same text
+        assert shown[-1] == "forward"
+    # Too long for its column: numbers and index types below the top level go first, and
+    # a cut keeps the end, where the variants of one kernel differ.
+    reduce = "reduce_kernel<512, 1, ReduceOp<float, func_wrapper_t<float, sum_functor<float>>, unsigned int, float, 4, 4>>"
+    assert fit_names([reduce], 90) == [
+        "reduce_kernel<512, 1, ReduceOp<float, func_wrapper_t<float, sum_functor<float>>, float>>"
+    ]

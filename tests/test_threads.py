@@ -96,8 +96,8 @@ def test_spread_or_too_few_steps_mark_a_row_unstable() -> None:
     assert (shaky["unstable"], steady["unstable"], short["unstable"]) == (True, False, True)
     assert shaky["step_cv"] == pytest.approx(1 / 6)
     table = bench_lib.table([shaky, steady, short])
-    assert list(table["stability"].fillna("")) == ["unstable: cv 17%", "", "unstable: 2 steps"]
-    assert "unstable: step times spread > 10% (cv) or fewer than 3 steps" in bench_lib.title(
+    assert list(table["cv %"].fillna(-1)) == [16.7, 4.8, 0.0]
+    assert "unstable: step times spread > 10% (cv %) or fewer than 3 steps" in bench_lib.title(
         [shaky, steady]
     )
-    assert "stability" not in bench_lib.table([steady]).columns
+    assert "cv %" not in bench_lib.table([steady]).columns

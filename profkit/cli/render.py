@@ -32,6 +32,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from profkit.analysis.names import fit_names
 from profkit.formats import cell_text, check_format, dumps, file_format, markdown_table, write_text
 
 if TYPE_CHECKING:
@@ -46,8 +47,17 @@ class _Console(Console):
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
-# Piped output has no terminal width; don't squeeze tables into 80 columns then.
-console = _Console(width=None if sys.stdout is not None and sys.stdout.isatty() else 200)
+def _stdout_width() -> int | None:
+    """The width tables are fitted to: ``COLUMNS`` when set (a script asking for 80-column
+    output through a pipe gets it), else the terminal's, else 200 (piped output has no
+    terminal width; don't squeeze tables into 80 columns then)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return None if sys.stdout is not None and sys.stdout.isatty() else 200
+
+
+console = _Console(width=_stdout_width())
 # Messages are lines, not layout: redirected stderr (80 columns to rich) must not split them.
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -83,16 +93,19 @@ class _CurrentColumn(ProgressColumn):
 
 # Hidden first, in this order, when a table is wider than the terminal, so that no column
 # is squeezed to nothing (names vanished at 80 columns): details before the name, the
-# category and the totals. `-f md`, csv and json keep every column.
+# category and the totals; in bench, the spreads and rates before the phase split, which is
+# what bench is for (its phase columns are never hidden). `-f md`, csv and json keep every
+# column.
 NARROW_HIDDEN = (
-    "fwd std", "bwd std", "opt std", "step std", "GFLOP/s",  # bench
+    "fwd std", "bwd std", "opt std", "GFLOP/s", "tokens/s", "step std",  # bench
+    "TFLOP/s", "peak GiB", "threads",  # bench
     "std_us", "min_us", "max_us", "grid", "block", "med_us", "python_ms", "memset",
     "memcpy", "mflop", "tflop_s", "instances", "nccl_wait_ms", "pid", "host", "cpu_time_ms",
-    "device", "nccl_kernels", "kernel_time_ms", "A avg µs", "B avg µs", "A inst", "B inst",
-    "vocab_size", "params w/o LM head",
-    "tokens/s", "optimizer ms", "backward ms", "forward ms",  # bench: step ms stays
+    "device", "nccl_kernels", "kernel_time_ms",
+    "Δ ms all", "category",  # diff's kernels: the part of Δ ms of the group stays
+    "vocab_size", "non_embedding_params", "unstable",
 )  # fmt: skip
-NAME_WIDTH = (24, 40)  # the first text column (a name): at least, at most (it wraps within)
+NAME_WIDTH = (34, 64)  # the first text column (a name): at least, at most (cut to fit)
 TEXT_WIDTH = 16  # other text columns, at most
 
 
@@ -138,6 +151,11 @@ def rich_table(
             hidden.append(gone)
     if name:
         name.width = max(least, min(name.width, limit - others()))
+        # One line per name, cut to fit and still telling different names apart: wrapped
+        # C++ templates broke mid-argument and cut ones read alike (docs: names.fit_names).
+        fitted = fit_names([row[name.index] for row in cells], name.width)
+        for row, text in zip(cells, fitted, strict=True):
+            row[name.index] = text
     caption = (
         f"not shown at {limit} columns: {', '.join(hidden)} (-f md shows every column)"
         if hidden
@@ -149,7 +167,10 @@ def rich_table(
     )  # fmt: skip
     for c in columns:
         table.add_column(
-            c.name, justify="right" if c.numeric else "left", min_width=c.width, no_wrap=c.numeric
+            c.name,
+            justify="right" if c.numeric else "left",
+            min_width=c.width,
+            no_wrap=c.numeric or c is name,
         )
     for row in cells:
         table.add_row(*(row[c.index] for c in columns))

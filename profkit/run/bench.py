@@ -310,11 +310,12 @@ def bench(
 # The table a user reads: label column -> (row field, scale). Config columns are added only
 # when they vary, and all-empty columns are dropped (no backward in a forward-only sweep).
 _DISPLAY = (
-    ("forward ms", "forward_ms", 1.0),
+    # Short headers: the phase split and the step fit 80 columns (`fwd ms` reads as well).
+    ("fwd ms", "forward_ms", 1.0),
     ("fwd std", "forward_ms_std", 1.0),
-    ("backward ms", "backward_ms", 1.0),
+    ("bwd ms", "backward_ms", 1.0),
     ("bwd std", "backward_ms_std", 1.0),
-    ("optimizer ms", "optimizer_ms", 1.0),
+    ("opt ms", "optimizer_ms", 1.0),
     ("opt std", "optimizer_ms_std", 1.0),
     ("step ms", "step_ms", 1.0),
     ("step std", "step_ms_std", 1.0),
@@ -328,7 +329,12 @@ ERROR_CHARS = 80
 
 
 def table(rows: Sequence[Row]) -> pd.DataFrame:
-    """The results as a readable table: varying config columns, status, times and rates."""
+    """The results as a readable table: varying config columns, times and rates.
+
+    ``status`` and ``error`` are shown only when some config did not end ``ok``. ``cv %``,
+    the step times' spread (sample std over mean), is there when some row is unstable
+    (:func:`stability_note`, the title says the rule): a short number that fits 80 columns
+    where a sentence per row did not."""
     frame = pd.DataFrame(rows)
     columns = [
         c
@@ -336,7 +342,9 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
         if c in frame and (c in _ALWAYS_SHOWN or frame[c].astype(str).nunique() > 1)
     ]
     out = frame[columns].copy()
-    out["status"] = frame["status"]
+    failed = (frame["status"] != "ok").any()
+    if failed:
+        out["status"] = frame["status"]
     for label, field, scale in _DISPLAY:
         values = pd.to_numeric(frame[field], errors="coerce") * scale
         if values.notna().any():
@@ -348,10 +356,10 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
         out["GFLOP/s"] *= 1e3
     if "threads" in frame and frame["threads"].astype(str).nunique() > 1:
         out.insert(len(columns), "threads", frame["threads"].astype("Int64"))
-    notes = [stability_note(row) for row in rows]
-    if any(notes):
-        out["stability"] = notes
-    if (frame["status"] != "ok").any():
+    if any(stability_note(row) for row in rows):
+        cv = pd.to_numeric(frame.get("step_cv"), errors="coerce") * 100
+        out["cv %"] = cv.where(frame["status"] == "ok").round(1)
+    if failed:
         out["error"] = frame["error"].map(
             lambda e: (
                 e if not isinstance(e, str) or len(e) <= ERROR_CHARS else e[:ERROR_CHARS] + "…"
@@ -389,7 +397,7 @@ def title(rows: Sequence[Row]) -> str:
     )
     if any(stability_note(r) for r in rows):
         caption += (
-            f" · unstable: step times spread > {UNSTABLE_CV:.0%} (cv) or fewer than "
+            f" · unstable: step times spread > {UNSTABLE_CV:.0%} (cv %) or fewer than "
             f"{MIN_STABLE_STEPS} steps; not a finding"
         )
     return caption
