@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_run import profkit
 from nsys_data import DATA, SMALL_BF16, SMALL_FP32, sql_activity_totals, sql_counts, unpack
 from typer.testing import CliRunner
 
@@ -102,7 +103,8 @@ def test_fp32_vs_bf16_phases_categories_and_kernels(exports: dict[str, Path]) ->
     appeared, vanished = names(bf16) - names(fp32), names(fp32) - names(bf16)
     assert {r["name"] for r in groups["appeared"]} == appeared and len(appeared) == 30
     assert {r["name"] for r in groups["vanished"]} == vanished | {"[CUDA memset]"}
-    assert len(groups["faster"]) + len(groups["slower"]) == len(names(fp32) & names(bf16)) + 1
+    both = ("faster", "slower", "fewer_calls", "more_calls")
+    assert sum(out["counts"][g] for g in (*both, "unchanged")) == len(names(fp32) & names(bf16)) + 1
     top = groups["vanished"][0]  # the fp32 gemm with the most time
     name = "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas"
     count, total_ns = sql(fp32, f"SELECT COUNT(*), SUM(d) FROM ({KERNELS}) WHERE name = '{name}'")
@@ -117,9 +119,56 @@ def test_fp32_vs_bf16_phases_categories_and_kernels(exports: dict[str, Path]) ->
     )
     assert nvjet["b_instances"] == count / STEPS == 60 and nvjet["a_total_ms"] == 0
     assert nvjet["b_total_ms"] == pytest.approx(ms(total_ns)) and nvjet["delta_pct"] is None
-    slower = [r["delta_ms"] for r in groups["slower"]]
+    slower = [r["per_call_delta_ms"] for r in groups["slower"]]
     assert all(d > 0 for d in slower) and slower == sorted(slower, reverse=True)
-    assert all(r["delta_ms"] < 0 for r in groups["faster"])
+    assert all(r["per_call_delta_ms"] < 0 for r in groups["faster"])
+    assert all(r["avg_delta_pct"] > 5 for r in groups["slower"])
+    assert all(r["avg_delta_pct"] < -5 for r in groups["faster"])
+
+
+def per_call(path: Path, name: str) -> tuple[int, float]:
+    """A kernel's launches and mean µs per launch in an export, by plain SQL."""
+    count, total_ns = sql(path, f"SELECT COUNT(*), SUM(d) FROM ({KERNELS}) WHERE name = '{name}'")
+    return count, total_ns / count / 1e3
+
+
+def test_fewer_calls_is_not_faster(exports: dict[str, Path]) -> None:
+    """The issue's cases: a kernel that runs fewer times per step but takes longer each
+    time is slower per call, not "faster in B"; the Δ ms splits into its two parts."""
+    fp32, bf16 = exports["fp32"], exports["bf16"]
+    out = diff(fp32, bf16, "-n", "0")
+    slower = rows(out["kernels"]["slower"], "name")
+    faster = {r["name"] for r in out["kernels"]["faster"]}
+    mul = "void at::native::elementwise_kernel<(int)128, (int)2, void at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float>>>(at::TensorIteratorBase &, const T1 &)::[lambda(int) (instance 1)]>(int, T3)"
+    fill = next(n for n in slower if "FillFunctor<float>" in n)
+    for name in (mul, fill):
+        (a_n, a_us), (b_n, b_us) = per_call(fp32, name), per_call(bf16, name)
+        row = slower[name]
+        assert name not in faster and b_n < a_n and b_us > a_us * 1.05
+        assert row["a_instances"] == a_n / STEPS and row["b_instances"] == b_n / STEPS
+        assert isinstance(row["a_instances"], int)  # a whole count is an integer in JSON
+        assert row["a_avg_us"] == pytest.approx(a_us) and row["b_avg_us"] == pytest.approx(b_us)
+        assert row["avg_delta_pct"] == pytest.approx(100 * (b_us / a_us - 1))
+        assert row["delta_ms"] < 0  # less time in all: fewer calls ...
+        assert row["calls_delta_ms"] == pytest.approx((b_n - a_n) / STEPS * a_us / 1e3)
+        assert row["per_call_delta_ms"] == pytest.approx(b_n / STEPS * (b_us - a_us) / 1e3)
+        assert row["calls_delta_ms"] + row["per_call_delta_ms"] == pytest.approx(row["delta_ms"])
+    assert (a_n, b_n) == (102, 6) and round(a_us, 1) == 1.5 and round(b_us, 1) == 5.9  # fill
+    assert per_call(fp32, mul)[0] == 584 and per_call(bf16, mul)[0] == 200
+    assert out["noise_pct"] == 5.0
+    # Within the noise, a kernel is neither faster nor slower.
+    noisy = diff(fp32, bf16, "-n", "0", "--noise", "1000")
+    assert noisy["kernels"]["faster"] == noisy["kernels"]["slower"] == []
+    fewer = rows(noisy["kernels"]["fewer_calls"], "name")
+    assert mul in fewer and fill in fewer
+    # Piped, as a script would read it, at the width COLUMNS asks for.
+    text = profkit("diff", str(fp32), str(bf16), "-n", "3", cwd=fp32.parent, env={"COLUMNS": "80"})
+    assert "Slower per call in B" in text.stdout
+    assert "more than ±5% (--noise" in text.stdout
+    assert "292→100" in text.stdout and "2.53→2.78" in text.stdout
+    assert max(len(line) for line in text.stdout.splitlines()) <= 80
+    bad = runner.invoke(app, ["diff", str(fp32), str(bf16), "--noise", "-1"])
+    assert bad.exit_code == 2 and "--noise must be >= 0" in bad.output
 
 
 def test_eager_vs_compiled_triton_appears(exports: dict[str, Path]) -> None:
@@ -131,7 +180,9 @@ def test_eager_vs_compiled_triton_appears(exports: dict[str, Path]) -> None:
     )
     assert triton["a_kernels"] == 0 and triton["b_kernels"] == count / STEPS == 258
     assert triton["b_ms"] == pytest.approx(ms(total_ns)) and triton["delta_pct"] is None
-    assert all(len(group) == 3 for group in out["kernels"].values())  # --top per group
+    assert all(  # --top per group
+        len(group) == min(3, out["counts"][g]) for g, group in out["kernels"].items()
+    )
     assert all(r["category"] == "triton" for r in out["kernels"]["appeared"])
     result = runner.invoke(app, ["diff", str(eager), str(compiled), "-n", "0"])
     appeared = len(names(compiled) - names(eager))
@@ -146,7 +197,8 @@ def test_nsys_against_torch_profiler_changes_nothing_much(exports: dict[str, Pat
     # Same kernels under both spellings: every one matched, none appeared or vanished.
     groups = out["kernels"]
     assert groups["appeared"] == [] and groups["vanished"] == []
-    assert len(groups["faster"]) + len(groups["slower"]) == len(names(exports["fp32"])) + 2 == 59
+    matched = ("faster", "slower", "fewer_calls", "more_calls", "unchanged")
+    assert sum(out["counts"][g] for g in matched) == len(names(exports["fp32"])) + 2 == 59
     # B's per-step total is the trace's own: the one step's GPU events summed.
     with gzip.open(TORCH_TRAIN) as handle:
         events = json.load(handle)["traceEvents"]
@@ -173,16 +225,17 @@ def test_nsys_against_torch_profiler_changes_nothing_much(exports: dict[str, Pat
 
 def test_a_file_against_itself(exports: dict[str, Path]) -> None:
     out = diff(exports["bf16"], exports["bf16"])
-    assert all(out["kernels"][g] == [] for g in ("appeared", "vanished", "faster", "slower"))
+    assert all(out["kernels"][g] == [] for g in out["kernels"])
     for table in (out["phases"], out["categories"]):
         assert all(r["delta_ms"] == 0 and r["delta_pct"] == 0 for r in table)
         assert all(r["a_ms"] == r["b_ms"] and r["a_kernels"] == r["b_kernels"] for r in table)
     result = runner.invoke(app, ["diff", str(exports["bf16"]), str(exports["bf16"])])
     same = len(names(exports["bf16"])) + 1  # and its one kind of copy
     assert (
-        f"kernels: 0 appeared, 0 vanished, 0 faster, 0 slower, {same} unchanged." in result.stdout
+        "kernels: 0 appeared, 0 vanished, 0 faster, 0 slower, 0 fewer calls, 0 more calls, "
+        f"{same} unchanged." in result.stdout
     )
-    assert "Per step:" in result.stdout and "Faster in B" not in result.stdout
+    assert "Per step:" in result.stdout and "Faster per call" not in result.stdout
 
 
 def test_formats_and_out(exports: dict[str, Path], tmp_path: Path) -> None:

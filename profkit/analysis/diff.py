@@ -6,6 +6,14 @@ calls).
 Times are per step by default (each phase divided by its range instances, as in
 ``profkit kernels --compare``): two captures rarely hold the same number of steps.
 
+A kernel's change of time per step is two changes: it runs more or fewer times per step
+(``calls_delta_ms``: the change of instances at A's time per call), and each run is faster
+or slower (``per_call_delta_ms``: B's instances times the change of time per call); the two
+add up to ``delta_ms``. A kernel is *faster* or *slower* only by its time per call, and only
+beyond ``noise_pct`` (default :data:`NOISE_PCT`): a kernel's mean time per call moves by a
+few per cent between two runs of the same program on the same GPU, so smaller changes are
+not findings. One that only runs more or fewer times is in ``more_calls``/``fewer_calls``.
+
 Kernels are matched by their full name through :func:`match_key`: Nsight Systems and
 torch.profiler spell one demangled name differently (``(int)128`` / ``128``, ``<unnamed>`` /
 ``(anonymous namespace)``, ``[lambda() (instance 1)]`` / ``{lambda()#1}``, parameter lists,
@@ -32,11 +40,15 @@ from profkit.formats import plural
 if TYPE_CHECKING:
     from profkit.traces.job import Job
 
+NOISE_PCT = 5.0
+"""Per-call changes within ± this (%) are run-to-run noise, not faster or slower."""
 GROUPS = {
     "appeared": "Appeared (only in B)",
     "vanished": "Vanished (only in A)",
-    "faster": "Faster in B (less GPU time; fewer runs count too)",
-    "slower": "Slower in B (more GPU time; more runs count too)",
+    "faster": "Faster per call in B",
+    "slower": "Slower per call in B",
+    "fewer_calls": "Fewer calls in B (time per call within noise)",
+    "more_calls": "More calls in B (time per call within noise)",
 }
 PHASE_COLUMNS = {  # crosscheck.compare_phases' columns, A the reference
     "A kernels": "a_kernels", "B kernels": "b_kernels", "A gpu_time_ms": "a_ms",
@@ -44,10 +56,19 @@ PHASE_COLUMNS = {  # crosscheck.compare_phases' columns, A the reference
 }  # fmt: skip
 KERNEL_COLUMNS = [
     "name", "short_name", "category", "a_instances", "b_instances", "a_total_ms",
-    "b_total_ms", "delta_ms", "delta_pct", "a_avg_us", "b_avg_us",
+    "b_total_ms", "delta_ms", "delta_pct", "a_avg_us", "b_avg_us", "avg_delta_pct",
+    "calls_delta_ms", "per_call_delta_ms",
 ]  # fmt: skip
-PARTS = {"kernels": "kernels", "instances": "inst", "ms": "ms", "total_ms": "ms", "avg_us": "avg µs"}  # fmt: skip
-HEADERS = {"short_name": "kernel", "delta_ms": "Δ ms", "delta_pct": "Δ %"} | {
+KERNEL_PARTS = {  # which part of a kernel's Δ ms makes its group (Δ ms all: the whole)
+    "faster": "of the change per call", "slower": "of the change per call",
+    "fewer_calls": "of the change of calls", "more_calls": "of the change of calls",
+}  # fmt: skip
+PARTS = {"kernels": "kernels", "instances": "calls", "ms": "ms", "total_ms": "ms", "avg_us": "µs/call"}  # fmt: skip
+HEADERS = {
+    "short_name": "kernel", "delta_ms": "Δ ms", "delta_pct": "Δ %",
+    "avg_delta_pct": "Δ %/call", "calls_delta_ms": "Δ ms calls",
+    "per_call_delta_ms": "Δ ms per call",
+} | {  # fmt: skip
     f"{side}_{part}": f"{side.upper()} {header}" for side in "ab" for part, header in PARTS.items()
 }
 
@@ -79,7 +100,8 @@ class ProfileDiff:
     ``phases`` (with a ``total`` row) and ``categories`` (summed over phases) hold each
     side's kernel launches (``a_kernels``) and GPU ms of all activities (``a_ms``: kernels,
     memcpy and memset); ``kernels`` maps each group of :data:`GROUPS` to its first
-    ``top`` rows; ``counts`` says how many each has in all, and how many are ``unchanged``.
+    ``top`` rows; ``counts`` says how many each has in all, and how many are ``unchanged``
+    (same calls, time per call within ``noise_pct``).
     ``a`` and ``b`` hold path, format, steps (and the run's config when known).
     """
 
@@ -91,16 +113,20 @@ class ProfileDiff:
     kernels: dict[str, pd.DataFrame]
     counts: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    noise_pct: float = NOISE_PCT
 
     def to_json(self) -> dict[str, Any]:
-        """``{a, b, per_step, phases, categories, kernels: {appeared, vanished, faster, slower}}``."""
+        """``{a, b, per_step, noise_pct, phases, categories, kernels: {appeared, vanished,
+        faster, slower, fewer_calls, more_calls}, counts}``; whole counts as integers."""
         return {
             "a": self.a,
             "b": self.b,
             "per_step": self.per_step,
-            "phases": self.phases.to_dict(orient="records"),
-            "categories": self.categories.to_dict(orient="records"),
-            "kernels": {g: rows.to_dict(orient="records") for g, rows in self.kernels.items()},
+            "noise_pct": self.noise_pct,
+            "phases": _records(self.phases),
+            "categories": _records(self.categories),
+            "kernels": {g: _records(rows) for g, rows in self.kernels.items()},
+            "counts": dict(self.counts),
         }
 
     def lines(self) -> list[str]:
@@ -116,7 +142,11 @@ class ProfileDiff:
                 for k, s in sides
             ),
             f"GPU time {'per step' if self.per_step else 'in all'}: {total['a_ms']:,.3f} ms → "
-            f"{total['b_ms']:,.3f} ms ({total['delta_ms']:+,.3f} ms{pct}); kernels: {groups}.",
+            f"{total['b_ms']:,.3f} ms ({total['delta_ms']:+,.3f} ms{pct}); kernels: "
+            f"{groups.replace('_', ' ')}.",
+            f"Faster/slower means the time per call changed by more than ±{self.noise_pct:g}% "
+            "(--noise; smaller changes are run-to-run noise); Δ ms = Δ ms calls (runs more or "
+            "fewer times, at A's time per call) + Δ ms per call (each run faster or slower).",
             *self.notes,
         ]
 
@@ -133,20 +163,23 @@ class ProfileDiff:
                 _view(self.categories),
             ),
         ]
-        absent = {"appeared": ("a_", "delta"), "vanished": ("b_", "delta")}  # nothing there
         for group, rows in self.kernels.items():
             if rows.empty:
                 continue
             some = f"{len(rows)} of " if len(rows) < self.counts[group] else ""
-            view = rows.drop(columns=["name"])
-            view = view[[c for c in view if not c.startswith(absent.get(group, ()))]]
             title = f"{GROUPS[group]} — {some}{plural(self.counts[group], 'kernel')}, ms {unit}"
-            tables.append((title, _view(view)))
+            if group in KERNEL_PARTS:
+                title += f"; calls and µs/call A→B, Δ ms {KERNEL_PARTS[group]}"
+            tables.append((title, _kernel_view(group, rows)))
         return tables
 
 
 def diff(
-    job: Job, per_step: bool = True, top: int = 10, phase_ranges: PhaseRanges | None = None
+    job: Job,
+    per_step: bool = True,
+    top: int = 10,
+    noise_pct: float = NOISE_PCT,
+    phase_ranges: PhaseRanges | None = None,
 ) -> ProfileDiff:
     """Compare two loaded traces (:func:`profkit.traces.job.load` of A and B, side by side),
     B against A, each reported as `profkit kernels` reports it alone (per rank where it
@@ -156,15 +189,22 @@ def diff(
     if len(job.files) != 2:
         raise BadInput(f"profkit diff takes two profiles, A and B; got {len(job.files)}")
     a, b = (kernel_report(part, top=0, phase_ranges=phase_ranges) for part in job.parts())
-    return diff_reports(a, b, per_step=per_step, top=top)
+    return diff_reports(a, b, per_step=per_step, top=top, noise_pct=noise_pct)
 
 
 def diff_reports(
-    a: KernelReport, b: KernelReport, per_step: bool = True, top: int = 10
+    a: KernelReport,
+    b: KernelReport,
+    per_step: bool = True,
+    top: int = 10,
+    noise_pct: float = NOISE_PCT,
 ) -> ProfileDiff:
-    """Phase, category and kernel deltas of B against A; ``top`` kernels per group (0 = all)."""
+    """Phase, category and kernel deltas of B against A; ``top`` kernels per group (0 = all);
+    per-call changes within ``noise_pct`` are neither faster nor slower."""
     if top < 0:
         raise BadInput(f"--top must be 0 (all) or more, got {top}")
+    if not noise_pct >= 0:  # nan too
+        raise BadInput(f"--noise must be >= 0 (a percentage); got {noise_pct:g}")
     for label, report in (("A", a), ("B", b)):
         if not report.activities:
             raise BadInput(
@@ -182,7 +222,7 @@ def diff_reports(
         phases[f"{side}_kernels"] = column.where(phases["phase"] != "total", per_phase.sum())
     ca, cb = (_scaled(r.categories, r, per_step, ["kernels", "gpu_time_ms"]) for r in (a, b))
     categories = _merge(ca, cb, "category", {"kernels": "kernels", "gpu_time_ms": "ms"})
-    kernels = _kernel_groups(a, b, per_step)
+    kernels = _kernel_groups(a, b, per_step, noise_pct)
     counts = {g: len(rows) for g, rows in kernels.items()}
     kernels.pop("unchanged")
     return ProfileDiff(
@@ -194,6 +234,7 @@ def diff_reports(
         kernels={g: (rows.head(top) if top else rows) for g, rows in kernels.items()},
         counts=counts,
         notes=_notes(a, b, per_step),
+        noise_pct=noise_pct,
     )
 
 
@@ -227,8 +268,11 @@ def _merge(a: pd.DataFrame, b: pd.DataFrame, key: str, sums: dict[str, str]) -> 
     return merged.loc[(ms_a + ms_b).sort_values(ascending=False, kind="stable").index].reset_index()
 
 
-def _kernel_groups(a: KernelReport, b: KernelReport, per: bool) -> dict[str, pd.DataFrame]:
-    """Kernels matched by :func:`match_key`, split into appeared, vanished, faster, slower."""
+def _kernel_groups(
+    a: KernelReport, b: KernelReport, per: bool, noise_pct: float
+) -> dict[str, pd.DataFrame]:
+    """Kernels matched by :func:`match_key`, split into appeared, vanished, faster and slower
+    per call (beyond ``noise_pct``), fewer and more calls (per call within it), unchanged."""
     tables = [_scaled(r.kernels, r, per, ["instances", "total_ms"]) for r in (a, b)]
     for table in tables:
         table["key"] = table["name"].map(match_key)
@@ -244,14 +288,26 @@ def _kernel_groups(a: KernelReport, b: KernelReport, per: bool) -> dict[str, pd.
     for side in "ab":
         count = merged[f"{side}_instances"]
         merged[f"{side}_avg_us"] = 1e3 * merged[f"{side}_total_ms"] / count.where(count > 0)
+    a_avg_ms, b_avg_ms = merged["a_avg_us"] / 1e3, merged["b_avg_us"] / 1e3
+    merged["avg_delta_pct"] = 100.0 * (b_avg_ms / a_avg_ms - 1.0)
+    # delta_ms = (b_n - a_n) * a_avg + b_n * (b_avg - a_avg): more or fewer runs, each run
+    # faster or slower. Only where both sides ran it; else the whole delta is the calls'.
+    calls = (merged["b_instances"] - merged["a_instances"]) * a_avg_ms
+    merged["calls_delta_ms"] = calls.where(a_avg_ms.notna() & b_avg_ms.notna())
+    merged["per_call_delta_ms"] = merged["b_instances"] * (b_avg_ms - a_avg_ms)
     merged = merged[KERNEL_COLUMNS]
-    in_a, in_b, delta = merged["a_instances"] > 0, merged["b_instances"] > 0, merged["delta_ms"]
+    in_a, in_b = merged["a_instances"] > 0, merged["b_instances"] > 0
+    both, change = in_a & in_b, merged["avg_delta_pct"]
+    same_speed = both & (change.abs() <= noise_pct)
+    calls_change = merged["b_instances"] - merged["a_instances"]
     picks = {
         "appeared": (~in_a, "b_total_ms", False),
         "vanished": (~in_b, "a_total_ms", False),
-        "faster": (in_a & in_b & (delta < 0), "delta_ms", True),
-        "slower": (in_a & in_b & (delta > 0), "delta_ms", False),
-        "unchanged": (in_a & in_b & (delta == 0), "a_total_ms", False),
+        "faster": (both & (change < -noise_pct), "per_call_delta_ms", True),
+        "slower": (both & (change > noise_pct), "per_call_delta_ms", False),
+        "fewer_calls": (same_speed & (calls_change < 0), "calls_delta_ms", True),
+        "more_calls": (same_speed & (calls_change > 0), "calls_delta_ms", False),
+        "unchanged": (same_speed & (calls_change == 0), "a_total_ms", False),
     }
     return {
         g: merged[rows].sort_values(by, ascending=up, kind="stable").reset_index(drop=True)
@@ -313,6 +369,54 @@ def _notes(a: KernelReport, b: KernelReport, per: bool) -> list[str]:
 def _ranks(report: KernelReport) -> int:
     """How many ranks the trace holds (1: one process)."""
     return int(report.source.get("ranks") or 1)
+
+
+def _kernel_view(group: str, rows: pd.DataFrame) -> pd.DataFrame:
+    """A group's kernels for people, narrow enough for 80 columns: one side's calls, time
+    per call and ms for those on one side; else calls and time per call as ``A→B`` and the
+    part of Δ ms that makes the group (each call's change, or the calls'), the whole Δ last."""
+    view = pd.DataFrame({"kernel": rows["short_name"], "category": rows["category"]})
+    if group in ("appeared", "vanished"):
+        side = "b" if group == "appeared" else "a"
+        view[f"{side.upper()} calls"] = _counts(rows[f"{side}_instances"])
+        view[f"{side.upper()} µs/call"] = rows[f"{side}_avg_us"]
+        view[f"{side.upper()} ms"] = rows[f"{side}_total_ms"]
+        return view
+    view["calls"] = [
+        f"{_count_text(a)}→{_count_text(b)}"
+        for a, b in zip(rows["a_instances"], rows["b_instances"], strict=True)
+    ]
+    view["µs/call"] = [
+        f"{a:,.2f}→{b:,.2f}" for a, b in zip(rows["a_avg_us"], rows["b_avg_us"], strict=True)
+    ]
+    view["Δ %/call"] = rows["avg_delta_pct"]
+    by_calls = group in ("fewer_calls", "more_calls")
+    view["Δ ms"] = rows["calls_delta_ms" if by_calls else "per_call_delta_ms"]
+    view["Δ ms all"] = rows["delta_ms"]
+    return view
+
+
+def _counts(column: pd.Series) -> pd.Series:
+    return column.astype("int64") if (column % 1 == 0).all() else column
+
+
+def _count_text(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+
+
+def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows for JSON, a count that is whole (always, in --total; per step when every
+    phase ran it as often) as an integer."""
+    records = table.to_dict(orient="records")
+    for record in records:
+        for key, value in record.items():
+            if (
+                key.endswith(("_kernels", "_instances"))
+                and isinstance(value, float)
+                and value.is_integer()
+            ):
+                record[key] = int(value)
+    return records
 
 
 def _view(table: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,7 @@ from profkit.traces.job import load
 ProfilesArg = Annotated[
     list[Path] | None,
     typer.Argument(
-        metavar="A B",
+        metavar="A B",  # both required; checked below for one clear line (typer says `[A B]...`)
         help="Two profiles, any mix of formats: Nsight Systems .sqlite or .nsys-rep, or a "
         "torch.profiler Chrome trace .json[.gz]. B is compared against A.",
         show_default=False,
@@ -27,6 +27,14 @@ ProfilesArg = Annotated[
 ]
 TopOpt = Annotated[
     int, typer.Option("--top", "-n", help="Kernels per group (appeared, vanished, ...); 0 = all.")
+]
+NoiseOpt = Annotated[
+    float,
+    typer.Option(
+        "--noise",
+        help="A kernel is faster or slower only when its time per call changed by more than "
+        "this many per cent (run-to-run noise is of that order).",
+    ),
 ]
 PerStepOpt = Annotated[
     bool,
@@ -42,14 +50,15 @@ def diff(
     profiles: ProfilesArg = None,
     top: TopOpt = 10,
     per_step: PerStepOpt = True,
+    noise: NoiseOpt = diff_lib.NOISE_PCT,
     fmt: FormatOpt = "table",
     out: OutOpt = None,
     nsys: NsysOpt = None,
     phase_ranges: PhaseRangesOpt = None,
 ) -> None:
-    """What changed from A to B: GPU time per phase and category; kernels appeared, vanished, faster, slower.
+    """What changed from A to B: GPU time per phase and category; kernels appeared, vanished, faster or slower per call, run more or fewer times.
 
-    E.g. fp32 vs bf16 (fp32 gemm kernels vanish and bf16 ones appear: the category table compares gemm with gemm) or eager vs torch.compile (triton kernels appear). Per step by default.
+    E.g. fp32 vs bf16 (fp32 gemm kernels vanish and bf16 ones appear: the category table compares gemm with gemm) or eager vs torch.compile (triton kernels appear). Per step by default. A kernel is faster or slower by its time per call, beyond --noise %; one that only runs more or fewer times is listed apart.
     """
     check_format(fmt)
     paths = list(profiles or [])
@@ -58,7 +67,7 @@ def diff(
     marks = PhaseRanges.parse(phase_ranges)
     with read_progress(f"{paths[0].name} and {paths[1].name}") as progress:
         job = load(paths, nsys, progress=progress, side_by_side=True)
-    result = diff_lib.diff(job, per_step, top, marks)
+    result = diff_lib.diff(job, per_step, top, noise, marks)
     tables = result.display_tables()
     fmt = file_format(fmt, out)
     if fmt == "md":
