@@ -76,7 +76,16 @@ def test_demo_runs_on_cpu(tmp_path: Path) -> None:
         ("tiny", "train", "bf16", "ok"),
     ]
     text = report.read_text()
-    assert "## Benchmark" in text and "| tiny | 128 | train | bf16 | ok |" in text
+    assert "## Benchmark" in text and "| tiny | 128 | train | bf16 |" in text
+    # The terminal shows each step's tables, not only its heading, and a picture is drawn.
+    out = result.stdout
+    for shown in ("Model sizes", "fwd ms", "bwd ms", "opt ms", "Phases of small-ctx128",
+                  "Top 10 kernels by GPU time", "torch.profiler: Full step", "aten::mm"):  # fmt: skip
+        assert shown in out, shown
+    assert out.index("fwd ms") < out.index("Top 10 kernels") < out.index("aten::mm")
+    picture = report.with_name("demo-step.png")
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {picture}" in out
+    assert "![Training step time by phase](demo-step.png)" in text
     # The shipped H100 export: golden phase totals, and the attention sub-ranges.
     assert "| forward | 1,436 | 24 | 0 | 10.21 | 10.25 | 27.33 | 31.76 |" in text
     assert "| backward | 2,310 | 74 | 72 | 19.39 | 19.59 | 52.21 | 51.50 |" in text

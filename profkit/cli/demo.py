@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 
 from profkit.cli._common import DEFAULT_DEVICE, DeviceOpt, command
@@ -12,7 +14,6 @@ from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console
 from profkit.cli.views import sweep_progress
 from profkit.report import demo as demo_lib
-from profkit.run import bench as bench_lib
 
 ProfilesOpt = Annotated[
     Path, typer.Option("--profiles", help="Where the demo's results DB and profiles go.")
@@ -24,6 +25,7 @@ ReportOpt = Annotated[
 
 
 def _announce(index: int, total: int, step: demo_lib.DemoStep) -> None:
+    sys.stdout.flush()
     err_console.print(f"[bold]demo {index + 1}/{total}:[/] {step.title}", highlight=False)
 
 
@@ -34,9 +36,19 @@ def demo(
     device: DeviceOpt = DEFAULT_DEVICE,
 ) -> None:
     """Benchmark, profile and report in one go: tiny model on a CPU, small on a GPU."""
-    result = demo_lib.demo(profiles, out, device, sweep_progress=sweep_progress, on_step=_announce)
-    rows = result.data.get("bench_rows")
-    if rows:
-        emit_tables([(bench_lib.title(rows), bench_lib.table(rows))], "table")
+    result = demo_lib.demo(
+        profiles, out, device, sweep_progress=sweep_progress, on_step=_announce,
+        on_tables=_show,
+    )  # fmt: skip
     err_console.print(f"results database: {result.db_path}", highlight=False)
+    for path in result.files:
+        print(f"wrote {path}")
     print(f"wrote {result.report_path}")
+
+
+def _show(tables: list[tuple[str, pd.DataFrame]]) -> None:
+    # Each step's tables right under its heading: stderr (the headings) and stdout are
+    # flushed in order, so a terminal or a `2>&1` log reads top to bottom.
+    sys.stderr.flush()
+    emit_tables(tables, "table")
+    sys.stdout.flush()

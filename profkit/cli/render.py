@@ -104,6 +104,10 @@ NARROW_HIDDEN = (
     "device", "nccl_kernels", "kernel_time_ms",
     "Δ ms all", "category",  # diff's kernels: the part of Δ ms of the group stays
     "vocab_size", "non_embedding_params", "unstable",
+    # torch.profiler's key_averages: the self times and the calls stay longest
+    "Input Shapes", "Source Location", "CPU Mem (MiB)", "Self CPU Mem (MiB)", "CUDA Mem (MiB)",
+    "Self CUDA Mem (MiB)", "CUDA time avg (µs)", "CPU time avg (µs)", "CPU total %",
+    "CUDA total (ms)", "Self CPU %", "Self CUDA %", "CPU total (ms)",
 )  # fmt: skip
 NAME_WIDTH = (34, 64)  # the first text column (a name): at least, at most (cut to fit)
 TEXT_WIDTH = 16  # other text columns, at most

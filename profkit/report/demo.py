@@ -48,6 +48,10 @@ class DemoContext:
     env: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     """What steps hand to later steps (the bench rows, say)."""
+    shown: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    """The tables the current step shows on the terminal (title, table); emptied per step."""
+    files: list[Path] = field(default_factory=list)
+    """Files the steps wrote besides the report (pictures, traces)."""
 
     @property
     def db_path(self) -> Path:
@@ -81,9 +85,8 @@ def demo_configs(device: str) -> list[WorkloadConfig]:
 
 
 def _sizes_step(ctx: DemoContext) -> str:
-    table = pd.DataFrame(specs.sizes()).rename(
-        columns={"non_embedding_params": "params w/o LM head"}
-    )
+    table = pd.DataFrame(specs.sizes())
+    ctx.shown.append(("Model sizes (profkit sizes)", table))
     return (
         "The built-in model (CS336 `BasicsTransformerLM`) in every size, parameters counted "
         "without allocating weights (`profkit sizes`):\n\n" + markdown_table(table)
@@ -95,6 +98,8 @@ def _bench_step(ctx: DemoContext) -> str:
     with ctx.sweep_progress(configs) as (on_start, on_row):
         rows = bench_lib.bench(configs, ctx.db_path, on_start=on_start, on_row=on_row)
     ctx.data["bench_rows"] = rows
+    ctx.shown.append((bench_lib.title(rows), bench_lib.table(rows)))
+    picture = _step_picture(ctx, rows)
     first = configs[0]
     command = (
         f"profkit bench --size {first.size} --ctx {first.ctx} --mode forward train "
@@ -105,8 +110,27 @@ def _bench_step(ctx: DemoContext) -> str:
         "Each config ran in its own process; each phase was timed with the device "
         "synchronized at its boundaries (`synchronize` + `perf_counter`). "
         f"Rows are in `{ctx.db_path}` (table `bench`). The same sweep by hand:\n\n"
-        f"```\n{command}\n```\n\n" + markdown_table(bench_lib.table(rows))
+        f"```\n{command}\n```\n\n"
+        + markdown_table(bench_lib.table(rows))
+        + (f"\n\n![Training step time by phase]({picture.name})" if picture else "")
     )
+
+
+def _step_picture(ctx: DemoContext, rows: list[bench_lib.Row]) -> Path | None:
+    """The training step per dtype stacked by phase, a PNG beside the report (None when no
+    training row ran or matplotlib is missing: the tables say it all then)."""
+    from profkit.report import figures, plots
+
+    bars = figures.step_bars([r for r in rows if r.get("mode") == "train"])
+    if not bars:
+        return None
+    out = ctx.report_path.with_name(ctx.report_path.stem + "-step.png")
+    try:
+        plots.step_time(bars[0], out)
+    except ImportError:
+        return None
+    ctx.files.append(out)
+    return out
 
 
 # A real Nsight Systems export shipped with profkit: the small model, ctx 128, fp32, two
@@ -125,9 +149,14 @@ def _kernels_step(ctx: DemoContext) -> str:
     if not EXAMPLE_EXPORT.exists():  # an installed wheel ships no profiles/
         return "The example export is not in this installation; skipped."
     report = kernel_report(load([EXAMPLE_EXPORT]), top=10)
+    ctx.shown += [
+        (f"Phases of {EXAMPLE_EXPORT.name} (H100, small, ctx 128, fp32, 2 steps)", phases_view(report)),
+        ("Top 10 kernels by GPU time, all phases", report.top_kernels(n=10)[
+            ["short_name", "category", "total_ms", "instances"]
+        ].rename(columns={"short_name": "kernel"})),
+    ]
     counted = ["kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms"]
-    phases = report.phases[["phase", *counted, "python_ms"]].copy()
-    phases.insert(len(counted) + 1, "share %", 100 * report.phases["share"])
+    phases = phases_view(report)
     kernels = report.top_kernels(n=10)[["short_name", "category", "total_ms", "instances"]]
     attention = report.ranges[report.ranges["range"].isin(ATTENTION_RANGES)]
     sentence = attention_sentence(report.ranges)
@@ -147,6 +176,14 @@ def _kernels_step(ctx: DemoContext) -> str:
     )
 
 
+def phases_view(report: Any) -> pd.DataFrame:
+    """A kernel report's phases: counts, times and each phase's share of the GPU time."""
+    counted = ["kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms"]
+    phases = report.phases[["phase", *counted, "python_ms"]].copy()
+    phases.insert(len(counted) + 1, "share %", 100 * report.phases["share"])
+    return phases
+
+
 def _torch_step(ctx: DemoContext) -> str:
     from profkit.torchprof.profile import profile_torch
     from profkit.torchprof.result import TorchOptions
@@ -161,6 +198,8 @@ def _torch_step(ctx: DemoContext) -> str:
         reports_dir=ctx.report_path.parent,
     )
     title, table = profiled.tables()[-1]  # the full step
+    ctx.shown.append((f"torch.profiler: {title}", table))
+    ctx.files += [Path(run.trace_path) for run in profiled.runs]
     traces = ", ".join(f"`{run.trace_path}`" for run in profiled.runs)
     return (
         f"`profkit torch --size {size} --ctx 128 --steps 1` on {ctx.device}: torch.profiler "
@@ -183,6 +222,7 @@ class DemoResult:
     db_path: Path
     sections: list[tuple[str, str]]
     data: dict[str, Any]
+    files: list[Path] = field(default_factory=list)
 
 
 def _header(ctx: DemoContext) -> str:
@@ -204,8 +244,11 @@ def demo(
     steps: Sequence[DemoStep] | None = None,
     sweep_progress: SweepProgress = _no_progress,
     on_step: Callable[[int, int, DemoStep], None] | None = None,
+    on_tables: Callable[[list[tuple[str, pd.DataFrame]]], None] | None = None,
 ) -> DemoResult:
-    """Run every demo step and write the markdown report; returns where everything went."""
+    """Run every demo step and write the markdown report; returns where everything went.
+    ``on_step`` is called as a step starts, ``on_tables`` with the tables it shows as it
+    ends (so a terminal sees each step's result under its heading)."""
     check_writable(report_path)
     check_db(profiles_dir / "results.db")
     ctx = DemoContext(
@@ -220,7 +263,10 @@ def demo(
     for index, step in enumerate(chosen):
         if on_step:
             on_step(index, len(chosen), step)
+        ctx.shown = []
         sections.append((step.title, step.run(ctx)))
+        if on_tables and ctx.shown:
+            on_tables(ctx.shown)
     body = "\n".join(f"\n## {title}\n\n{text.rstrip()}\n" for title, text in sections)
     write_text(report_path, _header(ctx) + body)
-    return DemoResult(report_path, ctx.db_path, sections, ctx.data)
+    return DemoResult(report_path, ctx.db_path, sections, ctx.data, ctx.files)
