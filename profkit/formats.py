@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,35 @@ def markdown_table(df: pd.DataFrame, digits: int = 2) -> str:
 
 
 def _md_escape(text: str) -> str:
-    # Kernel names are full of '<...>' (read as HTML and hidden by GitHub) and may hold '|'.
-    return text.replace("|", "\\|").replace("<", "&lt;")
+    # Kernel names are full of '<...>', which GitHub reads as HTML and hides: such a cell is
+    # code (`name<float>`), which reads as a name should; '|' would end the cell in both.
+    text = text.replace("|", "\\|")
+    if ("<" in text or ">" in text) and "`" not in text:
+        return f"`{text}`"
+    return text.replace("<", "&lt;")
+
+
+# Machine names of the tables a command stacks into one CSV (its ``table`` column), by the
+# start of their display titles, which carry live numbers; first match wins.
+TABLE_IDS = (
+    ("Phases per rank", "rank_phases"), ("Phases", "phases"), ("Top ", "top_kernels"),
+    ("All by GPU time", "top_kernels"), ("Ranges", "ranges"),
+    ("GPU time by category", "categories"), ("Categories", "categories"), ("Ranks", "ranks"),
+    ("Nodes", "nodes"), ("NCCL kernels by collective", "collectives"),
+    ("Steps across ranks", "steps"), ("Appeared", "appeared"), ("Vanished", "vanished"),
+    ("Faster", "faster"), ("Slower", "slower"), ("Fewer calls", "fewer_calls"),
+    ("More calls", "more_calls"), ("Model sizes", "sizes"),
+)  # fmt: skip
+
+
+def table_id(title: str) -> str:
+    """A stable machine name for a table titled ``title`` (``phases``, ``top_kernels``, ...):
+    from :data:`TABLE_IDS`, else the title's first words, lower case, ``_`` for the rest."""
+    for start, name in TABLE_IDS:
+        if title.startswith(start):
+            return name
+    head = re.split(r" — |[(,:]", title, maxsplit=1)[0]
+    return re.sub(r"[^a-z0-9]+", "_", head.lower()).strip("_") or "table"
 
 
 def to_jsonable(value: Any) -> Any:

@@ -253,7 +253,9 @@ def test_formats_and_out(exports: dict[str, Path], tmp_path: Path) -> None:
     )
     assert "| phase | A kernels | B kernels | A ms | B ms | Δ ms | Δ % |" in md.stdout
     csv = runner.invoke(app, ["diff", a, b, "-f", "csv"])
-    assert csv.stdout.startswith("table,phase,A kernels,B kernels,A ms,B ms,Δ ms,Δ %,")
+    # csv is data for scripts: the JSON's names, machine table names, integer counts
+    assert csv.stdout.startswith("table,phase,a_kernels,b_kernels,a_ms,b_ms,delta_ms,delta_pct,")
+    assert "\nphases,forward,718,877," in csv.stdout and "\nslower," in csv.stdout
     out = tmp_path / "d" / "diff.md"
     written = runner.invoke(app, ["diff", a, b, "--out", str(out)])
     assert (

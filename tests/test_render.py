@@ -10,11 +10,13 @@ from profkit.analysis.crosscheck import compare_phases
 from profkit.formats import markdown_table
 
 
-def test_markdown_escapes_angle_brackets_and_pipes_in_kernel_names() -> None:
+def test_markdown_shows_kernel_names_as_code_and_escapes_pipes() -> None:
+    """`<...>` would be read as HTML and hidden; `&lt;` read badly: names are code."""
     name = "multi_tensor_apply_kernel<TensorListMetadata<3>, a|b>"
-    text = markdown_table(pd.DataFrame({"name": [name], "ms": [1.5]}))
-    assert "multi_tensor_apply_kernel&lt;TensorListMetadata&lt;3>, a\\|b>" in text
-    assert text.splitlines()[-1].count(" | ") == 1  # still two cells
+    text = markdown_table(pd.DataFrame({"name": [name, "forward"], "ms": [1.5, 2.0]}))
+    assert "| `multi_tensor_apply_kernel<TensorListMetadata<3>, a\\|b>` |" in text
+    assert "| forward |" in text  # plain names stay plain
+    assert text.splitlines()[-2].count(" | ") == 1  # still two cells
 
 
 def test_per_step_counts_keep_their_fractions() -> None:

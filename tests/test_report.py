@@ -212,7 +212,8 @@ def test_cpu_sweep_report(minimal_run: tuple[Path, Path, Any]) -> None:
     ]  # fmt: skip
     for row in rows:
         assert f"| {row['step_ms']:,.2f} | {row['step_ms_std']:,.2f} |" in bench
-        assert f"| {row['warmup']} | ok | {row['forward_ms']:,.2f} |" in bench
+        # every row ok: no status column (it shows where a config failed)
+        assert f"| {row['warmup']} | {row['forward_ms']:,.2f} |" in bench
     comparisons = section(text, "Comparisons")
     assert "### Mixed precision\n\n#### forward ms · fp32 vs bf16 · cpu" in comparisons
     assert "### Warm-up steps\n\n#### forward ms by warm-up steps (0, 1) · cpu" in comparisons
@@ -541,8 +542,10 @@ def test_a_bench_row_without_its_size_is_left_out_not_a_traceback(tmp_path: Path
     assert "the bench table: 1 row(s) without their size are left out" in result.stderr
     bench = section(text, "Benchmark")
     for row, shown in ((first, False), (second, True)):
-        line = f"| {row['ctx']} | {row['dtype']} | ok | {row['forward_ms']:,.2f} |"
-        assert (line in bench) is shown, line
+        cells = f"| {row['ctx']} | {row['dtype']} |", f" {row['forward_ms']:,.2f} |"
+        # (with `ok` between where some row of its table failed and the status is shown)
+        found = any(cells[0] in line and cells[1] in line for line in bench.splitlines())
+        assert found is shown, cells
 
 
 def test_run_checks_the_db_before_any_piece_runs(tmp_path: Path) -> None:

@@ -65,10 +65,13 @@ KERNEL_PARTS = {  # which part of a kernel's Δ ms makes its group (Δ ms all: t
 }  # fmt: skip
 PARTS = {"kernels": "kernels", "instances": "calls", "ms": "ms", "total_ms": "ms", "avg_us": "µs/call"}  # fmt: skip
 HEADERS = {
-    "short_name": "kernel", "delta_ms": "Δ ms", "delta_pct": "Δ %",
-    "avg_delta_pct": "Δ %/call", "calls_delta_ms": "Δ ms calls",
+    "short_name": "kernel",
+    "delta_ms": "Δ ms",
+    "delta_pct": "Δ %",
+    "avg_delta_pct": "Δ %/call",
+    "calls_delta_ms": "Δ ms calls",
     "per_call_delta_ms": "Δ ms per call",
-} | {  # fmt: skip
+} | {
     f"{side}_{part}": f"{side.upper()} {header}" for side in "ab" for part, header in PARTS.items()
 }
 
@@ -149,6 +152,21 @@ class ProfileDiff:
             "fewer times, at A's time per call) + Δ ms per call (each run faster or slower).",
             *self.notes,
         ]
+
+    def data_tables(self) -> list[tuple[str, pd.DataFrame]]:
+        """The JSON's tables under its column names, for ``--format csv`` (its ``table``
+        column: ``phases``, ``categories``, then a kernel group's name); whole counts as
+        integers."""
+        tables = [("Phases", self.phases), ("Categories", self.categories)]
+        tables += [(GROUPS[g], rows) for g, rows in self.kernels.items() if not rows.empty]
+        out = []
+        for title, table in tables:
+            table = table.copy()
+            for column in table:
+                if column.endswith(("_kernels", "_instances")):
+                    table[column] = _counts(table[column])
+            out.append((title, table))
+        return out
 
     def display_tables(self) -> list[tuple[str, pd.DataFrame]]:
         """(title, table) pairs for people: short names, A/B headers, empty groups left out."""

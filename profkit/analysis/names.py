@@ -24,12 +24,14 @@ MAX_CHARS = 80
 
 _CASTS = re.compile(r"\((?:unsigned |signed )?(?:int|long long|long|short|char|bool)\)")
 # nsys spells a lambda `::[lambda(float) (instance 2)]`, torch.profiler `::{lambda(float)#2}`.
-_LAMBDA = re.compile(r"::(?:\[lambda\([^()]*\) \(instance (\d+)\)\]|\{lambda\([^()]*\)#(\d+)\}|\[lambda[^\]]*\])")
+_LAMBDA = re.compile(
+    r"::(?:\[lambda(?:\([^()]*\))? \(instance (\d+)\)\]|\{lambda(?:\([^()]*\))?#(\d+)\}|\[lambda[^\]]*\])"
+)
 _OPERATOR_CALL = re.compile(r"::operator \(\)\(\)(?: const)?")
 _OPERATOR = re.compile(r"::operator\s*(?:\(\))?(?:\s*const)?")
 _PARENS = re.compile(r"\([^()]*\)")
 _NAMESPACE = re.compile(r"\b[A-Za-z_]\w*::")
-_STD_ARRAY = re.compile(r",\s*array<char \*, \d+>")
+_STD_ARRAY = re.compile(r",\s*array<char\s*\*, \d+\w*>")
 _SPACES = re.compile(r"\s+")
 _REPEATS = re.compile(r"\b([A-Za-z_]\w*)(?:, \1\b)+")  # float, float, float -> float
 # cuBLAS kernel-name parts that tell variants of one tile shape apart, not what it computes.
@@ -53,8 +55,8 @@ def short_kernel_name(name: str, max_chars: int = MAX_CHARS) -> str:
         return text
     text = text.removeprefix("void ")
     text = text.replace("<unnamed>::", "").replace("(anonymous namespace)::", "")
+    text = _LAMBDA.sub(_lambda_instance, text)  # before the casts: `{lambda(int)#2}`
     text = _CASTS.sub("", text)
-    text = _LAMBDA.sub(_lambda_instance, text)
     text = _OPERATOR_CALL.sub("", text)
     previous = None
     while previous != text:  # innermost parentheses first: nested parameter lists
@@ -67,6 +69,7 @@ def short_kernel_name(name: str, max_chars: int = MAX_CHARS) -> str:
         text = _unwrap(text, wrapper)
     text = _REPEATS.sub(r"\1", text)
     text = _SPACES.sub(" ", text).strip()
+    text = re.sub(r"(?<=>) (?=>)", "", text)  # torch.profiler's `> >` as nsys writes it
     return abbreviate(text, max_chars)
 
 
@@ -78,7 +81,9 @@ def _lambda_instance(match: re.Match[str]) -> str:
 
 # Template arguments that size or index a kernel, not what it computes: left out of a name
 # too long for its column below the top level (`ReduceOp<float, ..., unsigned int, 4, 4>`).
-_PLAIN_ARG = re.compile(r"\d+|true|false|bool|(?:unsigned |signed )?(?:int|long long|long|short|char)")
+_PLAIN_ARG = re.compile(
+    r"\d+|true|false|bool|(?:unsigned |signed )?(?:int|long long|long|short|char)"
+)
 
 
 def lighten(text: str) -> str:
@@ -92,20 +97,17 @@ def lighten(text: str) -> str:
             starts.append(len(out))
         elif char in ",>" and starts:
             start = starts[-1]
-            argument = "".join(out[start:]).strip()
-            if len(starts) >= 2 and _PLAIN_ARG.fullmatch(argument):
-                del out[start:]
-                if char == "," or not out or out[-1] != "<":
-                    if out and out[-1] == ",":
-                        out.pop()
+            if len(starts) >= 2 and _PLAIN_ARG.fullmatch("".join(out[start:]).strip()):
+                del out[start:]  # the argument goes, and the comma before it
+                if out and out[-1] == ",":
+                    out.pop()
             if char == ",":
                 out.append(",")
                 starts[-1] = len(out)
             else:
                 while out and out[-1] in ", ":
-                    if out[-1] == "," or out[-1] == " ":
-                        out.pop()
-                if out and out[-1] == "<":
+                    out.pop()
+                if out and out[-1] == "<":  # a list left empty goes with its brackets
                     out.pop()
                 else:
                     out.append(">")
@@ -155,7 +157,9 @@ def fit_names(names: list[str], width: int) -> list[str]:
         for short, full in clashes.items():
             fixed = _tell_apart(full, width, taken)
             taken |= set(fixed.values())
-            shown = [fixed.get(n, s) if s == short else s for n, s in zip(names, shown, strict=True)]
+            shown = [
+                fixed.get(n, s) if s == short else s for n, s in zip(names, shown, strict=True)
+            ]
     return shown
 
 
@@ -163,12 +167,12 @@ def _tell_apart(names: list[str], width: int, taken: set[str]) -> dict[str, str]
     """Distinct cuts of ``names`` in ``width`` characters, not among ``taken``: the start
     they share folded to ``…`` (``sm80_xmma_gemm…nn_n_tilesize64x64x8…``), else another cut."""
     light = [lighten(n) if len(n) > width else n for n in names]
-    shared = len(os.path.commonprefix(light))
+    shared = len(os.path.commonprefix(light))  # noqa: RUF071 - characters are what we cut
     head = min(shared, width // 3)
     if 0 < head < shared and width - head - 1 > 4:
         cuts = {
-            n: l[:head] + "…" + middle_cut(l[shared:], width - head - 1)
-            for n, l in zip(names, light, strict=True)
+            name: short[:head] + "…" + middle_cut(short[shared:], width - head - 1)
+            for name, short in zip(names, light, strict=True)
         }
         if len(set(cuts.values())) == len(names) and not taken & set(cuts.values()):
             return cuts

@@ -17,8 +17,9 @@ from profkit.formats import markdown_table
 from profkit.workload.config import RUN_FIELDS
 from profkit.workload.names import FINAL, SCORES, SOFTMAX
 
+SHARE = "share %"  # a share (JSON and CSV: `share`, a fraction) as people read it
 KERNEL_VIEW = [
-    "short_name", "category", "time_%", "total_ms", "instances",
+    "short_name", "category", SHARE, "total_ms", "instances",
     "avg_us", "med_us", "min_us", "max_us", "std_us", "grid", "block",
 ]  # fmt: skip
 
@@ -28,7 +29,8 @@ def display_tables(report: KernelReport, as_data: bool = False) -> list[tuple[st
 
     ``as_data`` (``--format csv``): each top-kernels table also carries its ``phase``
     (``all`` for all phases) and each kernel's full ``name``, which the shortened names of
-    a display may not tell apart.
+    a display may not tell apart, and shares are ``share`` fractions as in the JSON (people
+    read ``share %``).
     """
     top = f"Top {report.top} by GPU time" if report.top else "All by GPU time"
     top += " (kernels, memcpy, memset)"
@@ -42,7 +44,7 @@ def display_tables(report: KernelReport, as_data: bool = False) -> list[tuple[st
     tables = [
         (
             f"Phases{_inferred(report)} — {counts_sentence(report.totals)}",
-            _percent(report.phases, "share"),
+            report.phases if as_data else _percent(report.phases, "share"),
         ),
         (f"{top}, {_scope(report)}", _kernel_view(report.top_kernels(), as_data and ALL_PHASES)),
     ]
@@ -53,7 +55,10 @@ def display_tables(report: KernelReport, as_data: bool = False) -> list[tuple[st
             tables.append((title, _kernel_view(report.top_kernels(phase), as_data and phase)))
     if len(report.ranges):
         tables.append((RANGES_TITLE, _range_view(report)))
-    tables.append(("GPU time by category (ms, kernels, memcpy and memset)", category_pivot(report)))
+    pivot = category_pivot(report)
+    if as_data:
+        pivot = pivot.assign(**{SHARE: pivot[SHARE] / 100}).rename(columns={SHARE: "share"})
+    tables.append(("GPU time by category (ms, kernels, memcpy and memset)", pivot))
     return tables
 
 
@@ -98,7 +103,7 @@ def category_pivot(report: KernelReport) -> pd.DataFrame:
     """Categories down, phases across, GPU milliseconds in the cells, then total and %."""
     table = report.categories
     if table.empty:
-        return pd.DataFrame({"category": [], "total_ms": [], "time_%": []})
+        return pd.DataFrame({"category": [], "total_ms": [], SHARE: []})
     phases = list(dict.fromkeys(table["phase"]))
     pivot = table.pivot_table(
         index="category", columns="phase", values="gpu_time_ms", aggfunc="sum", fill_value=0.0
@@ -106,7 +111,7 @@ def category_pivot(report: KernelReport) -> pd.DataFrame:
     pivot.columns = [f"{p}_ms" for p in phases]
     pivot["total_ms"] = pivot.sum(axis=1)
     total = pivot["total_ms"].sum()
-    pivot["time_%"] = 100 * pivot["total_ms"] / total if total else 0.0
+    pivot[SHARE] = 100 * pivot["total_ms"] / total if total else 0.0
     return pivot.sort_values("total_ms", ascending=False).reset_index()
 
 
@@ -193,7 +198,7 @@ def _said(value: Any) -> Any:
 
 def _percent(table: pd.DataFrame, column: str) -> pd.DataFrame:
     view = table.copy()
-    view.insert(list(view.columns).index(column), "time_%", 100 * view[column])
+    view.insert(list(view.columns).index(column), SHARE, 100 * view[column])
     return view.drop(columns=[column])
 
 
@@ -202,9 +207,9 @@ def _kernel_view(table: pd.DataFrame, phase: str | bool = False) -> pd.DataFrame
     view = _percent(table, "share")[KERNEL_VIEW]
     if not phase:
         return view
-    return view.assign(name=table["name"].to_numpy()).assign(phase=phase)[
-        ["phase", *KERNEL_VIEW, "name"]
-    ]
+    data = [*KERNEL_VIEW[:2], "share", *KERNEL_VIEW[3:]]
+    view = view.assign(share=table["share"].to_numpy(), name=table["name"].to_numpy())
+    return view.assign(phase=phase)[["phase", *data, "name"]]
 
 
 def _range_view(report: KernelReport) -> pd.DataFrame:

@@ -28,6 +28,16 @@ CONTRACT = {
     ],
     "categories": ["phase", "category", "kernels", "memcpy", "memset", "gpu_time_ms", "share"],
 }  # fmt: skip
+# Then, where the table has them, the columns the other formats show (JSON carries every
+# column, as csv and md do): a phase's and a range's own wall time and, for phases, the
+# run's Python timing (a profkit capture); a range's analytic MFLOP and TFLOP/s; a kernel's
+# short name and its launch grid and block.
+EXTRA = {
+    "phases": ["instances", "cpu_time_ms", "python_ms"],
+    "ranges": ["cpu_time_ms", "mflop", "tflop_s"],
+    "kernels": ["short_name", "grid", "block"],
+    "categories": [],
+}
 RANK_FIELDS = ("rank", "device", "pid", "host")
 
 
@@ -124,7 +134,10 @@ class RankedReport(KernelReport):
 
 
 def table_records(table: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
-    """The JSON rows of a report table: ``columns`` (and ``graphs`` after ``memset``)."""
+    """The JSON rows of a report table: ``columns`` (and ``graphs`` after ``memset``), then
+    the :data:`EXTRA` columns it has."""
+    kind = next((k for k, v in CONTRACT.items() if v == columns), None)
+    columns = columns + [c for c in EXTRA.get(kind or "", []) if c in table and c not in columns]
     if "graphs" in table and "memset" in columns:
         columns = [
             *columns[: columns.index("memset") + 1],

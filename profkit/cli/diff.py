@@ -68,8 +68,8 @@ def diff(
     with read_progress(f"{paths[0].name} and {paths[1].name}") as progress:
         job = load(paths, nsys, progress=progress, side_by_side=True)
     result = diff_lib.diff(job, per_step, top, noise, marks)
-    tables = result.display_tables()
     fmt = file_format(fmt, out)
+    tables = result.data_tables() if fmt == "csv" else result.display_tables()
     if fmt == "md":
         text = "\n\n".join(
             ["# profkit diff", "\n".join(f"- {line}" for line in result.lines())]

@@ -33,7 +33,15 @@ from rich.table import Table
 from rich.text import Text
 
 from profkit.analysis.names import fit_names
-from profkit.formats import cell_text, check_format, dumps, file_format, markdown_table, write_text
+from profkit.formats import (
+    cell_text,
+    check_format,
+    dumps,
+    file_format,
+    markdown_table,
+    table_id,
+    write_text,
+)
 
 if TYPE_CHECKING:
     from profkit.traces.columns import Progress as ReadProgress
@@ -183,15 +191,23 @@ def rich_table(
 
 def csv_text(tables: Sequence[tuple[str, pd.DataFrame]]) -> str:
     """One CSV table, whatever the number of tables: several are stacked, each row led by
-    its table's title in a ``table`` column, under the union of their columns (a cell a
-    table does not have is empty), so that one ``read_csv`` reads them all."""
+    its table's machine name (:func:`~profkit.formats.table_id`: ``phases``,
+    ``top_kernels``, ...) in a ``table`` column, under the union of their columns (a cell a
+    table does not have is empty), so that one ``read_csv`` reads them all. A column of
+    integers stays integers (``1436``, not ``1436.0``) where other tables leave it empty."""
     if len(tables) == 1:
         return tables[0][1].to_csv(index=False)
-    stacked = pd.concat(
-        [df.assign(table=title)[["table", *df.columns]] for title, df in tables],
-        ignore_index=True,
-        sort=False,
-    )
+    frames = [df.assign(table=table_id(title))[["table", *df.columns]] for title, df in tables]
+    integers = {
+        column
+        for df in frames
+        for column in df.columns
+        if pd.api.types.is_integer_dtype(df[column])
+        and all(pd.api.types.is_integer_dtype(f[column]) for f in frames if column in f)
+    }
+    stacked = pd.concat(frames, ignore_index=True, sort=False)
+    for column in integers:
+        stacked[column] = stacked[column].astype("Int64")
     return stacked.to_csv(index=False)
 
 

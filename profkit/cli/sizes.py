@@ -14,5 +14,5 @@ from profkit.workload import specs
 def sizes(fmt: FormatOpt = "table", out: OutOpt = None) -> None:
     """Model sizes: d_model, d_ff, layers, heads and parameter counts (no weights allocated)."""
     rows = specs.sizes()
-    table = pd.DataFrame(rows).rename(columns={"non_embedding_params": "params w/o LM head"})
+    table = pd.DataFrame(rows)  # one name per quantity: the JSON's, non_embedding_params
     emit_tables([("Model sizes", table)], fmt, out, json_value=rows)

@@ -116,9 +116,7 @@ def _code_version(row: Row) -> str:
 
 
 def sizes_section() -> Section:
-    table = pd.DataFrame(specs.sizes()).rename(
-        columns={"non_embedding_params": "params w/o LM head"}
-    )
+    table = pd.DataFrame(specs.sizes())
     return Section(
         "Model sizes",
         "The CS336 `BasicsTransformerLM` in every size (`profkit sizes`): vocabulary 10,000, "

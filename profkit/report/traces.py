@@ -32,7 +32,7 @@ TRACE_SUFFIXES = (".nsys-rep", ".sqlite", ".pt.trace.json", ".json.gz", ".json")
 KERNEL_COLUMNS = {
     "short_name": "kernel",
     "category": "category",
-    "time_%": "time %",
+    "share %": "share %",
     "total_ms": "total ms",
     "instances": "calls",
     "avg_us": "avg µs",
@@ -153,10 +153,10 @@ def _trace_body(
         lines += _ranks_part(report, stem, out_dir, pictures)
     phases = report.phases.copy()
     if report.activities:
-        phases.insert(list(phases.columns).index("share"), "time_%", 100 * phases["share"])
+        phases.insert(list(phases.columns).index("share"), "share %", 100 * phases["share"])
         lines.append(markdown_table(phases.drop(columns=["share"])))
         top = report.top_kernels().rename(columns=KERNEL_COLUMNS)
-        top["time %"] = 100 * report.top_kernels()["share"]
+        top["share %"] = 100 * report.top_kernels()["share"]
         lines.append(
             f"Top {len(top)} by GPU time (kernels, memcpy, memset), all phases:\n\n"
             + markdown_table(top[list(KERNEL_COLUMNS.values())])

@@ -357,8 +357,14 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
     if "threads" in frame and frame["threads"].astype(str).nunique() > 1:
         out.insert(len(columns), "threads", frame["threads"].astype("Int64"))
     if any(stability_note(row) for row in rows):
-        cv = pd.to_numeric(frame.get("step_cv"), errors="coerce") * 100
-        out["cv %"] = cv.where(frame["status"] == "ok").round(1)
+        # From the stored step times, as stability_note judges: older rows have no step_cv.
+        cv = [
+            coefficient_of_variation(list(r.get("step_times_ms") or []))
+            if r.get("status") == "ok"
+            else None
+            for r in rows
+        ]
+        out["cv %"] = [None if c is None else round(100 * c, 1) for c in cv]
     if failed:
         out["error"] = frame["error"].map(
             lambda e: (

@@ -1,0 +1,126 @@
+"""What a new user sees in the first hour (issue 27), as they type it: narrow terminals,
+csv and json a script reads, markdown that renders, and help that says what to type."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from cli_run import profkit
+from nsys_data import SMALL_FP32, unpack
+from rich.console import Console
+from typer.testing import CliRunner
+
+from profkit.cli import app
+from profkit.cli.render import rich_table
+from profkit.run import bench as bench_lib
+from profkit.workload.config import WorkloadConfig
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return unpack(SMALL_FP32, tmp_path_factory.mktemp("nsys"))
+
+
+def invoke(*args: str | Path) -> str:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_kernels_csv_has_machine_table_names_and_integer_counts(small: Path) -> None:
+    frame = pd.read_csv(io.StringIO(invoke("kernels", small, "-f", "csv", "-n", "3")))
+    assert list(dict.fromkeys(frame["table"])) == ["phases", "top_kernels", "ranges", "categories"]
+    phases = frame[frame["table"] == "phases"].set_index("phase")
+    assert phases.loc["forward", "kernels"] == 1436
+    text = invoke("kernels", small, "-f", "csv")  # blank where a table has no such column,
+    assert "phases,forward,2,1436,24,0," in text and ".0," not in text.split("\n")[1]
+    # One name per quantity: `share`, a fraction, as in the JSON (people read `share %`).
+    assert "time_%" not in frame and "share %" not in frame
+    assert phases["share"].sum() == pytest.approx(1.0)
+    top = frame[frame["table"] == "top_kernels"]
+    assert set(top["phase"]) == {"all", "forward", "backward", "optimizer"}
+    assert top["name"].str.startswith("sm80_xmma_gemm").any()  # full names for scripts
+
+
+def test_kernels_json_carries_every_column(small: Path) -> None:
+    out = json.loads(invoke("kernels", small, "-f", "json", "-n", "3"))
+    forward = out["phases"][0]
+    assert (forward["instances"], forward["kernels"]) == (2, 1436)
+    assert forward["cpu_time_ms"] > 0 and forward["python_ms"] > 0
+    kernel = out["kernels"][0]
+    assert {"grid", "block", "short_name", "instances", "avg_us"} <= set(kernel)
+    softmax = next(r for r in out["ranges"] if r["range"] == "computing softmax")
+    assert softmax["cpu_time_ms"] > 0 and softmax["mflop"] == pytest.approx(3.93216)
+
+
+def test_markdown_shows_template_names_as_code(small: Path) -> None:
+    md = invoke("kernels", small, "-f", "md")
+    assert "&lt;" not in md
+    assert "| `elementwise_kernel<128, 2, BinaryFunctor<float, MulFunctor<float>>>` |" in md
+    assert "| share % |" in md or " share % |" in md
+
+
+def test_sizes_use_one_name_everywhere() -> None:
+    rows = json.loads(invoke("sizes", "-f", "json"))
+    csv = pd.read_csv(io.StringIO(invoke("sizes", "-f", "csv")))
+    assert list(csv.columns) == list(rows[0])  # non_embedding_params in both
+    assert "non_embedding_params" in invoke("sizes", "-f", "md")
+
+
+def test_diff_csv_is_data_not_display(small: Path, tmp_path: Path) -> None:
+    frame = pd.read_csv(io.StringIO(invoke("diff", small, small, "-f", "csv", "-n", "0")))
+    assert set(frame["table"]) == {"phases", "categories"}  # the same file: nothing moved
+    assert {"a_kernels", "b_kernels", "a_ms", "delta_pct"} <= set(frame.columns)
+    assert frame["a_kernels"].dtype.kind == "i"
+
+
+def test_piped_output_follows_columns(small: Path) -> None:
+    """A script that asks for 80 columns through a pipe gets them (it was fixed at 200)."""
+    for args in (("kernels", str(small), "-n", "5"), ("sizes",)):
+        narrow = profkit(*args, cwd=small.parent, env={"COLUMNS": "80"})
+        assert narrow.returncode == 0, narrow.stderr
+        assert max(map(len, narrow.stdout.splitlines())) <= 80
+    wide = profkit("kernels", str(small), "-n", "5", cwd=small.parent, drop=("COLUMNS",))
+    assert max(map(len, wide.stdout.splitlines())) > 80  # no COLUMNS: as wide as it needs
+
+
+def _row(mode: str, step_ms: list[float]) -> bench_lib.Row:
+    config = WorkloadConfig(size="tiny", ctx=128, steps=len(step_ms), mode=mode, device="cpu")
+    phases = ("forward_ms", "backward_ms", "optimizer_ms") if mode == "train" else ("forward_ms",)
+    steps = [{p: t / len(phases) for p in phases} for t in step_ms]
+    return bench_lib.bench_row(config, {"status": "ok", "steps": steps, "threads": 1}, {})
+
+
+def test_bench_at_80_columns_keeps_the_phase_split() -> None:
+    rows = [_row("forward", [40.0, 60.0, 50.0]), _row("train", [120.0, 121.0, 119.0])]
+    console = Console(width=80, record=True, color_system=None)
+    console.print(rich_table(bench_lib.table(rows), bench_lib.title(rows), width=80))
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "fwd ms" in line)
+    for column in ("size", "ctx", "mode", "fwd ms", "bwd ms", "opt ms", "step ms", "cv %"):
+        assert column in header, column
+    assert "status" not in header  # every row ok: the column says nothing
+    assert max(map(len, text.splitlines())) <= 80
+
+
+def test_help_reads_as_a_user_types() -> None:
+    top = invoke("--help")
+    assert "<bool>" not in top
+    diff = invoke("diff", "--help")
+    assert "diff [OPTIONS] A B" in " ".join(diff.split()) and "[A B]..." not in diff
+    assert "list[" not in diff and "--noise" in diff
+    bench = invoke("bench", "--help")
+    assert "list[" not in bench and "SIZE..." in bench and "both" in bench
+    torch_help = " ".join(invoke("torch", "--help").split())
+    # torch runs one config: no lists, no `--compile both` that it would then refuse.
+    assert "SIZE..." not in torch_help and "Model size:" in torch_help
+    assert "no | yes." in torch_help and "yes | both" not in torch_help
+    assert "kernels [OPTIONS] TRACE..." in " ".join(invoke("kernels", "--help").split())
+    refused = runner.invoke(app, ["torch", "--size", "tiny", "small"])
+    assert refused.exit_code == 2
