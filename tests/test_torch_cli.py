@@ -146,7 +146,8 @@ def test_cuda_sort_on_cpu_falls_back_with_a_note() -> None:
         (["--sort", "self_cpu_mem"], "--sort self_cpu_mem needs --profile-memory"),
         (["--row-limit", "-1"], "--row-limit must be 0"),
         (["--name", "../escape"], "--name '../escape'"),
-        (["--size", "tiny", "small"], "runs one config"),
+        (["--size", "tiny", "small"], "unexpected extra argument"),  # one value: --help says so
+        (["--compile", "both"], "runs one config"),
         (["--format", "xml"], "unknown --format 'xml'"),
         (["--ctx", "0"], "--ctx must be between"),
         (["--device", "cuda"], "no CUDA device"),

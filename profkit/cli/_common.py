@@ -35,6 +35,28 @@ F = TypeVar("F", bound=Callable[..., Any])
 _NEGATIVE_NUMBER = re.compile(r"^-\d")
 
 
+def readable_placeholders(params: list[Any]) -> None:
+    """Help that reads as a user types: a flag takes no value (typer showed ``--bf16
+    <bool>``); a list option takes names (``--size SIZE...``, not ``<list[str]>``); an
+    argument with a metavar shows just it (``diff A B``, not ``[A B]...``)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+        elif getattr(param, "param_type_name", "") == "option" and param.metavar is None:
+            if getattr(param, "multiple", False):
+                param.metavar = f"{(param.name or 'value').upper()}..."
+        elif getattr(param, "param_type_name", "") == "argument":
+            metavar = param.metavar
+            if metavar is None:  # SNAPSHOT, PATH... (typer wrote `{snapshot}`)
+                metavar = (param.name or "value").upper() + ("..." if param.nargs != 1 else "")
+                param.metavar = metavar
+            if metavar is not None:
+                # the usage line (typer wrote `[A B]...`, `{path}...`) and the type column
+                param._usage_display_name = lambda *_, _m=metavar, **__: _m
+                param.make_metavar = lambda *_, _m=metavar, **__: _m
+                param.display_type_rich = lambda *_, **__: ""
+
+
 class ListOptionsCommand(typer.core.TyperCommand):
     """Lets a list option take several values after one flag: ``--size small medium``.
 
@@ -51,11 +73,7 @@ class ListOptionsCommand(typer.core.TyperCommand):
             # paragraph, one line, wrapped by the terminal.
             paragraphs = inspect.cleandoc(self.help).split("\n\n")
             self.help = "\n\n".join(" ".join(p.split()) for p in paragraphs)
-        for param in self.params:
-            # Typer's help gives every option a type column; a flag takes no value, so
-            # `--bf16 <bool>` would read as if it wanted one.
-            if getattr(param, "is_flag", False) and param.metavar is None:
-                param.metavar = ""
+        readable_placeholders(self.params)
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)
@@ -414,7 +432,9 @@ def _one_process(config: WorkloadConfig) -> WorkloadConfig:
     return config
 
 
-def workload_options(*, filters: bool = False, **defaults: Any) -> Callable[[F], F]:
+def workload_options(
+    *, filters: bool = False, single: bool = False, **defaults: Any
+) -> Callable[[F], F]:
     """Give a command the workload options; it receives them as one ``workload`` argument.
 
     Stack it under ``@command(...)``. The command declares ``workload: WorkloadOptions`` where
@@ -422,7 +442,9 @@ def workload_options(*, filters: bool = False, **defaults: Any) -> Callable[[F],
     so every command shows the same options, help and choices. ``defaults`` change a default
     for this command alone (``steps=1``); all others are ``WorkloadConfig``'s. With
     ``filters=True`` no option has a default and every one takes several values: an option
-    left out matches any value.
+    left out matches any value. With ``single=True`` (a command that runs one config:
+    ``torch``, ``nsys``) every option takes one value and ``--help`` offers no list and no
+    ``--compile both``, which that command would refuse.
     """
     unknown = set(defaults) - set(WORKLOAD_OPTIONS)
     if unknown:
@@ -433,7 +455,9 @@ def workload_options(*, filters: bool = False, **defaults: Any) -> Callable[[F],
         params = list(signature.parameters.values())
         at = [p.name for p in params].index("workload")
         kind = params[at].kind  # keyword-only where an argument stands before it
-        params[at : at + 1] = [_parameter(option, filters, defaults, kind) for option in _OPTIONS]
+        params[at : at + 1] = [
+            _parameter(option, filters, defaults, kind, single) for option in _OPTIONS
+        ]
         # Typer hands a parameter annotated with Context the click context: it tells the
         # options typed from those left at their defaults.
         params.insert(at, inspect.Parameter(_CONTEXT, kind, default=None, annotation=typer.Context))
@@ -456,7 +480,7 @@ _CONTEXT = "workload_context"
 
 
 def _parameter(
-    option: _WorkloadOption, filters: bool, defaults: dict[str, Any], kind: Any
+    option: _WorkloadOption, filters: bool, defaults: dict[str, Any], kind: Any, single: bool
 ) -> inspect.Parameter:
     """The ``inspect.Parameter`` Typer reads for ``option``: type, flags, help, default."""
     default: Any = defaults.get(option.name, _CONFIG_DEFAULTS.get(option.name, False))
@@ -469,12 +493,16 @@ def _parameter(
         annotation, default, show = list[option.kind], [], "any"  # type: ignore[name-defined]
     elif option.name == "compile":
         annotation, default = str, "yes" if default else "no"
-    elif option.sweeps:
+    elif option.sweeps and not single:
         annotation, default = list[option.kind], [default]  # type: ignore[name-defined]
     else:  # a single value; None (threads) means "let profkit choose"
         annotation = option.kind if default is not None else option.kind | None
         show = default is not None
     text = (option.filter_help or option.help) if filters else option.help
+    if single:  # one value: `Model size: ...`; compile `no | yes`
+        text = text.replace("(s)", "")
+        if option.name == "compile":
+            text = f"{' | '.join(k for k in COMPILE_CHOICES if k != 'both')}."
     info = typer.Option(*option.flags, help=text, show_default=show)
     return inspect.Parameter(
         option.name, kind, default=default, annotation=Annotated[annotation, info]

@@ -33,6 +33,18 @@ class OneLineErrors(typer.core.TyperGroup):
     click's usage block or typer's boxed panel (4-6 lines). A reader that leaves stdout's
     pipe (``profkit kernels T | head -1``) is no error at all: see :func:`_quiet_exit`."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:  # --version is a flag: no `<bool>` beside it
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""  # --help is a flag too
+        return option
+
     def main(self, *args: Any, **kwargs: Any) -> NoReturn:
         kwargs["standalone_mode"] = False
         stdout_was_devnull = _stdout_is_devnull()

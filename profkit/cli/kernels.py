@@ -23,6 +23,7 @@ from profkit.traces.job import Job, load
 PathArg = Annotated[
     list[Path],
     typer.Argument(
+        metavar="TRACE...",
         help="Trace file(s): Nsight Systems .sqlite or .nsys-rep (exported with nsys and cached "
         "beside it), or a torch.profiler Chrome trace .json[.gz]. Several paths: the per-rank "
         "torch traces of one run, or several nodes' nsys reports of one job, are read as one "

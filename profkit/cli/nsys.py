@@ -89,7 +89,7 @@ DryRunOpt = Annotated[
 
 
 @command(app)
-@workload_options()
+@workload_options(single=True)
 def nsys(
     program: ProgramArg = None,
     *,

@@ -66,7 +66,7 @@ NameOpt = Annotated[
 
 
 @command(app, name="torch")
-@workload_options(steps=1)
+@workload_options(single=True, steps=1)
 def torch_(
     workload: WorkloadOptions,
     record_shapes: RecordShapesOpt = False,
