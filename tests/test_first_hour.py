@@ -124,3 +124,37 @@ def test_help_reads_as_a_user_types() -> None:
     assert "kernels [OPTIONS] TRACE..." in " ".join(invoke("kernels", "--help").split())
     refused = runner.invoke(app, ["torch", "--size", "tiny", "small"])
     assert refused.exit_code == 2
+
+
+def test_the_cache_is_capped_shown_and_cleared(
+    small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`profkit cache` lists what it holds; a cap keeps the most recently used; `clear`
+    empties it (the traces themselves stay)."""
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PROFKIT_CACHE", raising=False)
+    copies = []
+    for index in range(3):
+        copy = tmp_path / f"t{index}.sqlite"
+        copy.write_bytes(small.read_bytes())
+        copies.append(copy)
+    invoke("kernels", copies[0], "-n", "1")
+    invoke("kernels", copies[1], "-n", "1")
+    held = json.loads(invoke("cache", "info", "-f", "json"))
+    assert held["entries"] == 2 and held["dir"] == str(tmp_path / "cache")
+    assert [t["trace"] for t in held["traces"]] == [str(copies[1]), str(copies[0])]
+    one = max(t["size_bytes"] for t in held["traces"])
+    # A cap of a bit more than one entry: reading a third keeps only it, the newest.
+    monkeypatch.setenv("PROFKIT_CACHE_MAX_MB", str(1.5 * one / (1 << 20)))
+    invoke("kernels", copies[2], "-n", "1")
+    held = json.loads(invoke("cache", "-f", "json"))
+    assert [t["trace"] for t in held["traces"]] == [str(copies[2])]
+    assert held["size_bytes"] <= held["max_bytes"]
+    assert "t2.sqlite" in invoke("cache")  # the table names the trace (cut to fit)
+    cleared = runner.invoke(app, ["cache", "clear", "--yes"])
+    assert cleared.exit_code == 0 and "removed 1 cached trace(s)" in cleared.stderr
+    assert json.loads(invoke("cache", "-f", "json"))["entries"] == 0
+    assert all(c.exists() for c in copies)
+    monkeypatch.setenv("PROFKIT_CACHE_MAX_MB", "lots")
+    bad = runner.invoke(app, ["cache"])
+    assert bad.exit_code == 2 and "PROFKIT_CACHE_MAX_MB must be a number" in bad.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 from profkit.cli import (  # noqa: F401  (importing a command module registers it)
     attention,
     bench,
+    cache,
     compare,
     demo,
     diff,

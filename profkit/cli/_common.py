@@ -57,6 +57,20 @@ def readable_placeholders(params: list[Any]) -> None:
                 param.display_type_rich = lambda *_, **__: ""
 
 
+class PlainGroup(typer.core.TyperGroup):
+    """A command group (``memory``, ``cache``) whose help reads as its commands' do."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        readable_placeholders(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""  # --help is a flag
+        return option
+
+
 class ListOptionsCommand(typer.core.TyperCommand):
     """Lets a list option take several values after one flag: ``--size small medium``.
 

@@ -18,6 +18,7 @@ from profkit.cli._common import (
     DbOpt,
     FormatOpt,
     OutOpt,
+    PlainGroup,
     TimeoutOpt,
     WorkloadOptions,
     command,
@@ -31,7 +32,7 @@ from profkit.run.results import DEFAULT_DB
 from profkit.workload.config import WorkloadConfig
 
 
-class DefaultToCapture(typer.core.TyperGroup):
+class DefaultToCapture(PlainGroup):
     """A group that hands arguments not naming a subcommand to ``capture``."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:

@@ -38,7 +38,9 @@ changed in place, so another process may replace or remove it at any time: a rea
 either the old files or the new, never a mix, and never deletes an entry. The seal guards
 against damage, not forgery: a file rewritten with a matching CRC is trusted (its codes
 are still checked against their tables, the derived arrays' values are not). Off with
-``PROFKIT_CACHE=0`` or ``--no-cache``.
+``PROFKIT_CACHE=0`` or ``--no-cache``. The cache is capped (``$PROFKIT_CACHE_MAX_MB``,
+least recently used entries go first) and ``profkit cache`` shows or clears it:
+:mod:`.cache_size`.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from profkit.traces import cache_files as files
+from profkit.traces import cache_size
 from profkit.traces.columns import KEPT, SHAPE, ActivityColumns, Derived, RowMap
 from profkit.traces.schema import KINDS, RANGE_COLUMNS, conform
 
@@ -107,7 +110,12 @@ def entry_dir(trace: Path, variant: str = "") -> Path:
     that is not UTF-8 has one too), and of the ``variant`` of the read it keeps, if any."""
     key = os.fsencode(trace.resolve()) + (b"\0" + variant.encode() if variant else b"")
     digest = hashlib.sha256(key).hexdigest()[:24]
-    return cache_dir() / "columns" / digest
+    return entries_dir() / digest
+
+
+def entries_dir() -> Path:
+    """The folder of the cache's entries, one folder each."""
+    return cache_dir() / "columns"
 
 
 def identity(trace: Path, variant: str = "") -> dict[str, Any]:
@@ -158,6 +166,9 @@ def cached_columns(
         columns = read()
         if not _unchanged(trace, expected, variant) or not store(entry, expected, columns):
             return _finished(columns, finish)  # nothing in the entry to add derived files to
+        cache_size.trim(entry.parent, INDEX, keep=entry)  # under its cap: PROFKIT_CACHE_MAX_MB
+    else:
+        cache_size.touch(entry)  # used now: trimming keeps it longest
     columns.keep = lambda name, derived: store_derived(entry, expected, name, derived)
     return _finished(columns, finish)
 
