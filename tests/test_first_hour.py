@@ -158,3 +158,35 @@ def test_the_cache_is_capped_shown_and_cleared(
     monkeypatch.setenv("PROFKIT_CACHE_MAX_MB", "lots")
     bad = runner.invoke(app, ["cache"])
     assert bad.exit_code == 2 and "PROFKIT_CACHE_MAX_MB must be a number" in bad.stderr
+
+
+def test_a_sweep_reports_each_step_and_a_slow_cpu_run_says_so(tmp_path: Path) -> None:
+    config = WorkloadConfig(size="tiny", ctx=16, warmup=1, steps=2, mode="train", device="cpu")
+    seen: list[tuple[int, int, int]] = []
+    rows = bench_lib.bench([config], tmp_path / "r.db", on_step=lambda *step: seen.append(step))
+    assert rows[0]["status"] == "ok"
+    assert seen and seen[-1] == (0, 3, 3)  # the 3rd of 1 warm-up + 2 timed steps
+    assert [s[1] for s in seen] == sorted(s[1] for s in seen)
+    # Anything but tiny on a CPU: a note before the sweep (here cut short by --timeout).
+    slow = profkit(
+        "bench", "--size", "small", "--ctx", "16", "--device", "cpu", "--timeout", "1",
+        "--db", str(tmp_path / "s.db"), cwd=tmp_path,
+    )  # fmt: skip
+    assert "note: on a CPU, small takes seconds to minutes per step" in slow.stderr
+    assert "`--size tiny`" in slow.stderr
+    assert "[1/1] small-ctx16-train-fp32: running" in slow.stderr  # a log sees the start
+
+
+def test_memory_plot_says_what_it_is_doing(tmp_path: Path) -> None:
+    from nsys_data import DATA
+
+    from profkit.memory.plot import plot_file
+
+    stages: list[str] = []
+    snapshot = DATA / "memory-tiny-ctx64-train-fp32.pickle.xz"
+    plot_file(snapshot, tmp_path / "t.png", stage=stages.append)
+    assert stages == [
+        f"reading {snapshot.name}",
+        "rebuilding allocated memory at every event",
+        "drawing t.png",
+    ]

@@ -18,11 +18,12 @@ from profkit.cli._common import (
 )
 from profkit.cli.app import app
 from profkit.cli.render import err_console
-from profkit.cli.views import render_comparison, render_rows, sweep_progress
+from profkit.cli.views import render_comparison, render_rows, step_progress
 from profkit.errors import ProfkitError
 from profkit.formats import check_format
 from profkit.run import bench as bench_lib
 from profkit.run.results import DEFAULT_DB, check_db
+from profkit.workload.config import WorkloadConfig
 
 ResumeOpt = Annotated[
     bool, typer.Option("--resume", help="Skip configs the DB already holds (ok or oom).")
@@ -65,8 +66,9 @@ def bench(
     # `--device cuda` without CUDA, a corrupt DB: one line, before the bar or any child.
     bench_lib.resolve_devices(configs)
     check_db(db)
-    with sweep_progress(configs) as (on_start, on_row):
-        rows = bench_lib.bench(configs, db, resume, timeout, on_start, on_row)
+    _hint_on_cpu(configs)
+    with step_progress(configs) as (on_start, on_row, on_step):
+        rows = bench_lib.bench(configs, db, resume, timeout, on_start, on_row, on_step)
     err_console.print(f"results database: {db}", highlight=False)
     if compare is not None:
         render_comparison(compare_lib.compare(rows, compare), fmt, out)
@@ -76,4 +78,19 @@ def bench(
         raise ProfkitError(
             f"every config failed ({len(rows)} with status error); the rows, with their "
             f"errors, are in {db}"
+        )
+
+
+def _hint_on_cpu(configs: list[WorkloadConfig]) -> None:
+    """A CPU sweep of anything but `tiny` takes minutes: say so before it starts."""
+    devices = bench_lib.resolve_devices(configs)
+    slow = [c for c in configs if devices[c.device] == "cpu" and c.size != "tiny"]
+    if slow:
+        sizes = ", ".join(dict.fromkeys(c.size for c in slow))
+        err_console.print(
+            f"[dim]note: on a CPU, {sizes} takes seconds to minutes per step "
+            f"({sum((c.warmup + c.steps) for c in slow)} steps in all); "
+            "`--size tiny` (or `profkit demo`) runs in seconds[/]",
+            highlight=False,
+            soft_wrap=True,
         )

@@ -175,7 +175,10 @@ def plot(
 
     if fmt not in PLOT_FORMATS:
         raise BadInput(f"unknown --format {fmt!r}; choose one of: {', '.join(PLOT_FORMATS)}")
-    result = plot_file(snapshot, out, html, detail, sites, title)
+    with err_console.status("reading the snapshot") as status:  # stderr, a terminal only
+        result = plot_file(
+            snapshot, out, html, detail, sites, title, stage=lambda what: status.update(what)
+        )
     if fmt == "json":
         print(dumps(result))
         return

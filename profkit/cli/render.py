@@ -28,6 +28,7 @@ from rich.progress import (
     Task,
     TextColumn,
     TimeElapsedColumn,
+    TimeRemainingColumn,
 )
 from rich.table import Table
 from rich.text import Text
@@ -85,6 +86,7 @@ def progress_bar(on: Console | None = None) -> Progress:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),
         _CurrentColumn(),
         console=target,
         transient=True,

@@ -18,21 +18,44 @@ from profkit.workload.config import WorkloadConfig
 def sweep_progress(
     configs: Sequence[WorkloadConfig], description: str = "bench"
 ) -> Iterator[tuple[bench_lib.StartHook, bench_lib.RowHook]]:
-    """A progress bar on stderr plus one line per finished config; yields bench's two hooks."""
+    """A progress bar on stderr plus one line per finished config; yields bench's two hooks.
+    (:func:`step_progress` adds the steps of the config running.)"""
+    with step_progress(configs, description) as (on_start, on_row, _):
+        yield on_start, on_row
+
+
+@contextmanager
+def step_progress(
+    configs: Sequence[WorkloadConfig], description: str = "bench"
+) -> Iterator[tuple[bench_lib.StartHook, bench_lib.RowHook, bench_lib.StepHook]]:
+    """The sweep's bar, and under it the running config's steps with the time left at the
+    pace so far; one line per finished config. Off a terminal the bars are off and a line
+    says each config's start, so a log shows where a long run is."""
     total = len(configs)
-    # Off a terminal the bar is off; the one line per config stays.
     with progress_bar() as progress:
         task = progress.add_task(description, total=total)
+        steps = progress.add_task("steps", total=None, visible=False)
 
         def on_start(index: int, config: WorkloadConfig) -> None:
             progress.update(task, current=config.label())
+            progress.reset(steps, total=None, visible=False)
+            if not progress.console.is_terminal:
+                line = f"[{index + 1}/{total}] {config.label()}: running"
+                progress.console.print(line, highlight=False, soft_wrap=True)
+
+        def on_step(index: int, started: int, of: int) -> None:
+            label = f"step {started}/{of}"
+            progress.update(
+                steps, total=of, completed=max(started - 1, 0), visible=True, current=label
+            )
 
         def on_row(index: int, row: bench_lib.Row, resumed: bool) -> None:
             line = _row_line(index, total, row, resumed)
             progress.console.print(line, highlight=False, soft_wrap=True)
             progress.update(task, advance=1, current="")
+            progress.update(steps, visible=False)
 
-        yield on_start, on_row
+        yield on_start, on_row, on_step
 
 
 def _row_line(index: int, total: int, row: bench_lib.Row, resumed: bool) -> str:

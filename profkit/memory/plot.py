@@ -11,7 +11,7 @@ and the largest allocations alive at the peak are labelled with their call sites
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -320,8 +320,11 @@ def plot_file(
     detail: int = 2_000,
     sites: int = 10,
     title: str | None = None,
+    stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Load a snapshot safely and draw its timeline (and optionally torch's HTML viewer).
+    ``stage(what)`` says what it is doing as it goes (reading, rebuilding, drawing: seconds
+    each on a large snapshot).
 
     The picture goes to ``out``, by default ``reports/NAME.png`` (where every command's
     pictures go; never beside the snapshot, which may sit among committed files); the
@@ -340,14 +343,18 @@ def plot_file(
     check_image_path(out)
     for target in (out, out.with_suffix(".html")) if html else (out,):
         check_writable(target)  # before the work: "its parent is a file", not "File exists"
+    say = stage or (lambda what: None)
+    say(f"reading {Path(snapshot_path).name}")
     snapshot = read_snapshot(snapshot_path)
     meta = read_sidecar(snapshot_path) or {}
+    say("rebuilding allocated memory at every event")
     timeline = reconstruct(snapshot)
     if title is None:
         title = f"Active memory timeline: {base.name}"
         capture = meta.get("capture") or {}
         if capture.get("device_name"):
             title += f" ({capture['device_name']})"
+    say(f"drawing {out.name}")
     plot_timeline(timeline, out, title, detail, sites, phase_marks=meta.get("phase_marks") or [])
     result: dict[str, Any] = {
         "image": str(out),

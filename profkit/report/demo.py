@@ -150,10 +150,16 @@ def _kernels_step(ctx: DemoContext) -> str:
         return "The example export is not in this installation; skipped."
     report = kernel_report(load([EXAMPLE_EXPORT]), top=10)
     ctx.shown += [
-        (f"Phases of {EXAMPLE_EXPORT.name} (H100, small, ctx 128, fp32, 2 steps)", phases_view(report)),
-        ("Top 10 kernels by GPU time, all phases", report.top_kernels(n=10)[
-            ["short_name", "category", "total_ms", "instances"]
-        ].rename(columns={"short_name": "kernel"})),
+        (
+            f"Phases of {EXAMPLE_EXPORT.name} (H100, small, ctx 128, fp32, 2 steps)",
+            phases_view(report),
+        ),
+        (
+            "Top 10 kernels by GPU time, all phases",
+            report.top_kernels(n=10)[["short_name", "category", "total_ms", "instances"]].rename(
+                columns={"short_name": "kernel"}
+            ),
+        ),
     ]
     counted = ["kernels", "memcpy", "memset", "kernel_time_ms", "gpu_time_ms"]
     phases = phases_view(report)

@@ -74,6 +74,9 @@ COLUMN_TYPES: dict[str, type] = {
 Row = dict[str, Any]
 StartHook = Callable[[int, WorkloadConfig], None]
 RowHook = Callable[[int, Row, bool], None]
+StepHook = Callable[[int, int, int], None]
+"""``on_step(index, started, total)``: config ``index`` started its step ``started`` of
+``total`` (warm-up steps included; every rank's, for a run of several processes)."""
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -256,13 +259,15 @@ def bench(
     timeout_s: float | None = None,
     on_start: StartHook | None = None,
     on_row: RowHook | None = None,
+    on_step: StepHook | None = None,
 ) -> list[Row]:
     """Run every config in its own process; return one row per config, in order.
 
     Each finished row is committed to the ``bench`` table of ``db_path`` before the next
     config starts. With ``resume``, a config whose row is already in the DB (``ok`` or
     ``oom``) is not run again; its stored row is returned. ``on_start(index, config)`` is
-    called before a config runs, ``on_row(index, row, resumed)`` after it has a row.
+    called before a config runs, ``on_row(index, row, resumed)`` after it has a row,
+    ``on_step(index, started, total)`` as its process starts each step.
     """
     if not configs:
         raise BadInput("no configs to run")
@@ -296,7 +301,9 @@ def bench(
                 continue
             if on_start:
                 on_start(index, config)
-            result = run_child(concrete, timeout_s=timeout_s)
+            result = run_child(
+                concrete, timeout_s=timeout_s, on_step=_step_hook(on_step, index, concrete)
+            )
             row = bench_row(concrete, result, env, tf32)
             row.update(config_key=key, run_id=run_id, timeout_s=timeout_s)
             row["threads_source"] = "--threads" if config.threads else (chosen and chosen.reason)
@@ -372,6 +379,15 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
             )
         )
     return out
+
+
+def _step_hook(
+    on_step: StepHook | None, index: int, config: WorkloadConfig
+) -> Callable[[int], None] | None:
+    if on_step is None:
+        return None
+    total = (config.warmup + config.steps) * config.nproc
+    return lambda started: on_step(index, min(started, total), total)
 
 
 def stability_note(row: Row) -> str | None:

@@ -17,12 +17,14 @@ of the timed steps per rank, see ``profkit.run.trace_capture``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -96,6 +98,7 @@ def run_config(
             tracer = RankTracer(str((capture_options or {})["stem"]))
             step_start, stop = tracer.hooks(config, ranks.rank)  # steps with the warm-up too
             result["trace"] = str(tracer.path)
+        step_start = _reporting_steps(step_start)
         run = workload.run(on_timed_start=start, on_timed_end=stop, on_step_start=step_start)
         result.update(run.to_dict())
         result["threads"] = torch.get_num_threads()
@@ -110,6 +113,45 @@ def run_config(
     if torch.cuda.is_available() and result["status"] != "ok":
         result.setdefault("peak_memory_bytes", torch.cuda.max_memory_allocated())
     return result
+
+
+PROGRESS_ENV = "PROFKIT_STEP_PROGRESS"
+"""A file the child appends one line to as each step starts (warm-up ones included): what
+the parent shows as per-step progress (:func:`run_child`'s ``on_step``)."""
+
+
+def _reporting_steps(hook: Callable[[int], None] | None) -> Callable[[int], None] | None:
+    """``hook``, also writing each step's start to ``$PROFKIT_STEP_PROGRESS`` when set."""
+    path = os.environ.get(PROGRESS_ENV)
+    if not path:
+        return hook
+
+    def started(index: int) -> None:
+        if hook:
+            hook(index)
+        with contextlib.suppress(OSError), open(path, "a") as handle:
+            handle.write(f"{index}\n")
+
+    return started
+
+
+def _watch_steps(path: Path, on_step: Callable[[int], None], done: threading.Event) -> None:
+    """Call ``on_step(steps started)`` whenever the child's progress file grows."""
+    seen = 0
+    while True:
+        stop = done.wait(PROGRESS_POLL_S)  # one more look once the child has ended
+        try:
+            count = path.read_text().count("\n")
+        except OSError:
+            count = seen
+        if count != seen:
+            seen = count
+            on_step(count)
+        if stop:
+            return
+
+
+PROGRESS_POLL_S = 0.5
 
 
 def _first_line(exc: BaseException) -> str:
@@ -159,13 +201,24 @@ def run_child(
     timeout_s: float | None = None,
     env: dict[str, str] | None = None,
     capture_options: dict[str, Any] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` in a child process (optionally under ``prefix``, e.g. an nsys argv).
 
     Returns the child's result, or an ``error`` result when it died without writing one.
+    ``on_step(n)`` is called (from another thread) as the child starts its n-th step,
+    warm-up steps included: per-step progress of a run that can take minutes.
     """
     with private_tempdir("child") as tmp:
         result_path = tmp / "result.json"
+        watcher = None
+        finished = threading.Event()
+        if on_step is not None:
+            progress = tmp / "steps"
+            env = {**(env or {}), PROGRESS_ENV: str(progress)}
+            watcher = threading.Thread(
+                target=_watch_steps, args=(progress, on_step, finished), daemon=True
+            )
         argv = [*prefix, *child_argv(config, result_path, capture, capture_options)]
         if config.threads is not None:  # OpenMP reads it when torch loads, before any code
             env = {**thread_env(config.threads), **(env or {})}
@@ -179,6 +232,8 @@ def run_child(
             start_new_session=True,  # Ctrl-C reaches us; we end the child's whole group
             preexec_fn=die_with_parent(),  # and SIGKILL of us ends the child too
         )
+        if watcher is not None:
+            watcher.start()
         try:
             _, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -189,6 +244,10 @@ def run_child(
             _kill_group(proc)
             proc.wait()
             raise
+        finally:
+            finished.set()
+            if watcher is not None:
+                watcher.join()
         return collect_result(config, result_path, proc.returncode, stderr)
 
 
