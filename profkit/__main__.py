@@ -1,3 +1,24 @@
-from profkit.cli import main
+"""``python -m profkit`` and the ``profkit`` command: the CLI, after a fast path.
 
-main()
+``profkit --version`` answers before the CLI is imported (its commands load pandas, numpy
+and pyarrow: about a second), so a script asking for the version does not wait for them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--version"]:
+        from profkit import __version__
+
+        print(f"profkit {__version__}")
+        return
+    from profkit.cli import main as cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

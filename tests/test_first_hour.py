@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -190,3 +194,70 @@ def test_memory_plot_says_what_it_is_doing(tmp_path: Path) -> None:
         "rebuilding allocated memory at every event",
         "drawing t.png",
     ]
+
+
+def test_version_answers_without_the_heavy_imports(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.argv = ['profkit', '--version']; "
+        "from profkit.__main__ import main; main(); "
+        "print(sorted(m for m in ('pandas', 'numpy', 'pyarrow', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["profkit 0.1.0", "[]"]
+    assert profkit("--version", cwd=tmp_path).stdout == "profkit 0.1.0\n"
+
+
+def test_the_packaged_example_is_the_checkouts() -> None:
+    """One export, two places: profiles/examples/ for the checkout's README commands, its
+    xz inside the package for an installed wheel's demo."""
+    import lzma
+
+    from profkit.report.demo import EXAMPLE_EXPORT
+
+    checkout = Path(__file__).parents[1] / "profiles" / "examples"
+    assert (
+        lzma.decompress(EXAMPLE_EXPORT.read_bytes())
+        == (checkout / "small-ctx128-train-fp32.sqlite").read_bytes()
+    )
+    sidecar = EXAMPLE_EXPORT.with_name("small-ctx128-train-fp32.profkit.json")
+    assert sidecar.read_bytes() == (checkout / sidecar.name).read_bytes()
+
+
+@pytest.mark.slow
+def test_a_wheel_runs_the_whole_demo(tmp_path: Path) -> None:
+    """Built as a wheel and installed elsewhere, the demo still shows the kernel step, and
+    its report names paths that exist there (not profiles/examples/)."""
+    import shutil
+
+    root = Path(__file__).parents[1]
+    source = tmp_path / "src"
+    shutil.copytree(
+        root / "profkit", source / "profkit", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    built = tmp_path / "wheel"
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(built), str(source)],
+        check=True, capture_output=True, cwd=source,
+    )  # fmt: skip
+    (wheel,) = built.glob("profkit-*.whl")
+    site = tmp_path / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "COLUMNS": "80"}
+    ran = subprocess.run(
+        [sys.executable, "-m", "profkit", "demo", "--device", "cpu"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert (
+        "Top 10 kernels by GPU time" in ran.stdout and "not in this installation" not in ran.stdout
+    )
+    report = (work / "reports" / "demo.md").read_text()
+    assert "profiles/examples" not in report and "| forward | 1,436 |" in report
+    shown = re.search(r"`profkit kernels (\S+)`", report)
+    assert shown is not None and Path(shown[1]).exists() and str(site) in shown[1]
+    assert (work / "reports" / "demo-step.png").exists()

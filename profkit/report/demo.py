@@ -135,10 +135,18 @@ def _step_picture(ctx: DemoContext, rows: list[bench_lib.Row]) -> Path | None:
 
 # A real Nsight Systems export shipped with profkit: the small model, ctx 128, fp32, two
 # training steps, captured by `profkit nsys` on an H100 (so the demo shows GPU kernel
-# tables on any machine, nsys or not).
-EXAMPLE_EXPORT = (
-    Path(__file__).resolve().parents[2] / "profiles" / "examples" / "small-ctx128-train-fp32.sqlite"
-)
+# tables on any machine, nsys or not). Inside the package, xz-compressed (144 KB), so an
+# installed wheel has it too; the same bytes as the checkout's profiles/examples/ (a test
+# holds them equal).
+EXAMPLE_EXPORT = Path(__file__).resolve().parent / "examples" / "small-ctx128-train-fp32.sqlite.xz"
+
+
+def _typed(path: Path) -> str:
+    """``path`` as a user would type it here: relative to the current folder when inside it."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _kernels_step(ctx: DemoContext) -> str:
@@ -146,7 +154,7 @@ def _kernels_step(ctx: DemoContext) -> str:
     from profkit.analysis.presentation import attention_sentence
     from profkit.traces.job import load
 
-    if not EXAMPLE_EXPORT.exists():  # an installed wheel ships no profiles/
+    if not EXAMPLE_EXPORT.exists():  # a package built without its data files
         return "The example export is not in this installation; skipped."
     report = kernel_report(load([EXAMPLE_EXPORT]), top=10)
     ctx.shown += [
@@ -168,7 +176,7 @@ def _kernels_step(ctx: DemoContext) -> str:
     sentence = attention_sentence(report.ranges)
     return (
         f"Where the GPU time of a real training step goes: `profkit kernels "
-        f"{EXAMPLE_EXPORT.relative_to(EXAMPLE_EXPORT.parents[2])}` (small model, ctx 128, fp32, "
+        f"{_typed(EXAMPLE_EXPORT)}` (small model, ctx 128, fp32, "
         "two steps captured by `profkit nsys` on an NVIDIA H100). Backward kernels, which "
         "PyTorch launches from its autograd thread, count in `backward`. `kernels` counts "
         "kernel launches, `memcpy` and `memset` the copies and memsets; `gpu_time_ms` sums "
