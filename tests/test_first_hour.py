@@ -261,3 +261,21 @@ def test_a_wheel_runs_the_whole_demo(tmp_path: Path) -> None:
     shown = re.search(r"`profkit kernels (\S+)`", report)
     assert shown is not None and Path(shown[1]).exists() and str(site) in shown[1]
     assert (work / "reports" / "demo-step.png").exists()
+
+
+def test_report_plot_says_what_it_draws_and_what_it_leaves_out(tmp_path: Path) -> None:
+    from profkit.report import figures, plots
+
+    def row(ctx: int, warmup: int, ms: float) -> bench_lib.Row:
+        config = WorkloadConfig(size="tiny", ctx=ctx, warmup=warmup, steps=3, device="cpu")
+        steps = [
+            {"forward_ms": t, "backward_ms": t, "optimizer_ms": 1.0} for t in (ms, ms + 2, ms - 2)
+        ]
+        return bench_lib.bench_row(config, {"status": "ok", "steps": steps, "threads": 1}, {})
+
+    rows = [row(64, 0, 90.0), row(64, 1, 30.0), row(128, 1, 60.0)]
+    (bars,) = figures.step_bars(rows)
+    assert bars.ctx == 64 and bars.cells[("tiny", "fp32")]["warmup"] == 1  # warm, not cold
+    assert "1 warm-up" in bars.caption and "bars ± std of the step" in bars.caption
+    assert "also in the DB, not drawn: ctx 128; warm-up 0" in bars.caption
+    assert plots.step_time(bars, tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"

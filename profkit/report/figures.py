@@ -54,8 +54,10 @@ class StepBars:
 def step_bars(rows: Sequence[Row]) -> list[StepBars]:
     """Per machine: the train-mode eager rows of the context that covers the most sizes.
 
-    Batch, attention and warm-up are fixed at their most common values among those rows,
-    so the bars differ only in size and dtype (the caption says which values).
+    Batch and attention are fixed at their most common values among those rows and the
+    warm-up at the most steps (warm rows, not the cold first steps a warm-up study adds),
+    so the bars differ only in size and dtype; the caption says which values, and which
+    contexts and warm-ups the DB also holds that are not drawn.
     """
     out = []
     for machine, group in group_by(rows, where).items():
@@ -68,15 +70,28 @@ def step_bars(rows: Sequence[Row]) -> list[StepBars]:
             continue
         sizes_at = group_by(train, lambda r: r["ctx"])
         ctx = max(sizes_at, key=lambda c: (len({r["size"] for r in sizes_at[c]}), -c))
-        chosen = sizes_at[ctx]
-        fixed = {f: _mode_of([r[f] for r in chosen]) for f in ("batch", "attention", "warmup")}
-        chosen = [r for r in chosen if all(r[f] == v for f, v in fixed.items())]
+        at_ctx = sizes_at[ctx]
+        fixed = {f: _mode_of([r[f] for r in at_ctx]) for f in ("batch", "attention")}
+        fixed["warmup"] = max(r["warmup"] for r in at_ctx)
+        chosen = [r for r in at_ctx if all(r[f] == v for f, v in fixed.items())]
         cells = {(r["size"], r["dtype"]): r for r in chosen}  # latest wins
         steps = sorted({r["steps"] for r in chosen})
         caption = (
             f"ctx {ctx} · batch {fixed['batch']} · {fixed['attention']} attention · eager · "
-            f"{fixed['warmup']} warm-up + {'/'.join(map(str, steps))} timed steps (mean)"
+            f"{fixed['warmup']} warm-up + {'/'.join(map(str, steps))} timed steps "
+            "(mean, bars ± std of the step)"
         )
+        others = [
+            f"ctx {', '.join(map(str, sorted(c for c in sizes_at if c != ctx)))}"
+            if len(sizes_at) > 1
+            else "",
+            "warm-up "
+            + ", ".join(map(str, sorted({r["warmup"] for r in at_ctx} - {fixed["warmup"]})))
+            if len({r["warmup"] for r in at_ctx}) > 1
+            else "",
+        ]
+        if any(others):
+            caption += f" · also in the DB, not drawn: {'; '.join(o for o in others if o)}"
         out.append(
             StepBars(
                 where=machine,

@@ -55,7 +55,14 @@ def step_time(bars: StepBars, out: Path) -> Path:
         figsize=(max(6.5, 1.5 + 0.8 * len(bars.sizes) * n_dtypes), 5.2), layout="constrained"
     )
     positions, labels = [], []
-    tallest = max((r["step_ms"] for r in bars.cells.values() if r["status"] == "ok"), default=1.0)
+    tallest = max(
+        (
+            r["step_ms"] + (r.get("step_ms_std") or 0.0)
+            for r in bars.cells.values()
+            if r["status"] == "ok"
+        ),
+        default=1.0,
+    )
     for i, size in enumerate(bars.sizes):
         for j, dtype in enumerate(bars.dtypes):
             x = i + (j - (n_dtypes - 1) / 2) * width
@@ -74,7 +81,11 @@ def step_time(bars: StepBars, out: Path) -> Path:
                 ax.bar(x, value, width * 0.92, bottom=bottom, color=color,
                        label=phase if (i, j) == (0, 0) else None)  # fmt: skip
                 bottom += value
-            ax.text(x, bottom, _ms(row["step_ms"]), ha="center", va="bottom", fontsize=8)
+            spread = row.get("step_ms_std") or 0.0  # the std is known: show it
+            if spread:
+                ax.errorbar(x, bottom, yerr=spread, fmt="none", ecolor="black",
+                            elinewidth=0.8, capsize=3)  # fmt: skip
+            ax.text(x, bottom + spread, _ms(row["step_ms"]), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(positions, labels, minor=True, fontsize=8)
     ax.set_xticks(range(len(bars.sizes)), bars.sizes, fontsize=10, fontweight="bold")
     ax.tick_params(axis="x", which="major", pad=16, length=0)

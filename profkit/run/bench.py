@@ -413,6 +413,9 @@ def title(rows: Sequence[Row]) -> str:
     timing = f"{'/'.join(map(str, warmups))} warm-up + {'/'.join(map(str, steps))} timed steps"
     threads = sorted({r["threads"] for r in rows if r.get("threads")})
     on = f" · {'/'.join(map(str, threads))} CPU thread{'s' if threads != [1] else ''}"
+    sources = {str(r["threads_source"]) for r in rows if r.get("threads_source")}
+    if threads and len(sources) == 1:  # chosen for the user: say from what
+        on += f" ({sources.pop()})"
     caption = (
         f"bench · {where} · torch {first.get('torch_version', '?')} · {timing}"
         f"{on if threads else ''} · times are means (ms) ± std over the timed steps"
