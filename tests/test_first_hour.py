@@ -279,3 +279,20 @@ def test_report_plot_says_what_it_draws_and_what_it_leaves_out(tmp_path: Path) -
     assert "1 warm-up" in bars.caption and "bars ± std of the step" in bars.caption
     assert "also in the DB, not drawn: ctx 128; warm-up 0" in bars.caption
     assert plots.step_time(bars, tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_docs_are_short_and_name_files_the_repo_has() -> None:
+    root = Path(__file__).parents[1]
+    readme = (root / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250  # a newcomer reads it in five minutes
+    missing = []
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        pattern = r"(?<![\w/.])((?:profkit|docs|tests|examples|benchmarks|\.device)/[\w./-]+\.\w+)(?![\w*-])"
+        for match in re.finditer(pattern, text):
+            if text[match.end() : match.end() + 1] == "*":
+                continue  # a pattern (tests/data/nsys-2025.3-h100-*), not a file
+            path = match[1].rstrip(".")
+            if not ((root / path).exists() or (doc.parent / path).exists()):
+                missing.append(f"{doc.name}: {path}")
+    assert not missing  # run outputs (profiles/, reports/) are the user's, not checked
