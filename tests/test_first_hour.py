@@ -296,3 +296,16 @@ def test_docs_are_short_and_name_files_the_repo_has() -> None:
             if not ((root / path).exists() or (doc.parent / path).exists()):
                 missing.append(f"{doc.name}: {path}")
     assert not missing  # run outputs (profiles/, reports/) are the user's, not checked
+
+
+def test_a_snapshot_of_older_code_says_its_sites_moved() -> None:
+    from nsys_data import DATA
+
+    snapshot = DATA / "memory-2.7B-ctx512-train-fp32.pickle.xz"
+    result = runner.invoke(app, ["memory", "summarize", str(snapshot), "-n", "3", "-f", "json"])
+    assert result.exit_code == 0, result.output
+    sites = [s["site"] for s in json.loads(result.stdout)["top_allocations"]]
+    assert "profkit/model.py:82 __init__" in sites  # the code it was captured from
+    assert "profkit/model.py, profkit/workload.py are not in this installation" in " ".join(
+        result.stderr.split()
+    )

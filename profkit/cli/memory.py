@@ -130,6 +130,26 @@ def summarize(
     check_format(fmt)
     summary = summarize_file(snapshot, top, device)
     emit_tables(summary_tables(summary), fmt, out, json_value=summary)
+    gone = _moved_sites(summary)
+    if gone:  # a snapshot of older code: its sites are right, this checkout's files moved
+        err_console.print(
+            f"[dim]note: call sites name the code the snapshot was taken from; "
+            f"{', '.join(gone)} {'is' if len(gone) == 1 else 'are'} not in this "
+            "installation (moved or renamed since)[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _moved_sites(summary: dict[str, Any]) -> list[str]:
+    """profkit files the snapshot's call sites name that this installation does not have."""
+    package = Path(__file__).resolve().parents[1]
+    files = {
+        str(site.get("site", "")).split(":")[0]
+        for site in summary.get("top_allocations") or []
+        if str(site.get("site", "")).startswith("profkit/")
+    }
+    return sorted(f for f in files if not (package.parent / f).exists())
 
 
 PLOT_FORMATS = ("table", "json")
