@@ -148,8 +148,9 @@ class ProfileDiff:
             f"{total['b_ms']:,.3f} ms ({total['delta_ms']:+,.3f} ms{pct}); kernels: "
             f"{groups.replace('_', ' ')}.",
             f"Faster/slower means the time per call changed by more than ±{self.noise_pct:g}% "
-            "(--noise; smaller changes are run-to-run noise); Δ ms = Δ ms calls (runs more or "
-            "fewer times, at A's time per call) + Δ ms per call (each run faster or slower).",
+            "(--noise; smaller changes are run-to-run noise). A kernel's whole change (Δ ms "
+            "all) is what its calls changed, at A's time per call, plus what its time per "
+            "call changed; each group's Δ ms is the part that puts it there.",
             *self.notes,
         ]
 
