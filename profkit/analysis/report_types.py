@@ -144,7 +144,14 @@ def table_records(table: pd.DataFrame, columns: list[str]) -> list[dict[str, Any
             "graphs",
             *columns[columns.index("memset") + 1 :],
         ]
-    return table[columns].to_dict(orient="records") if len(table) else []
+    records = table[columns].to_dict(orient="records") if len(table) else []
+    extra = set(columns) - set(CONTRACT.get(kind or "", []))
+    for record in records:  # an extra that does not apply (a range's mflop) is null
+        for key in extra & record.keys():
+            value = record[key]
+            if isinstance(value, float) and value != value:
+                record[key] = None
+    return records
 
 
 def run_config(sidecar: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
