@@ -456,9 +456,10 @@ def workload_options(
     so every command shows the same options, help and choices. ``defaults`` change a default
     for this command alone (``steps=1``); all others are ``WorkloadConfig``'s. With
     ``filters=True`` no option has a default and every one takes several values: an option
-    left out matches any value. With ``single=True`` (a command that runs one config:
-    ``torch``, ``nsys``) every option takes one value and ``--help`` offers no list and no
-    ``--compile both``, which that command would refuse.
+    left out matches any value. With ``single=True`` (a command that runs one config and
+    takes no program argument: ``torch``) every option takes one value and ``--help``
+    offers no list and no ``--compile both``, which that command would refuse. (``nsys``
+    keeps lists: there a second value would be read as its program, a worse error.)
     """
     unknown = set(defaults) - set(WORKLOAD_OPTIONS)
     if unknown:

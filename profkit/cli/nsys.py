@@ -89,7 +89,7 @@ DryRunOpt = Annotated[
 
 
 @command(app)
-@workload_options(single=True)
+@workload_options()
 def nsys(
     program: ProgramArg = None,
     *,
