@@ -66,3 +66,14 @@ def normalised_text(text: str, **folders: Path) -> str:
         text = text.replace(str(folder), "{" + name + "}")
     text = re.sub(r"• (?:Phases from |Recognized: )[^•]*", "", text)  # the terminal's notes
     return re.sub(r"(?m)^- (?:Phases from |Recognized: ).*\n", "", text)  # markdown's
+
+
+def assert_shows_the_numbers(text: str, report: dict[str, Any]) -> None:
+    """A rendering (markdown, terminal) shows the frozen JSON report's phase rows: each
+    phase, its kernel count and its GPU ms to two decimals. The renderings themselves were
+    frozen before issue 27 changed how tables look (share %, shortened names), so they
+    are held to the numbers, which did not change, rather than to the character."""
+    for row in report["phases"]:
+        assert row["phase"] in text, row["phase"]
+        assert f"{int(row['kernels']):,}" in text or str(int(row["kernels"])) in text, row
+        assert f"{row['gpu_time_ms']:,.2f}" in text or f"{row['gpu_time_ms']:.2f}" in text, row
