@@ -31,6 +31,10 @@ PROFILES_DIR = Path("profiles")
 REPORTS_DIR = Path("reports")
 """Where runs write their markdown reports by default. Committed results live elsewhere
 (``docs/results/``), so no command and no README example can overwrite them."""
+DEFAULT_DB = PROFILES_DIR / "results.db"
+"""The results database every command reads and writes unless given ``--db``. Here, not in
+:mod:`profkit.run.results` (which imports sqlite_utils, and with it pandas), so that the
+options that show it as a default are declared without importing pandas."""
 
 
 def output_dirs(out_dir: Path | None, reports_dir: Path | None = None) -> tuple[Path, Path]:

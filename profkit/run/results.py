@@ -19,10 +19,10 @@ from typing import Any
 import sqlite_utils
 
 from profkit.errors import BadInput, warn
-from profkit.files import check_readable, check_writable
+from profkit.files import DEFAULT_DB, check_readable, check_writable
 from profkit.workload.config import RUN_FIELDS, WorkloadConfig
 
-DEFAULT_DB = Path("profiles/results.db")
+__all__ = ["DEFAULT_DB"]  # the results DB's default path, declared in profkit.files
 SQLITE_HEADER = b"SQLite format 3\x00"
 # A second sweep writing the same DB waits for the lock instead of failing at once.
 BUSY_TIMEOUT_S = 30.0

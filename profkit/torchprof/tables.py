@@ -16,11 +16,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from profkit.errors import BadInput
+
+if TYPE_CHECKING:  # imported where a table is built: `profkit torch --help` shows
+    import pandas as pd  # SORT_CHOICES without importing pandas (tests/test_startup.py)
 
 MIB = 1024**2
 STACK_FRAMES = 2
@@ -143,6 +144,8 @@ def averages_table(
     are left out (they are the Source Location column); their time stays in the
     percentages' denominators, as in torch's own table.
     """
+    import pandas as pd
+
     events = list(averages)
     self_cpu_sum = sum(_us(e, "self_cpu_time_total") for e in events)
     self_device_sum = sum(
