@@ -22,9 +22,7 @@ from profkit.cli._common import (
 )
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console, progress_bar
-from profkit.formats import check_format
-from profkit.run.results import DEFAULT_DB, check_db
-from profkit.studies import attention_tables
+from profkit.files import DEFAULT_DB
 
 if TYPE_CHECKING:
     from profkit.studies.attention import AttentionSettings, Cell
@@ -86,6 +84,9 @@ def attention(
     core), with as many threads as cores are free; on a GPU the handout's grid.
     """
     # torch loads here, not at `profkit` start-up: trace-reading commands never need it.
+    from profkit.formats import check_format
+    from profkit.run.results import check_db
+    from profkit.studies import attention_tables
     from profkit.studies.attention import AttentionSettings
 
     check_format(fmt)
@@ -115,6 +116,7 @@ def attention(
 
 def _run(settings: AttentionSettings, db: Path, resume: bool) -> list[dict[str, Any]]:
     """Every cell of the grid: a progress bar on the cell being timed, a line per cell done."""
+    from profkit.studies import attention_tables
     from profkit.studies.attention_runner import run_attention
 
     total = len(settings.cells())

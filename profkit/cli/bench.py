@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from profkit.analysis import compare as compare_lib
 from profkit.cli._common import (
     DbOpt,
     FormatOpt,
@@ -20,10 +19,10 @@ from profkit.cli.app import app
 from profkit.cli.render import err_console
 from profkit.cli.views import render_comparison, render_rows, step_progress
 from profkit.errors import ProfkitError
-from profkit.formats import check_format
-from profkit.run import bench as bench_lib
-from profkit.run.results import DEFAULT_DB, check_db
-from profkit.workload.config import WorkloadConfig
+from profkit.files import DEFAULT_DB
+
+if TYPE_CHECKING:
+    from profkit.workload.config import WorkloadConfig
 
 ResumeOpt = Annotated[
     bool, typer.Option("--resume", help="Skip configs the DB already holds (ok or oom).")
@@ -59,6 +58,12 @@ def bench(
 
     Example: profkit bench --size small medium --ctx 128 256 --mode forward train --bf16
     """
+    # Imported here, not at the top: `--help` must not import pandas (tests/test_startup.py).
+    from profkit.analysis import compare as compare_lib
+    from profkit.formats import check_format
+    from profkit.run import bench as bench_lib
+    from profkit.run.results import check_db
+
     check_format(fmt)
     configs = workload.configs()
     if compare is not None:  # a sweep with one dtype has nothing to compare: say so now
@@ -83,6 +88,8 @@ def bench(
 
 def _hint_on_cpu(configs: list[WorkloadConfig]) -> None:
     """A CPU sweep of anything but `tiny` takes minutes: say so before it starts."""
+    from profkit.run import bench as bench_lib
+
     devices = bench_lib.resolve_devices(configs)
     slow = [c for c in configs if devices[c.device] == "cpu" and c.size != "tiny"]
     if slow:

@@ -10,8 +10,10 @@ import typer
 from profkit.cli._common import FormatOpt, PlainGroup, command
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console
-from profkit.traces import cache as cache_lib
 from profkit.traces import cache_size
+
+# profkit.traces.cache (numpy) is imported by each command, not here: `--help` does not
+# import numpy or pandas (tests/test_startup.py).
 
 cache_app = typer.Typer(
     cls=PlainGroup,
@@ -32,6 +34,8 @@ def _default(ctx: typer.Context, fmt: FormatOpt = "table") -> None:
 @command(cache_app, name="info")
 def info(fmt: FormatOpt = "table") -> None:
     """Each cached trace, its size and when it was last used; the total against the cap."""
+    from profkit.traces import cache as cache_lib
+
     held = cache_size.entries(cache_lib.entries_dir(), cache_lib.INDEX)
     cap = cache_size.max_bytes()
     total = sum(e.size_bytes for e in held)
@@ -72,6 +76,8 @@ def clear(
 ) -> None:
     """Remove every cached trace (the traces themselves are untouched; the next read of
     each takes its full time once)."""
+    from profkit.traces import cache as cache_lib
+
     held = cache_size.entries(cache_lib.entries_dir(), cache_lib.INDEX)
     if not held:
         err_console.print(f"the cache at {cache_lib.cache_dir()} is empty", highlight=False)

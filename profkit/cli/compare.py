@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from profkit.analysis import compare as compare_lib
 from profkit.cli._common import (
     FormatOpt,
     OutOpt,
@@ -18,9 +17,7 @@ from profkit.cli._common import (
 from profkit.cli.app import app
 from profkit.cli.views import render_comparison
 from profkit.errors import BadInput
-from profkit.formats import check_format
-from profkit.run import bench as bench_lib
-from profkit.run.results import DEFAULT_DB
+from profkit.files import DEFAULT_DB
 
 FieldArg = Annotated[
     str,
@@ -53,6 +50,11 @@ def compare(
 
     Example: profkit compare dtype --size small medium --mode train
     """
+    # Imported here, not at the top: `--help` must not import pandas (tests/test_startup.py).
+    from profkit.analysis import compare as compare_lib
+    from profkit.formats import check_format
+    from profkit.run import bench as bench_lib
+
     compare_lib.check_field(field)
     check_format(fmt)
     stored = bench_lib.load(db)

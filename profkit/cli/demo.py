@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 
 from profkit.cli._common import DEFAULT_DEVICE, DeviceOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console
 from profkit.cli.views import sweep_progress
-from profkit.report import demo as demo_lib
+
+if TYPE_CHECKING:  # imported where used: `--help` does not import pandas (test_startup)
+    import pandas as pd
+
+    from profkit.report import demo as demo_lib
 
 ProfilesOpt = Annotated[
     Path, typer.Option("--profiles", help="Where the demo's results DB and profiles go.")
@@ -36,6 +39,8 @@ def demo(
     device: DeviceOpt = DEFAULT_DEVICE,
 ) -> None:
     """Benchmark, profile and report in one go: tiny model on a CPU, small on a GPU."""
+    from profkit.report import demo as demo_lib
+
     result = demo_lib.demo(
         profiles, out, device, sweep_progress=sweep_progress, on_step=_announce,
         on_tables=_show,

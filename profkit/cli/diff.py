@@ -7,14 +7,15 @@ from typing import Annotated
 
 import typer
 
-from profkit.analysis import diff as diff_lib
-from profkit.analysis.phase_marks import PhaseRanges
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, PhaseRangesOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
-from profkit.formats import check_format, file_format, markdown_table, write_text
-from profkit.traces.job import load
+
+# --noise's default. profkit.analysis.diff.NOISE_PCT is the same number; it is not imported
+# here because that imports pandas, which `--help` must not (tests/test_startup.py checks
+# that the two agree).
+NOISE_PCT = 5.0
 
 ProfilesArg = Annotated[
     list[Path] | None,
@@ -50,7 +51,7 @@ def diff(
     profiles: ProfilesArg = None,
     top: TopOpt = 10,
     per_step: PerStepOpt = True,
-    noise: NoiseOpt = diff_lib.NOISE_PCT,
+    noise: NoiseOpt = NOISE_PCT,
     fmt: FormatOpt = "table",
     out: OutOpt = None,
     nsys: NsysOpt = None,
@@ -60,6 +61,11 @@ def diff(
 
     E.g. fp32 vs bf16 (fp32 gemm kernels vanish and bf16 ones appear: the category table compares gemm with gemm) or eager vs torch.compile (triton kernels appear). Per step by default. A kernel is faster or slower by its time per call, beyond --noise %; one that only runs more or fewer times is listed apart.
     """
+    from profkit.analysis import diff as diff_lib
+    from profkit.analysis.phase_marks import PhaseRanges
+    from profkit.formats import check_format, file_format, markdown_table, write_text
+    from profkit.traces.job import load
+
     check_format(fmt)
     paths = list(profiles or [])
     if len(paths) != 2:

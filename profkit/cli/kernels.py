@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from profkit import analysis
-from profkit.analysis.phase_marks import PhaseRanges
-from profkit.analysis.phase_ranges import PHASE_MODES, PhaseMode
-from profkit.analysis.presentation import rank_tables
-from profkit.analysis.report_types import RankedReport
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, PhaseRangesOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
-from profkit.formats import check_format, file_format, write_text
-from profkit.memory.plot import check_image_path
-from profkit.traces.job import Job, load
+
+if TYPE_CHECKING:  # the rest is imported where used: `--help` does not import pandas
+    from profkit.analysis.phase_marks import PhaseRanges
+    from profkit.analysis.phase_ranges import PhaseMode
+    from profkit.traces.job import Job
 
 PathArg = Annotated[
     list[Path],
@@ -112,6 +109,14 @@ def kernels(
 
     Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). A multi-GPU trace (one nsys report of torchrun, several nodes' reports of one job, or the per-rank torch traces of one run) is reported per rank, with NCCL time and its overlap with compute (docs/MULTI_GPU.md). Library NVTX ranges (NCCL, CUB, cuDNN, PyTorch's op ranges) are never phases; your own marks in any domain are, with `--phase-ranges`. Steps without forward/backward/optimizer ranges get their phases inferred, marked (inferred); `--phases` forces one source. Other sets of traces are compared side by side (`--compare`).
     """
+    from profkit import analysis
+    from profkit.analysis.phase_marks import PhaseRanges
+    from profkit.analysis.presentation import rank_tables
+    from profkit.analysis.report_types import RankedReport
+    from profkit.formats import check_format, file_format, write_text
+    from profkit.memory.plot import check_image_path
+    from profkit.traces.job import load
+
     check_format(fmt)
     if not tolerance >= 0:  # also catches nan
         raise BadInput(f"--tolerance must be >= 0 (a percentage); got {tolerance:g}")
@@ -175,6 +180,8 @@ def _compare(
     marks: PhaseRanges | None = None,
 ) -> None:
     """Traces side by side: their phases per step, each against the first."""
+    from profkit import analysis
+
     if job.why_apart is not None:
         err_console.print(
             f"[dim]compared side by side, not read as one job: {job.why_apart}[/]", highlight=False
@@ -195,6 +202,8 @@ def _compare(
 
 
 def _mode(phases: str) -> PhaseMode:
+    from profkit.analysis.phase_ranges import PHASE_MODES
+
     if phases not in PHASE_MODES:
         raise BadInput(f"--phases must be one of {', '.join(PHASE_MODES)}, got {phases!r}")
-    return cast(PhaseMode, phases)
+    return cast("PhaseMode", phases)

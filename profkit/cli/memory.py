@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import typer.core
@@ -27,9 +27,13 @@ from profkit.cli._common import (
 from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console, progress_bar
 from profkit.errors import BadInput
-from profkit.formats import check_format, dumps
-from profkit.run.results import DEFAULT_DB
-from profkit.workload.config import WorkloadConfig
+from profkit.files import DEFAULT_DB
+
+if TYPE_CHECKING:
+    from profkit.workload.config import WorkloadConfig
+
+# profkit.formats (pandas) is imported by each command, not here: `--help` does not import
+# pandas (tests/test_startup.py).
 
 
 class DefaultToCapture(PlainGroup):
@@ -82,6 +86,7 @@ def capture(
 
     By default one warm-up step (not recorded), then one recorded step: one step after warm-up shows the whole pattern, and each recorded step makes the pickle bigger.
     """
+    from profkit.formats import check_format
     from profkit.memory.capture import capture as run_capture
     from profkit.memory.capture import capture_tables
 
@@ -125,6 +130,7 @@ def summarize(
     out: OutOpt = None,
 ) -> None:
     """Peak allocated memory, when it happened, and the call sites holding it."""
+    from profkit.formats import check_format
     from profkit.memory.summary import summarize_file, summary_tables
 
     check_format(fmt)
@@ -191,6 +197,7 @@ def plot(
 
     The picture's format is --out's suffix (.png, .svg or .pdf).
     """
+    from profkit.formats import dumps
     from profkit.memory.plot import plot_file
 
     if fmt not in PLOT_FORMATS:

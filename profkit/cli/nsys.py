@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,10 +13,10 @@ from profkit.cli._common import NsysOpt, OutDirOpt, WorkloadOptions, command, wo
 from profkit.cli.app import app
 from profkit.cli.render import console, err_console
 from profkit.errors import BadInput
-from profkit.formats import dumps
-from profkit.nsys import profile as nsys_lib
 from profkit.nsys.argv import DEFAULT_TRACE, NsysOptions
-from profkit.workload.config import WorkloadConfig
+
+if TYPE_CHECKING:  # imported where used: `--help` does not import pandas (test_startup)
+    from profkit.nsys import profile as nsys_lib
 
 FORMATS = ("table", "md", "json")
 
@@ -115,6 +115,8 @@ def nsys(
     """
     if fmt not in FORMATS:
         raise BadInput(f"unknown --format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    from profkit.nsys import profile as nsys_lib
+
     options = NsysOptions(
         trace=trace,
         capture_range=capture_range,
@@ -142,6 +144,8 @@ def _target(program: list[str] | None, workload: WorkloadOptions) -> nsys_lib.Ta
 
 
 def _print_plan(plan: nsys_lib.Plan, fmt: str) -> None:
+    from profkit.formats import dumps
+
     if not plan.nsys_found:
         err_console.print(
             "note: nsys is not on PATH; the command shows it as `nsys`",
@@ -159,6 +163,9 @@ def _profile(
     nsys: str | None,
 ) -> nsys_lib.NsysRun:
     """Run nsys with progress on stderr; Ctrl-C says which files were kept."""
+    from profkit.nsys import profile as nsys_lib
+    from profkit.workload.config import WorkloadConfig
+
     try:
         if isinstance(target, WorkloadConfig):
             with err_console.status("starting") as status:
@@ -177,6 +184,8 @@ def _profile(
 
 
 def _render(run: nsys_lib.NsysRun, fmt: str) -> None:
+    from profkit.formats import dumps
+
     if fmt == "json":
         print(dumps(run.record))
     elif fmt == "md":

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -33,18 +32,12 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from profkit.analysis.names import fit_names
-from profkit.formats import (
-    cell_text,
-    check_format,
-    dumps,
-    file_format,
-    markdown_table,
-    table_id,
-    write_text,
-)
-
+# pandas, and what imports it (profkit.formats, profkit.analysis), is imported where a table
+# is rendered, not here: `profkit --help` and every command's `--help` import this module,
+# and must not wait a second or more for pandas (tests/test_startup.py).
 if TYPE_CHECKING:
+    import pandas as pd
+
     from profkit.traces.columns import Progress as ReadProgress
 
 
@@ -138,6 +131,11 @@ def rich_table(
     columns of :data:`NARROW_HIDDEN` are left out, in that order, until it does with its
     name column at its narrowest, and the caption names them; the name then takes the room
     left, up to its widest."""
+    import pandas as pd
+
+    from profkit.analysis.names import fit_names
+    from profkit.formats import cell_text
+
     cells = [[cell_text(v, digits) for v in row] for row in df.itertuples(index=False)]
     columns = []
     for index, column in enumerate(df.columns):
@@ -197,6 +195,10 @@ def csv_text(tables: Sequence[tuple[str, pd.DataFrame]]) -> str:
     ``top_kernels``, ...) in a ``table`` column, under the union of their columns (a cell a
     table does not have is empty), so that one ``read_csv`` reads them all. A column of
     integers stays integers (``1436``, not ``1436.0``) where other tables leave it empty."""
+    import pandas as pd
+
+    from profkit.formats import table_id
+
     if len(tables) == 1:
         return tables[0][1].to_csv(index=False)
     frames = [df.assign(table=table_id(title))[["table", *df.columns]] for title, df in tables]
@@ -226,6 +228,8 @@ def emit_tables(
     ``json_value`` is what ``--format json`` prints (the command's contract); when it is
     None the tables themselves are printed as a JSON object keyed by title.
     """
+    from profkit.formats import check_format, dumps, file_format, markdown_table, write_text
+
     fmt = file_format(check_format(fmt), out)
     if fmt == "json":
         value = json_value if json_value is not None else {t: df for t, df in tables}

@@ -15,8 +15,6 @@ from profkit.cli.app import app
 from profkit.cli.render import err_console, progress_bar
 from profkit.errors import BadInput
 from profkit.files import check_output
-from profkit.formats import plural
-from profkit.run.results import check_db
 
 if TYPE_CHECKING:
     from profkit.report.plan import Piece
@@ -72,6 +70,7 @@ def report(
     Example: profkit report --run
     """
     from profkit.analysis.phase_marks import PhaseRanges
+    from profkit.formats import plural
     from profkit.report import build_report
 
     # Traces without the marks are read as without the option (a report reads every trace).
@@ -106,6 +105,7 @@ def report(
 def _run(profiles: Path, db_path: Path, reports_dir: Path, plan_name: str) -> None:
     from profkit.report.plan import choose_plan
     from profkit.report.run import Where, cuda_available, run_plan
+    from profkit.run.results import check_db
 
     check_db(db_path)  # a DB no piece could write fails here, not after the others ran
     cuda = cuda_available()

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import TaskID
 
 from profkit.cli._common import (
     FormatOpt,
@@ -20,13 +19,12 @@ from profkit.cli.app import app
 from profkit.cli.render import emit_tables, err_console, progress_bar
 from profkit.errors import BadInput
 from profkit.files import check_not_written
-from profkit.formats import check_format
-from profkit.torchprof import profile as torchprof
-from profkit.torchprof.report import TABLE_DIGITS
-from profkit.torchprof.report import title as report_title
-from profkit.torchprof.result import TorchOptions
 from profkit.torchprof.tables import SORT_CHOICES
-from profkit.workload.config import WorkloadConfig
+
+if TYPE_CHECKING:  # the rest is imported where used: `--help` does not import pandas
+    from rich.progress import TaskID
+
+    from profkit.workload.config import WorkloadConfig
 
 RecordShapesOpt = Annotated[
     bool, typer.Option("--record-shapes", help="Record input shapes (torch.profiler).")
@@ -84,6 +82,11 @@ def torch_(
 
     Records only the timed steps (--steps, default 1 as in the course's tables) after the warm-up, prints both tables, and writes the Chrome traces OUT_DIR/NAME-forward.json.gz and OUT_DIR/NAME-MODE.json.gz (open them in ui.perfetto.dev or chrome://tracing, or read them with `profkit kernels`) and the report NAME.md (in reports/, or OUT_DIR when given).
     """
+    from profkit.formats import check_format
+    from profkit.torchprof import profile as torchprof
+    from profkit.torchprof.report import TABLE_DIGITS
+    from profkit.torchprof.result import TorchOptions
+
     check_format(fmt)
     config = workload.config("torch")
     if out is not None:
@@ -140,7 +143,9 @@ def _ranks(
     from profkit.analysis.presentation import rank_tables
     from profkit.analysis.report_types import RankedReport
     from profkit.files import output_dirs
+    from profkit.torchprof import profile as torchprof
     from profkit.torchprof.ranks import profile_ranks, ranks_report_markdown
+    from profkit.torchprof.report import title as report_title
     from profkit.traces.job import load
 
     name = torchprof.check_name(name or torchprof.default_name(config))

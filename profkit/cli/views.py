@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from profkit.analysis import compare as compare_lib
 from profkit.cli.render import emit_tables, err_console, progress_bar
-from profkit.run import bench as bench_lib
-from profkit.workload.config import WorkloadConfig
+
+if TYPE_CHECKING:  # imported where used: `--help` does not import pandas (test_startup)
+    from profkit.analysis import compare as compare_lib
+    from profkit.run import bench as bench_lib
+    from profkit.workload.config import WorkloadConfig
 
 
 @contextmanager
@@ -69,6 +70,10 @@ def _row_line(index: int, total: int, row: bench_lib.Row, resumed: bool) -> str:
 
 def render_rows(rows: Sequence[bench_lib.Row], fmt: str, out: Path | None) -> None:
     """The results: a readable table, every column as CSV, or the contract rows as JSON."""
+    import pandas as pd
+
+    from profkit.run import bench as bench_lib
+
     if fmt == "csv":
         flat = pd.DataFrame(rows).drop(columns=list(bench_lib.LIST_FIELDS), errors="ignore")
         tables = [("", flat)]
@@ -79,6 +84,8 @@ def render_rows(rows: Sequence[bench_lib.Row], fmt: str, out: Path | None) -> No
 
 def render_comparison(comparison: compare_lib.Comparison, fmt: str, out: Path | None) -> None:
     """Tables per phase (table, md), one table with a phase column (csv), or the records (json)."""
+    from profkit.analysis import compare as compare_lib
+
     if fmt == "csv":
         tables = [("", compare_lib.table(comparison))]
     else:
