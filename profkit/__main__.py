@@ -1,7 +1,8 @@
 """``python -m profkit`` and the ``profkit`` command: the CLI, after a fast path.
 
-``profkit --version`` answers before the CLI is imported (its commands load pandas, numpy
-and pyarrow: about a second), so a script asking for the version does not wait for them.
+``profkit --version`` answers before the CLI is imported (Typer, rich and the commands'
+options: a few tenths of a second), so a script asking for the version does not wait for
+them. The commands import pandas, numpy and pyarrow only when they run, not for ``--help``.
 """
 
 from __future__ import annotations
