@@ -50,15 +50,53 @@ def display_tables(report: KernelReport, as_data: bool = False) -> list[tuple[st
     ]
     phases = [p for p in report.phases["phase"] if p != ALL_PHASES]
     if len(phases) > 1:
-        for phase in phases:
-            title = f"{top} in {phase}{_inferred(report)}"
-            tables.append((title, _kernel_view(report.top_kernels(phase), as_data and phase)))
+        tables += _phase_tables(report, phases, top, as_data)
     if len(report.ranges):
         tables.append((RANGES_TITLE, _range_view(report)))
     pivot = category_pivot(report)
     if as_data:
         pivot = pivot.assign(**{SHARE: pivot[SHARE] / 100}).rename(columns={SHARE: "share"})
     tables.append(("GPU time by category (ms, kernels, memcpy and memset)", pivot))
+    return tables
+
+
+MAX_PHASE_TABLES = 12
+"""Per-phase top-kernel tables a person is shown at most (the phases with the most GPU
+time); csv and json keep every phase. A trace whose every step names its own phase would
+otherwise print thousands of tables, and take time per name rather than per activity."""
+
+
+def _phase_tables(
+    report: KernelReport, phases: list[str], top: str, as_data: bool
+) -> list[tuple[str, pd.DataFrame]]:
+    """Each phase's top kernels, cut from one view of every phase's rows (one pass, not one
+    per phase); for people only the :data:`MAX_PHASE_TABLES` phases with most GPU time,
+    and a line saying how to see the others."""
+    rows = (
+        report.kernels.groupby("phase", sort=False).head(report.top)
+        if report.top
+        else report.kernels
+    )
+    view = _kernel_view(rows, ALL_PHASES if as_data else False)
+    if as_data:
+        view["phase"] = rows["phase"].to_numpy()
+    shown = phases
+    if not as_data and len(phases) > MAX_PHASE_TABLES:
+        by_time = report.phases.set_index("phase")["gpu_time_ms"]
+        busiest = set(by_time.loc[phases].nlargest(MAX_PHASE_TABLES).index)
+        shown = [p for p in phases if p in busiest]
+    of_phase = rows["phase"].to_numpy()
+    tables = []
+    for phase in shown:
+        part = view[of_phase == phase].reset_index(drop=True)
+        tables.append((f"{top} in {phase}{_inferred(report)}", part))
+    if len(shown) < len(phases):
+        left = len(phases) - len(shown)
+        note = pd.DataFrame({"phases not shown": [
+            f"{left:,} more phases with less GPU time: --phase NAME shows one, "
+            "--format csv or json has them all"
+        ]})  # fmt: skip
+        tables.append((f"{left:,} more phases", note))
     return tables
 
 

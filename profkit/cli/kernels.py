@@ -152,8 +152,8 @@ def kernels(
             write_text(out, text)
             err_console.print(f"wrote {out}")
         return
-    tables = analysis.display_tables(report, as_data=fmt == "csv")
-    if isinstance(report, RankedReport):
+    tables = [] if fmt == "json" else analysis.display_tables(report, as_data=fmt == "csv")
+    if isinstance(report, RankedReport) and fmt != "json":
         tables = rank_tables(report) + tables
     emit_tables(tables, fmt, out, json_value=report.to_json())
     if fmt == "table":
