@@ -1,0 +1,99 @@
+"""Findings: what to fix first, with the evidence and the milliseconds it would save.
+
+Each rule is a small function over what the engine already computed (the report's tables,
+its ranks and job) and, for the host-side rules, each process's GPU intervals and API
+calls (:class:`~profkit.traces.host_calls.HostTrace`). Each yields findings
+``{kind, severity, recoverable_ms, share, rank, phase, evidence, advice}``; docs/FINDINGS.md
+lists the rules, their thresholds and how ``recoverable_ms`` is estimated.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from profkit.analysis.findings.host import host_findings
+from profkit.analysis.findings.model import Finding
+from profkit.analysis.findings.optimizer import unfused_optimizer
+from profkit.analysis.findings.ranks import exposed_comm, straggler
+
+if TYPE_CHECKING:
+    from profkit.analysis.report_types import KernelReport
+    from profkit.traces.columns import ActivityColumns
+    from profkit.traces.host_calls import HostTrace
+
+__all__ = ["Finding", "finding_line", "findings_markdown", "findings_of"]
+TOP_FINDINGS = 5
+"""How many findings the terminal and markdown show (JSON has them all)."""
+
+
+def findings_of(
+    report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The report's findings as JSON objects, largest ``recoverable_ms`` first, and the
+    notes of rules the traces could not feed (each said once)."""
+    found: list[Finding] = []
+    notes: list[str] = []
+    phases = {str(p) for p in report.phases["phase"]} if "phase" in report.phases else set()
+    for process in _processes(report, files, hosts):
+        found += host_findings(*process, notes, phases)
+    found += unfused_optimizer(report)
+    found += exposed_comm(report)
+    idle = {f.rank: f.evidence["by_step_ms"] for f in found if f.kind == "host_idle"}
+    found += straggler(report, idle)
+    found.sort(key=lambda f: -f.recoverable_ms)
+    return [f.to_json() for f in found], list(dict.fromkeys(notes))
+
+
+def _processes(
+    report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
+) -> list[tuple[HostTrace, Any, int | None]]:
+    """(host trace, phase ranges, rank) per process: one for one process, one per rank."""
+    ranks = getattr(report, "ranks", None) or []
+    if not ranks:
+        return [(hosts[0], files[0].ranges, None)]
+    out = []
+    for index, entry in enumerate(ranks):
+        pid, rank = entry.info.get("pid"), int(entry.info["rank"])
+        if len(hosts) == len(ranks) and len(hosts) > 1:  # per-rank traces: one file each
+            out.append((hosts[index], files[index].ranges, rank))
+        else:
+            ranges = files[0].ranges
+            mine = ((ranges["thread"].to_numpy() >> 24) & ((1 << 24) - 1)) == pid
+            out.append((hosts[0].of_process(pid), ranges[mine], rank))
+    return out
+
+
+def finding_line(finding: dict[str, Any]) -> str:
+    """One line: what, where, the milliseconds it would give back, the number that matters."""
+    who = "" if finding["rank"] is None else f"rank {finding['rank']}: "
+    where = "" if not finding["phase"] else f" ({finding['phase']})"
+    ev = finding["evidence"]
+    extra = {
+        "host_idle": lambda: f"{ev['per_step_ms']:.2f} ms a step, {ev['where']}",
+        "host_sync": lambda: f"{ev['count']} syncs",
+        "launch_bound": lambda: (
+            f"GPU busy {ev['busy_share']:.0%}, median kernel {ev['kernel_us']['p50']:.1f} µs"
+        ),
+        "unfused_optimizer": lambda: f"{ev['kernels']} foreach kernels, {ev['time_ms']:.2f} ms",
+        "exposed_comm": lambda: (
+            f"{ev['exposed_ms']:.2f} ms exposed, {ev['wait_ms']:.2f} ms of it waiting"
+        ),
+        "straggler": lambda: f"last in {ev['count']} of {ev['steps']} steps",
+    }.get(finding["kind"], lambda: "")()
+    return (
+        f"[{finding['severity']}] {who}{finding['kind']}{where}: "
+        f"{finding['recoverable_ms']:.2f} ms recoverable ({finding['share']:.0%}); {extra}"
+    )
+
+
+def findings_markdown(findings: list[dict[str, Any]] | None, top: int = TOP_FINDINGS) -> str:
+    """The short "Findings" section (empty when findings were not asked for)."""
+    if findings is None:
+        return ""
+    lines = ["## Findings", ""]
+    if not findings:
+        lines.append("No finding: nothing the rules (docs/FINDINGS.md) look for stands out.")
+    lines += [f"- {finding_line(f)}" for f in findings[:top]]
+    if len(findings) > top:
+        lines.append(f"- ... {len(findings) - top} more in `--format json`")
+    return "\n".join(lines) + "\n"

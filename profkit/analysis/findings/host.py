@@ -1,0 +1,262 @@
+"""Host-side rules: ``host_idle``, ``host_sync``, ``launch_bound``.
+
+One process at a time: the union of its GPU intervals over its captured span (first GPU
+start to last GPU end) leaves gaps. A gap is the host's doing when the work that ends it
+was launched after the GPU went idle (a launch call starts inside the gap); each such gap
+gets one cause, first match wins:
+
+- a blocking sync (:data:`~profkit.traces.host_calls.CALL_KINDS` ``sync``) returned inside
+  it: the host waited for the queue to drain, then had to refill it (``host_sync``);
+- the host launched nothing for at least :data:`HOST_IDLE_MIN_MS` after the GPU went idle
+  (``host_idle``: an input pipeline, a sleep, Python work between phases);
+- else it is launch overhead: the GPU ran out of work between launches (``launch_bound``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profkit.analysis.findings.model import Finding, ms
+from profkit.traces.host_calls import HostTrace
+
+HOST_IDLE_MIN_MS = 1.0
+"""A gap in which the host launched nothing for this long is host idle, not launch
+overhead (a launch and its kernel's start are ~5-50 µs apart; autograd's own bookkeeping
+between backward ops leaves gaps up to ~0.7 ms on the plant captures, which count as
+launch overhead)."""
+HOST_IDLE_MIN_STEP_FRACTION = 0.5
+"""host_idle is reported only where it recurs: in at least this fraction of the steps (a
+one-off stall, such as a first step's warm-up, is not what to fix first)."""
+SYNC_TOLERANCE_MS = 0.02
+"""A sync that returned this close before a gap began counts as the gap's cause."""
+LAUNCH_BOUND_MAX_BUSY = 0.5
+"""launch_bound needs the GPU busy less than this share of the captured span ..."""
+LAUNCH_BOUND_MIN_GAP_SHARE = 0.25
+"""... and the gaps of launch overhead at least this share of it."""
+MIN_RECOVERABLE_SHARE = 0.01
+"""No host finding below this share of the captured span."""
+
+
+def host_findings(
+    host: HostTrace, ranges: pd.DataFrame, rank: int | None, notes: list[str], phases: set[str]
+) -> list[Finding]:
+    """The host-side findings of one process; ``phases``: the report's phase names (a
+    finding's ``phase`` is one of them or None)."""
+    if len(host.gpu_start) < 2:
+        return []
+    if not host.has_calls:
+        notes.append(
+            "findings host_idle, host_sync and launch_bound need the CUDA API calls "
+            "(nsys -t cuda; torch.profiler's cuda_runtime events); this trace has none"
+        )
+        return []
+    gaps = _gaps(host)
+    span = float(host.gpu_end.max() - _span_start(host))
+    steps = _step_starts(ranges)
+    found = [
+        _host_sync(host, gaps, span, rank, ranges),
+        _host_idle(gaps, span, rank, ranges, steps),
+        _launch_bound(host, gaps, span, rank),
+    ]
+    kept = [f for f in found if f is not None and f.share >= MIN_RECOVERABLE_SHARE]
+    for f in kept:
+        f.phase = f.phase if f.phase in phases else None
+    return kept
+
+
+def _span_start(host: HostTrace) -> int:
+    """Where the captured span begins: the capture's start (``cudaProfilerStart``) where
+    the trace has it and it precedes the first GPU work, else that work's start."""
+    first = int(host.gpu_start.min())
+    starts = host.call_end[(host.call_kind == 2) & (host.call_end < first)]
+    return int(starts.min()) if len(starts) else first
+
+
+def _gaps(host: HostTrace) -> pd.DataFrame:
+    """The GPU's idle gaps with their cause: ``start``, ``end``, ``launch`` (the first
+    launch call inside, -1 if none), ``sync`` (the index of the sync that caused it, -1)
+    and ``cause`` (``sync``, ``idle``, ``launch``, or ``device``: work already queued)."""
+    order = np.argsort(host.gpu_start, kind="stable")
+    start, end = host.gpu_start[order], host.gpu_end[order]
+    begin = _span_start(host)  # the GPU idles from the capture's start to its first work
+    reach = np.maximum.accumulate(end)
+    lo, hi = np.append(begin, reach[:-1]), start
+    open_ = hi > lo
+    lo, hi = lo[open_], hi[open_]
+    launches = np.sort(host.call_start[host.call_kind == 0])
+    first = np.searchsorted(launches, lo, side="right")
+    launch = np.where(first < len(launches), launches[np.minimum(first, len(launches) - 1)], -1)
+    launch = np.where((launch > 0) & (launch < hi), launch, -1)
+    sync_at = np.flatnonzero(host.call_kind == 1)
+    by_end = sync_at[np.argsort(host.call_end[sync_at], kind="stable")]
+    ends = host.call_end[by_end]
+    k = np.searchsorted(ends, lo - int(SYNC_TOLERANCE_MS * 1e6), side="left")
+    k_in = np.minimum(k, max(len(ends) - 1, 0))
+    limit = np.where(launch >= 0, launch, hi)
+    # the host was inside the call when the GPU ran dry (a call made once the GPU was
+    # already idle drained nothing)
+    tol = int(SYNC_TOLERANCE_MS * 1e6)
+    starts = host.call_start[by_end]
+    found = (
+        (k < len(ends)) & (ends[k_in] <= limit) & (starts[k_in] <= lo + tol)
+        if len(ends) else np.zeros(len(lo), bool)
+    )  # fmt: skip
+    sync = np.where(found, by_end[k_in] if len(ends) else -1, -1)
+    idle = np.where(launch >= 0, launch - lo, 0)
+    # After a sync returns the host may go on idling (a sleep, data loading): that part is
+    # host idle, not the sync's.
+    after_sync = np.where(found, launch - np.maximum(lo, ends[k_in] if len(ends) else 0), 0)
+    long_ = HOST_IDLE_MIN_MS * 1e6
+    cause = np.where(
+        launch < 0, "device",
+        np.where((sync >= 0) & (after_sync < long_), "sync",
+                 np.where(idle >= long_, "idle", "launch")),
+    )  # fmt: skip
+    return pd.DataFrame(
+        {"start": lo, "end": hi, "launch": launch, "sync": sync, "idle": idle, "cause": cause}
+    )
+
+
+def _step_starts(ranges: pd.DataFrame) -> np.ndarray:
+    """Each step's start: the instances of the first outermost range (``forward`` in an
+    annotated trace); none where the trace has no ranges."""
+    top = ranges[ranges["depth"] == 0].sort_values("start")
+    if not len(top):
+        return np.zeros(0, np.int64)
+    first = str(top["name"].iloc[0])
+    return top.loc[top["name"] == first, "start"].to_numpy(np.int64)
+
+
+def _where(at: int, ranges: pd.DataFrame) -> str | None:
+    """The outermost range open at ``at``, or None between them."""
+    top = ranges[(ranges["depth"] == 0) & (ranges["start"] <= at) & (ranges["end"] >= at)]
+    return str(top["name"].iloc[0]) if len(top) else None
+
+
+def _next_range(at: int, ranges: pd.DataFrame) -> str | None:
+    later = ranges[(ranges["depth"] == 0) & (ranges["start"] >= at)].sort_values("start")
+    return str(later["name"].iloc[0]) if len(later) else None
+
+
+def _host_idle(
+    gaps: pd.DataFrame, span: float, rank: int | None, ranges: pd.DataFrame, steps: np.ndarray
+) -> Finding | None:
+    idle = gaps[gaps["cause"] == "idle"]
+    if not len(idle):
+        return None
+    step_of = np.searchsorted(steps, idle["launch"].to_numpy(), side="right") - 1
+    n_steps = max(len(steps), 1)
+    if len(set(step_of.tolist())) < HOST_IDLE_MIN_STEP_FRACTION * n_steps:
+        return None
+    rows, places = [], Counter[str]()
+    for (_, g), step in zip(idle.iterrows(), step_of, strict=True):
+        middle = int(g["start"] + g["idle"] // 2)  # where the host was while it launched nothing
+        inside = _where(middle, ranges)
+        place = f"in {inside}" if inside else f"before {_next_range(middle, ranges)}"
+        places[place] += int(g["idle"])  # where most of the idle time is
+        rows.append({"step": int(step) if len(steps) else None, "where": place,
+                     "idle_ms": ms(g["idle"]), "gap_ms": ms(g["end"] - g["start"])})  # fmt: skip
+    total = float(idle["idle"].sum())
+    by_step: dict[str, float] = {}
+    for row in rows:
+        key = str(row["step"])
+        by_step[key] = round(by_step.get(key, 0.0) + row["idle_ms"], 6)
+    where = places.most_common(1)[0][0]
+    phase = where.split(" ", 1)[1] if where.split(" ", 1)[1] != "None" else None
+    return Finding(
+        "host_idle", ms(total), total / span,
+        {"count": len(idle), "where": where, "per_step_ms": ms(total / n_steps),
+         "by_step_ms": by_step,
+         "steps": n_steps, "span_ms": ms(span), "rows": rows[:10]},
+        "The GPU waits while the host launches nothing "
+        f"({ms(total / n_steps):.2f} ms a step, {where}): move the host work off the step "
+        "(DataLoader workers, pin_memory and non_blocking copies, prefetch the next batch).",
+        rank, phase,
+    )  # fmt: skip
+
+
+def _host_sync(
+    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None, ranges: pd.DataFrame
+) -> Finding | None:
+    """Blocking syncs made while GPU work was in flight that drained the queue: the GPU
+    went idle before the call returned (a gap opens inside it), or the call returned
+    after the last GPU work of the capture."""
+    first, last = int(host.gpu_start.min()), int(host.gpu_end.max())
+    tol = int(SYNC_TOLERANCE_MS * 1e6)
+    lo, hi = gaps["start"].to_numpy(), gaps["end"].to_numpy()
+    rows, phases, names, total = [], Counter(), Counter(), 0.0
+    for i in np.flatnonzero(host.call_kind == 1):
+        start, end = int(host.call_start[i]), int(host.call_end[i])
+        if start >= last + tol or end <= first:
+            continue  # before or after the captured GPU work: it drained nothing
+        # the gap the GPU was in when the call returned, opened while the host was in it
+        inside = np.flatnonzero((lo >= start - tol) & (lo <= end + tol) & (hi > end))[:1]
+        if not len(inside) and end < last:
+            continue  # the GPU kept working through it: it blocked the host only
+        # the idle that follows it: the whole gap where the sync caused it, else the part
+        # of the gap the host spent inside the call
+        is_sync = (gaps["cause"].to_numpy()[inside] == "sync") if len(inside) else []
+        idle = sum(float(hi[j] - lo[j]) if own else max(0.0, float(end - lo[j]))
+                   for j, own in zip(inside, is_sync, strict=True))  # fmt: skip
+        total += idle
+        name = str(host.call_name[i])
+        phase = _where(start, ranges)
+        phases[phase] += 1
+        names[name] += 1
+        rows.append({"call": name, "phase": phase, "call_ms": ms(end - start),
+                     "idle_after_ms": ms(idle)})  # fmt: skip
+    if not rows:
+        return None
+    phase = phases.most_common(1)[0][0]
+    return Finding(
+        "host_sync", ms(total), total / span,
+        {"count": len(rows), "calls": dict(names),
+         "by_phase": {str(k): v for k, v in phases.items()}, "span_ms": ms(span),
+         "rows": rows[:20]},
+        f"{len(rows)} blocking synchronizations drained the GPU queue (.item(), .cpu(), "
+        "print(tensor), torch.cuda.synchronize()): keep values on the GPU, log them every N "
+        "steps, or copy with non_blocking=True into pinned memory.",
+        rank, phase,
+    )  # fmt: skip
+
+
+def _launch_bound(
+    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None
+) -> Finding | None:
+    busy = span - float((gaps["end"] - gaps["start"]).sum())
+    small = gaps[gaps["cause"] == "launch"]
+    overhead = float((small["end"] - small["start"]).sum())
+    if busy / span >= LAUNCH_BOUND_MAX_BUSY or overhead / span < LAUNCH_BOUND_MIN_GAP_SHARE:
+        return None
+    durations = (host.gpu_end - host.gpu_start) / 1e3
+    launches = np.sort(host.call_start[host.call_kind == 0])
+    cadence = float(np.median(np.diff(launches))) / 1e3 if len(launches) > 1 else 0.0
+    median_us = float(np.median(durations))
+    if median_us >= cadence:  # kernels outlast the launch cadence: not the host's pace
+        return None
+    evidence: dict[str, Any] = {
+        "count": len(small),
+        "busy_share": round(busy / span, 4),
+        "span_ms": ms(span),
+        "activities": len(durations),
+        "median_launch_interval_us": round(cadence, 3),
+        "kernel_us": {
+            f"p{q}": round(float(np.percentile(durations, q)), 3) for q in (10, 50, 90, 99)
+        },
+        "rows": [
+            {"gap_us": round(float(g["end"] - g["start"]) / 1e3, 3)}
+            for _, g in small.nlargest(5, "end").iterrows()
+        ],
+    }
+    return Finding(
+        "launch_bound", ms(overhead), overhead / span, evidence,
+        f"The GPU is busy {busy / span:.0%} of the span: kernels (median {median_us:.1f} µs) "
+        f"are shorter than the launch cadence ({cadence:.1f} µs). Capture the step in CUDA "
+        'graphs (torch.compile(mode="reduce-overhead")), fuse ops (torch.compile), or give '
+        "each launch more work (a larger batch).",
+        rank, None,
+    )  # fmt: skip

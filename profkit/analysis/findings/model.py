@@ -1,0 +1,48 @@
+"""What a finding is, and how severe a share of the captured time makes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+HIGH_SHARE = 0.20
+"""A finding whose recoverable time is at least this share of the captured span is
+``high``; at least :data:`MEDIUM_SHARE`, ``medium``; else ``low``."""
+MEDIUM_SHARE = 0.05
+
+
+@dataclass
+class Finding:
+    """One finding (docs/FINDINGS.md). ``share`` is ``recoverable_ms`` over the span it
+    was measured on (the rank's captured GPU span, or the job's GPU time)."""
+
+    kind: str
+    recoverable_ms: float
+    share: float
+    evidence: dict[str, Any]
+    advice: str
+    rank: int | None = None
+    phase: str | None = None
+    severity: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.severity = (
+            "high" if self.share >= HIGH_SHARE else "medium" if self.share >= MEDIUM_SHARE
+            else "low"
+        )  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "recoverable_ms": round(self.recoverable_ms, 6),
+            "share": round(self.share, 6),
+            "rank": self.rank,
+            "phase": self.phase,
+            "evidence": self.evidence,
+            "advice": self.advice,
+        }
+
+
+def ms(ns: float) -> float:
+    return round(float(ns) / 1e6, 6)

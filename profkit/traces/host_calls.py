@@ -1,0 +1,193 @@
+"""What the findings need beyond the compact columns: each process's GPU intervals on the
+host clock, and its CUDA API calls that launch work or block the host.
+
+The compact columns (:mod:`.columns`) keep, for one process, no GPU start times, and for
+no trace the API calls that do not launch (``cudaStreamSynchronize``, ...). The findings
+(:mod:`profkit.analysis.findings`) need both: where the GPU idles, and what the host did
+then. This reader gets them in one small query per table (nsys: the kernel, copy and
+memset tables, and ``CUPTI_ACTIVITY_KIND_RUNTIME`` joined to its names) or one pass over a
+Chrome trace's events (``kernel``/``gpu_memcpy``/``gpu_memset`` and ``cuda_runtime``).
+It keeps 25 bytes a GPU activity and 25 an API call of the kinds below; nothing else.
+
+A trace that recorded no API calls (a Chrome trace without ``cuda_runtime`` events) gives
+``has_calls`` False, and the rules that need them say so once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from profkit.traces.chrome_fields import to_ns
+from profkit.traces.schema import NCCL_PREFIX, PROCESS_MASK, PROCESS_SHIFT
+
+CALL_KINDS = ("launch", "sync", "capture")
+"""What an API call is to the findings: it puts work on the GPU (kernel launches, async
+copies and memsets, graph launches), it blocks the host until the GPU has done work, or
+it starts the capture (``cudaProfilerStart``: where an nsys capture range begins)."""
+_LAUNCH = re.compile(
+    r"^(cuda|cu)(LaunchKernel|LaunchCooperativeKernel|GraphLaunch|MemcpyAsync|Memcpy[23]DAsync"
+    r"|MemsetAsync|MemsetD\d+Async)",
+)
+_SYNC = re.compile(
+    r"^(cuda|cu)(StreamSynchronize|DeviceSynchronize|CtxSynchronize|EventSynchronize"
+    r"|Memcpy|Memcpy[23]D|MemcpyDtoH|MemcpyHtoD)$"
+)
+_CAPTURE = re.compile(r"^(cuda|cu)ProfilerStart$")
+_VERSION = re.compile(r"_v\d+$")
+
+
+def call_kind(name: str) -> int:
+    """The index in :data:`CALL_KINDS` of an API call's name (nsys' ``_v3020`` suffixes
+    dropped), or -1 for a call the findings ignore."""
+    bare = _VERSION.sub("", name)
+    if _SYNC.match(bare):  # before _LAUNCH: cudaMemcpy (synchronous) is a sync
+        return 1
+    if _LAUNCH.match(bare):
+        return 0
+    if _CAPTURE.match(bare):
+        return 2
+    return -1
+
+
+@dataclass
+class HostTrace:
+    """One file's GPU activities and API calls, times in ns on the columns' clock."""
+
+    path: str
+    gpu_start: np.ndarray
+    gpu_end: np.ndarray
+    gpu_pid: np.ndarray
+    """The process that launched each activity (its pid)."""
+    gpu_nccl: np.ndarray
+    call_start: np.ndarray
+    call_end: np.ndarray
+    call_pid: np.ndarray
+    call_kind: np.ndarray
+    """Index into :data:`CALL_KINDS`."""
+    call_name: np.ndarray
+    """Each call's name, as the trace spells it (object array)."""
+    has_calls: bool
+
+    def of_process(self, pid: int | None) -> HostTrace:
+        """This file's activities and calls of one process (all of them for None)."""
+        if pid is None:
+            return self
+        g, c = self.gpu_pid == pid, self.call_pid == pid
+        return HostTrace(
+            self.path, self.gpu_start[g], self.gpu_end[g], self.gpu_pid[g], self.gpu_nccl[g],
+            self.call_start[c], self.call_end[c], self.call_pid[c], self.call_kind[c],
+            self.call_name[c], self.has_calls,
+        )  # fmt: skip
+
+
+def read_host_trace(path: Path, meta: dict[str, Any]) -> HostTrace:
+    """The :class:`HostTrace` of one trace file (its columns' ``meta`` says the format)."""
+    if meta.get("format") == "chrome":
+        return _chrome(path, meta)
+    return _nsys(path)
+
+
+def _nsys(path: Path) -> HostTrace:
+    from profkit.traces.nsys_export import opened_export
+    from profkit.traces.sqlite_scan import table_columns
+
+    with opened_export(path) as (conn, _plain):
+        tables = table_columns(conn)
+        parts = []
+        for table, named in (("CUPTI_ACTIVITY_KIND_KERNEL", True),
+                             ("CUPTI_ACTIVITY_KIND_MEMCPY", False),
+                             ("CUPTI_ACTIVITY_KIND_MEMSET", False)):  # fmt: skip
+            if table not in tables:
+                continue
+            name = "coalesce(s.value, '')" if named else "''"
+            join = "LEFT JOIN StringIds s ON s.id = a.shortName" if named else ""
+            rows = conn.execute(
+                f"SELECT a.start, a.end, a.globalPid, {name} FROM {table} a {join}"
+            ).fetchall()
+            parts.extend(rows)
+        calls: list[tuple[int, int, int, str]] = []
+        if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+            names = dict(conn.execute("SELECT id, value FROM StringIds").fetchall())
+            kinds = {i: call_kind(str(v)) for i, v in names.items()}
+            wanted = [i for i, k in kinds.items() if k >= 0]
+            marks = ",".join("?" * len(wanted))
+            for start, end, tid, name_id in conn.execute(
+                "SELECT start, end, globalTid, nameId FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+                f"WHERE nameId IN ({marks})",
+                wanted,
+            ):
+                calls.append((start, end, tid, names[name_id]))
+    gpu = sorted(parts)
+    g_pid = np.array([r[2] for r in gpu], dtype=np.int64) >> PROCESS_SHIFT & PROCESS_MASK
+    c_pid = np.array([r[2] for r in calls], dtype=np.int64) >> PROCESS_SHIFT & PROCESS_MASK
+    return _host_trace(str(path), gpu, g_pid, calls, c_pid, bool(calls))
+
+
+def _chrome(path: Path, meta: dict[str, Any]) -> HostTrace:
+    from profkit.traces.chrome import _events_of, _loads_trace
+
+    base = int(meta.get("base_time_ns") or 0)
+    _header, events = _events_of(path, _loads_trace(path))
+    gpu: list[tuple[float, float, int, str]] = []
+    calls: list[tuple[float, float, int, str]] = []
+    for ev in events:
+        cat = ev.get("cat") if isinstance(ev, dict) else None
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset") and ev.get("ph") == "X":
+            name = str(ev.get("name", "")) if cat == "kernel" else ""
+            gpu.append((ev["ts"], ev.get("dur", 0), 0, name))
+        elif cat == "cuda_runtime" and call_kind(str(ev.get("name", ""))) >= 0:
+            calls.append((ev["ts"], ev.get("dur", 0), int(ev.get("pid", 0)), str(ev["name"])))
+    pid = int(meta.get("pid") or 0)
+    # One file is one process: its activities are that process's (Kineto's GPU events
+    # carry the device as their pid).
+    gpu_ns = [(int(s), int(s) + int(d), pid, n) for s, d, _, n in _to_ns(gpu, base)]
+    call_ns = [(int(s), int(s) + int(d), pid, n) for s, d, _, n in _to_ns(calls, base)]
+    gpu_ns.sort()
+    call_pid = np.full(len(call_ns), pid, dtype=np.int64)
+    return _host_trace(
+        str(path), gpu_ns, np.full(len(gpu_ns), pid, np.int64), call_ns, call_pid, bool(calls)
+    )
+
+
+def _to_ns(rows: list[tuple[Any, ...]], base: int) -> list[tuple[int, int, int, str]]:
+    if not rows:
+        return []
+    starts = to_ns([r[0] for r in rows], base)
+    durs = to_ns([r[1] for r in rows])
+    return [(int(s), int(d), r[2], r[3]) for s, d, r in zip(starts, durs, rows, strict=True)]
+
+
+def _host_trace(
+    path: str,
+    gpu: list[tuple[int, int, int, str]],
+    gpu_pid: np.ndarray,
+    calls: list[tuple[int, int, int, str]],
+    call_pid: np.ndarray,
+    has_calls: bool,
+) -> HostTrace:
+    calls_order = sorted(range(len(calls)), key=lambda i: calls[i][0])
+    calls = [calls[i] for i in calls_order]
+    call_pid = call_pid[np.array(calls_order, dtype=np.int64)] if calls else call_pid
+    return HostTrace(
+        path,
+        np.array([r[0] for r in gpu], dtype=np.int64),
+        np.array([r[1] for r in gpu], dtype=np.int64),
+        gpu_pid,
+        np.array([bool(NCCL_PREFIX.match(r[3])) for r in gpu], dtype=bool),
+        np.array([r[0] for r in calls], dtype=np.int64),
+        np.array([r[1] for r in calls], dtype=np.int64),
+        call_pid,
+        np.array([call_kind(r[3]) for r in calls], dtype=np.int8),
+        np.array([r[3] for r in calls], dtype=object),
+        has_calls,
+    )
+
+
+def host_traces(paths: list[Path], files: list[Any]) -> list[HostTrace]:
+    """The :class:`HostTrace` of each of a job's files (``files``: their columns)."""
+    return [read_host_trace(Path(p), c.meta) for p, c in zip(paths, files, strict=True)]
