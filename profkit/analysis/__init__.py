@@ -25,6 +25,7 @@ from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 if TYPE_CHECKING:
     from profkit.analysis.crosscheck import SideBySide
     from profkit.traces.columns import ActivityColumns
+    from profkit.traces.host_calls import HostTrace
     from profkit.traces.job import Job
 
 __all__ = [
@@ -49,6 +50,7 @@ def kernel_report(
     phases: PhaseMode = "auto",
     consume: bool = False,
     phase_ranges: PhaseRanges | None = None,
+    hosts: list[HostTrace] | None = None,
 ) -> KernelReport:
     """The kernel report of a loaded job (:func:`profkit.traces.job.load`), from its files'
     compact columns, in bounded memory, phases annotated or inferred (``phases``).
@@ -62,21 +64,29 @@ def kernel_report(
     ``consume``: a join gives each file's arrays up as it copies them (the job's columns
     are of no further use then). ``phase_ranges``: the user's marks that are the phases
     (``--phase-ranges``). Traces to compare side by side have no one report:
-    :func:`side_by_side`.
+    :func:`side_by_side`. ``hosts`` (:func:`profkit.traces.host_calls.host_traces` of the
+    job): the report gets its ``findings`` (:mod:`.findings`).
     """
     from profkit.analysis.joins import analyze_node_columns, analyze_rank_file_columns
 
     if job.kind == "ranks":
-        return analyze_rank_file_columns(
+        report = analyze_rank_file_columns(
             job.files, top, phase, range, rank, consume, phases, phase_ranges
         )
-    if job.kind == "nodes":
-        return analyze_node_columns(
+    elif job.kind == "nodes":
+        report = analyze_node_columns(
             job.files, top, phase, range, rank, consume, phases, phase_ranges
         )
-    if job.kind != "trace":
+    elif job.kind != "trace":
         raise ValueError(f"a job of {job.kind} traces has no one report")
-    return _one_file(job.files[0], top, phase, range, rank, phases, phase_ranges)
+    else:
+        report = _one_file(job.files[0], top, phase, range, rank, phases, phase_ranges)
+    if hosts is not None:
+        from profkit.analysis.findings import findings_of
+
+        report.findings, notes = findings_of(report, job.files, hosts)
+        report.notes.extend(notes)
+    return report
 
 
 def _one_file(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from profkit.analysis.findings import findings_markdown
 from profkit.analysis.report_types import KernelReport, RankedReport
 from profkit.analysis.tables import ALL_PHASES
 from profkit.formats import markdown_table
@@ -157,6 +158,7 @@ def kernel_report_markdown(report: KernelReport, title: str) -> str:
     """The whole report as markdown (for ``reports/NAME.md``); a multi-rank trace's ends
     with its rank tables (:func:`ranks_markdown`)."""
     lines = [f"# {title}", "", _source_line(report), ""]
+    lines += [findings_markdown(report.findings)] if report.findings is not None else []
     lines += [
         f"GPU activities: {counts_sentence(report.totals)} (durations summed, so streams "
         "that overlap count twice).",

@@ -61,6 +61,9 @@ class KernelReport:
     notes: list[str] = field(default_factory=list)
     selected: np.ndarray | None = None
     """Which of the trace's activities these tables count (after ``phase``/``range``)."""
+    findings: list[dict[str, Any]] | None = None
+    """What to fix first (:mod:`profkit.analysis.findings`), largest ``recoverable_ms``
+    first; None where they were not asked for."""
 
     @property
     def activities(self) -> int:
@@ -85,6 +88,7 @@ class KernelReport:
             "ranges": table_records(self.ranges, CONTRACT["ranges"]),
             "kernels": table_records(kernels, CONTRACT["kernels"]),
             "categories": table_records(self.categories, CONTRACT["categories"]),
+            **({} if self.findings is None else {"findings": self.findings}),
         }
 
 

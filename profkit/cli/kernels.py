@@ -15,6 +15,7 @@ from profkit.errors import BadInput
 if TYPE_CHECKING:  # the rest is imported where used: `--help` does not import pandas
     from profkit.analysis.phase_marks import PhaseRanges
     from profkit.analysis.phase_ranges import PhaseMode
+    from profkit.analysis.report_types import KernelReport
     from profkit.traces.job import Job
 
 PathArg = Annotated[
@@ -44,6 +45,14 @@ PhasesOpt = Annotated[
         "--phases",
         help="Where phases come from: auto (phase ranges where a step has them, else inferred "
         "from autograd threads and optimizer kernels), annotated, or inferred.",
+    ),
+]
+FindingsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--findings",
+        help="Print only the findings: what to fix first, with the milliseconds it would "
+        "give back and the evidence (docs/FINDINGS.md).",
     ),
 ]
 TopOpt = Annotated[int, typer.Option("--top", "-n", help="Kernels per top table (0 = all).")]
@@ -104,17 +113,20 @@ def kernels(
     phases: PhasesOpt = "auto",
     phase_ranges: PhaseRangesOpt = None,
     no_cache: NoCacheOpt = False,
+    findings: FindingsOpt = False,
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
     Backward kernels, which PyTorch launches from autograd threads, count in the backward phase (docs/ATTRIBUTION.md). A multi-GPU trace (one nsys report of torchrun, several nodes' reports of one job, or the per-rank torch traces of one run) is reported per rank, with NCCL time and its overlap with compute (docs/MULTI_GPU.md). Library NVTX ranges (NCCL, CUB, cuDNN, PyTorch's op ranges) are never phases; your own marks in any domain are, with `--phase-ranges`. Steps without forward/backward/optimizer ranges get their phases inferred, marked (inferred); `--phases` forces one source. Other sets of traces are compared side by side (`--compare`).
     """
     from profkit import analysis
+    from profkit.analysis.findings import findings_markdown
     from profkit.analysis.phase_marks import PhaseRanges
     from profkit.analysis.presentation import rank_tables
     from profkit.analysis.report_types import RankedReport
     from profkit.formats import check_format, file_format, write_text
     from profkit.memory.plot import check_image_path
+    from profkit.traces.host_calls import host_traces
     from profkit.traces.job import load
 
     check_format(fmt)
@@ -133,10 +145,14 @@ def kernels(
             raise BadInput(f"--rank picks a rank of one job's traces; {_apart(job)}")
         _compare(job, top, phase, range_, mode, tolerance, fmt, out, plot, marks)
         return
+    hosts = host_traces(job.paths, job.files)
     report = analysis.kernel_report(
-        job, top, phase, range_, rank, mode, consume=True, phase_ranges=marks
+        job, top, phase, range_, rank, mode, consume=True, phase_ranges=marks, hosts=hosts
     )
     names = ", ".join(p.name for p in paths)
+    if findings:
+        _findings_only(report, file_format(fmt, out), out)
+        return
     if plot is not None:
         if not isinstance(report, RankedReport):
             raise BadInput("--plot draws the ranks of a multi-GPU trace; this one has one process")
@@ -152,6 +168,10 @@ def kernels(
             write_text(out, text)
             err_console.print(f"wrote {out}")
         return
+    if fmt == "table" and report.findings:
+        console.print("[bold]Findings[/] (docs/FINDINGS.md; all of them: --findings -f json)")
+        for line in findings_markdown(report.findings).splitlines()[2:]:
+            console.print(line, highlight=False, markup=False)
     tables = [] if fmt == "json" else analysis.display_tables(report, as_data=fmt == "csv")
     if isinstance(report, RankedReport) and fmt != "json":
         tables = rank_tables(report) + tables
@@ -159,6 +179,25 @@ def kernels(
     if fmt == "table":
         for note in report.notes:
             console.print(f"[dim]• {note}[/]", highlight=False)
+
+
+def _findings_only(report: KernelReport, fmt: str, out: Path | None) -> None:
+    """``--findings``: the findings alone (JSON: the list; else one line each)."""
+    from profkit.analysis.findings import findings_markdown
+    from profkit.formats import write_text
+
+    found = report.findings or []
+    if fmt == "json":
+        emit_tables([], fmt, out, json_value=found)
+        return
+    text = findings_markdown(found, top=len(found) or 1)
+    if fmt == "table":
+        text = "\n".join(line.removeprefix("- ") for line in text.splitlines()[2:]) + "\n"
+    if out is None:
+        print(text, end="")
+    else:
+        write_text(out, text)
+        err_console.print(f"wrote {out}")
 
 
 def _apart(job: Job) -> str:
