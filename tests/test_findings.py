@@ -1,0 +1,218 @@
+"""Findings on the real plant captures (examples/plants.py, tests/data/frameworks/manifest-*.json):
+the planted problem is found at its planted size, the same program without it is not."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from profkit import analysis
+from profkit.analysis.findings.host import host_findings
+from profkit.cli import app
+from profkit.traces.host_calls import HostTrace, call_kind, host_traces
+from profkit.traces.job import load
+
+DATA = Path(__file__).parent / "data"
+FW = DATA / "frameworks"
+KINDS = {"host_idle", "host_sync", "launch_bound", "unfused_optimizer", "exposed_comm",
+         "straggler"}  # fmt: skip
+runner = CliRunner()
+# "sqlite" rather than "nsys" in the test ids: conftest skips tests marked "nsys" where the
+# nsys program is absent, and these read committed exports only
+BACKENDS = ["sqlite", "torch"]
+
+
+def _files(plant: str, backend: str) -> list[Path]:
+    if plant in ("ddp2", "straggler2"):
+        if backend == "sqlite":
+            return [FW / f"nsys-2025.3-h200x2-plants-{plant}.sqlite.xz"]
+        return [FW / f"torch-h200x2-plants-{plant}-rank{r}.json.gz" for r in (0, 1)]
+    if backend == "sqlite":
+        return [FW / f"nsys-2025.3-h100-plants-{plant}.sqlite.xz"]
+    return [FW / f"torch-h100-plants-{plant}-rank0.json.gz"]
+
+
+@functools.cache
+def _report(*paths: Path) -> analysis.KernelReport:
+    job = load(list(paths))
+    return analysis.kernel_report(job, top=0, hosts=host_traces(job.paths, job.files))
+
+
+def findings(plant: str, backend: str) -> list[dict[str, Any]]:
+    found = _report(*_files(plant, backend)).findings
+    assert found is not None
+    return found
+
+
+def of_kind(found: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [f for f in found if f["kind"] == kind]
+
+
+def planted(plant: str, backend: str) -> dict[str, Any]:
+    """What the capture's program printed (its manifest entry)."""
+    manifest = "manifest-h200x2.json" if plant.endswith("2") else "manifest-h100.json"
+    for entry in json.loads((FW / manifest).read_text()):
+        kind = "nsys" if backend == "sqlite" else backend
+        if entry["name"] == f"plants-{plant}" and entry["kind"] == kind:
+            return dict(entry["printed"][0])
+    raise KeyError(plant)
+
+
+def near(value: float, truth: float, within: float = 0.20) -> bool:
+    return abs(value - truth) <= within * truth
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sleep_is_host_idle_before_forward(backend: str) -> None:
+    truth = planted("sleep", backend)
+    (idle,) = of_kind(findings("sleep", backend), "host_idle")
+    # all three sleeps lie in the capture (nsys: after cudaProfilerStart; torch: its window)
+    assert near(idle["recoverable_ms"], truth["sleep_ms"] * truth["steps"])
+    assert idle["evidence"]["where"] == "before forward" and idle["phase"] == "forward"
+    assert idle["evidence"]["count"] == truth["steps"] and idle["evidence"]["rows"]
+    assert not of_kind(findings("baseline", backend), "host_idle")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_syncs_are_counted_exactly(backend: str) -> None:
+    truth = planted("sync", backend)["syncs"]["total"]
+    (sync,) = of_kind(findings("sync", backend), "host_sync")
+    assert sync["evidence"]["count"] == truth == 6
+    assert len(sync["evidence"]["rows"]) == 6 and sync["recoverable_ms"] > 0
+    assert sync["evidence"]["by_phase"]["forward"] == 3  # the .item() in forward
+    assert not of_kind(findings("baseline", backend), "host_sync")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiny_model_is_launch_bound(backend: str) -> None:
+    (tiny,) = of_kind(findings("tiny", backend), "launch_bound")
+    assert tiny["severity"] == "high" and tiny["evidence"]["busy_share"] < 0.10
+    ev = tiny["evidence"]
+    assert ev["kernel_us"]["p50"] < ev["median_launch_interval_us"]
+    # The baseline (d_model 256, batch 8) is itself launch-bound, busy ~10-14% of its span
+    # (an expert would say so too); the tiny plant leaves the GPU idler still.
+    (base,) = of_kind(findings("baseline", backend), "launch_bound")
+    assert ev["busy_share"] < base["evidence"]["busy_share"]
+
+
+def _optimizer_ms(report: analysis.KernelReport) -> float:
+    rows = report.overall[report.overall["name"].str.contains("multi_tensor_apply")]
+    return float(rows["total_ms"].sum())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_foreach_is_unfused_optimizer_at_its_cost(backend: str) -> None:
+    (unfused,) = of_kind(findings("foreach", backend), "unfused_optimizer")
+    # truth: the foreach step's optimizer kernels less the fused step's (baseline capture)
+    truth = _optimizer_ms(_report(*_files("foreach", backend))) - _optimizer_ms(
+        _report(*_files("baseline", backend))
+    )
+    assert near(unfused["recoverable_ms"], truth)
+    assert unfused["phase"] == "optimizer" and unfused["evidence"]["count"] == 24
+    assert not of_kind(findings("baseline", backend), "unfused_optimizer")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sleeping_rank_is_the_straggler(backend: str) -> None:
+    truth = planted("straggler2", backend)
+    found = findings("straggler2", backend)
+    (strag,) = of_kind(found, "straggler")
+    assert strag["rank"] == truth["sleep_ranks"][0] == 1
+    assert strag["evidence"]["count"] == 3
+    (idle,) = of_kind(found, "host_idle")
+    assert idle["rank"] == 1 and idle["evidence"]["where"] == "before forward"
+    # nsys captures all three sleeps; torch.profiler's window opens after the first one
+    # (its first forward range starts before the window), so two are in it
+    sleeps = truth["sleeps_per_rank"] if backend == "sqlite" else truth["sleeps_per_rank"] - 1
+    assert near(strag["recoverable_ms"], truth["sleep_ms"] * sleeps)
+    assert near(idle["recoverable_ms"], truth["sleep_ms"] * sleeps)
+    assert not of_kind(findings("ddp2", backend), "straggler")
+    assert not [f for f in findings("ddp2", backend) if f["kind"] == "host_idle"]
+
+
+def _all_fixtures() -> list[list[Path]]:
+    singles = sorted(p for p in DATA.glob("*.sqlite.xz") if "no-kernels" not in p.name)
+    singles += [DATA / "torch-h200-unannotated-train.json.gz",
+                DATA / "torch-small-ctx128-train.json.gz",
+                DATA / "torch-small-ctx128-forward.json.gz"]  # fmt: skip
+    singles += sorted(FW.glob("nsys-*.sqlite.xz")) + sorted(FW.glob("torch-h100-*.json.gz"))
+    sets = [[p] for p in singles]
+    sets.append([DATA / f"torch-h200x2-small-ddp2-rank{r}.json.gz" for r in (0, 1)])
+    for stem in sorted({p.name.rsplit("-rank", 1)[0] for p in FW.glob("torch-h200x2-*.json.gz")}):
+        sets.append(sorted(FW.glob(f"{stem}-rank*.json.gz")))
+    return sets
+
+
+@pytest.mark.parametrize("paths", _all_fixtures(), ids=lambda ps: ps[0].name)
+def test_every_fixture_gives_sound_findings(paths: list[Path]) -> None:
+    report = _report(*paths)
+    found = report.findings
+    assert found is not None
+    assert [f["recoverable_ms"] for f in found] == sorted(
+        (f["recoverable_ms"] for f in found), reverse=True
+    )
+    for f in found:
+        assert f["kind"] in KINDS and f["severity"] in ("high", "medium", "low")
+        assert f["recoverable_ms"] >= 0 and 0 <= f["share"] <= 1
+        assert f["evidence"]["rows"] and "count" in f["evidence"]
+        assert f["phase"] is None or f["phase"] in set(report.phases["phase"])
+        assert f["advice"]
+        if f["kind"] == "launch_bound":  # never on a GPU busy half its span or more
+            assert f["evidence"]["busy_share"] < 0.5
+
+
+def _trace(gpu: list[tuple[int, int]], calls: list[tuple[int, int, str]]) -> HostTrace:
+    arr = functools.partial(np.array, dtype=np.int64)
+    return HostTrace(
+        "synthetic", arr([g[0] for g in gpu]), arr([g[1] for g in gpu]), arr([0] * len(gpu)),
+        np.zeros(len(gpu), bool), arr([c[0] for c in calls]), arr([c[1] for c in calls]),
+        arr([0] * len(calls)), np.array([call_kind(c[2]) for c in calls], np.int8),
+        np.array([c[2] for c in calls], object), bool(calls),
+    )  # fmt: skip
+
+
+def test_a_gpu_bound_run_has_no_host_finding() -> None:
+    # 1,000 kernels of 100 µs back to back, each launched 10 µs apart long before it runs
+    gpu = [(1_000_000 + i * 100_000, 1_000_000 + (i + 1) * 100_000) for i in range(1000)]
+    calls = [(i * 10_000, i * 10_000 + 5_000, "cudaLaunchKernel") for i in range(1000)]
+    ranges = pd.DataFrame({"name": ["forward"], "start": [0], "end": [101_000_000],
+                           "thread": [0], "depth": [0], "domain": [""]})  # fmt: skip
+    assert host_findings(_trace(gpu, calls), ranges, None, [], {"forward"}) == []
+
+
+def test_a_trace_without_api_calls_says_so_once() -> None:
+    gpu = [(0, 10), (1_000_000_000, 1_000_000_010)]
+    notes: list[str] = []
+    empty = pd.DataFrame(columns=["name", "start", "end", "thread", "depth", "domain"])
+    assert host_findings(_trace(gpu, []), empty, None, notes, set()) == []
+    assert len(notes) == 1 and "API calls" in notes[0]
+
+
+def test_sync_calls_are_told_from_launches() -> None:
+    assert call_kind("cudaStreamSynchronize_v3020") == 1
+    assert call_kind("cudaMemcpy") == 1 and call_kind("cudaMemcpyAsync") == 0
+    assert call_kind("cudaLaunchKernelExC_v11060") == 0 and call_kind("cuLaunchKernel") == 0
+    assert call_kind("cudaGetDevice") == -1
+
+
+def test_cli_findings_alone_and_first() -> None:
+    path = str(_files("sync", "sqlite")[0])
+    got = runner.invoke(app, ["kernels", path, "--findings", "-f", "json"])
+    assert got.exit_code == 0, got.output
+    found = json.loads(got.stdout)
+    assert of_kind(found, "host_sync")[0]["evidence"]["count"] == 6
+    whole = json.loads(runner.invoke(app, ["kernels", path, "-f", "json"]).stdout)
+    assert whole["findings"] == found
+    text = runner.invoke(app, ["kernels", path, "--findings"]).stdout
+    assert "host_sync" in text and "6 syncs" in text
+    table = runner.invoke(app, ["kernels", path, "-n", "1"]).stdout
+    assert table.index("Findings") < table.index("Phases")
+    md = runner.invoke(app, ["kernels", path, "-f", "md", "-n", "1"]).stdout
+    assert md.index("## Findings") < md.index("## Phases")
