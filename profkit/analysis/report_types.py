@@ -134,6 +134,8 @@ class RankedReport(KernelReport):
         base["job"] = job_summary(self.steps, self.world_size)
         if self.nodes:
             base["nodes"] = self.nodes
+        if "findings" in base:  # last, as in a one-process report
+            base["findings"] = base.pop("findings")
         return base
 
 

@@ -15,6 +15,7 @@ from profkit.analysis.findings.host import host_findings
 from profkit.analysis.findings.model import Finding
 from profkit.analysis.findings.optimizer import unfused_optimizer
 from profkit.analysis.findings.ranks import exposed_comm, straggler
+from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 if TYPE_CHECKING:
     from profkit.analysis.report_types import KernelReport
@@ -56,10 +57,11 @@ def _processes(
         pid, rank = entry.info.get("pid"), int(entry.info["rank"])
         if len(hosts) == len(ranks) and len(hosts) > 1:  # per-rank traces: one file each
             out.append((hosts[index], files[index].ranges, rank))
-        else:
-            ranges = files[0].ranges
-            mine = ((ranges["thread"].to_numpy() >> 24) & ((1 << 24) - 1)) == pid
-            out.append((hosts[0].of_process(pid), ranges[mine], rank))
+        else:  # one export of several processes, or several nodes' exports
+            at = next((i for i, h in enumerate(hosts) if (h.gpu_pid == pid).any()), 0)
+            ranges = files[at].ranges
+            mine = ((ranges["thread"].to_numpy() >> PROCESS_SHIFT) & PROCESS_MASK) == pid
+            out.append((hosts[at].of_process(pid), ranges[mine], rank))
     return out
 
 
