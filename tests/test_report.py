@@ -600,3 +600,11 @@ def test_plans_are_declarative_lists() -> None:
     assert len(course) == 5 * 2 * 2 and {c.device for c in course} == {"cuda"}
     assert {c.size for c in CPU_PLAN[0].configs} == {"tiny"}
     assert all(p.kind != "nsys" or p.configs[0].device == "cuda" for p in MINIMAL_PLAN + CPU_PLAN)
+
+
+def test_trace_parts_open_with_their_findings(traces_report: tuple[Path, str]) -> None:
+    _, text = traces_report
+    torch = section(text, "torch.profiler traces")
+    part = torch[torch.index("### torch-small-ctx128-train") :]
+    assert part.index("Findings:") < part.index("| backward |")
+    assert "launch_bound: " in part and "unfused_optimizer (optimizer): " in part

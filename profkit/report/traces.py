@@ -111,12 +111,14 @@ def _read(paths: list[Path], marks: PhaseRanges | None = None) -> Any:
     on one clock), as `profkit kernels` reads them (cache too); None when these traces are
     not the ranks of one run."""
     from profkit.analysis import kernel_report
+    from profkit.traces.host_calls import host_traces
     from profkit.traces.job import load
 
     job = load(paths)
     if job.kind == "side_by_side":
         return None
-    return kernel_report(job, top=TOP_KERNELS, consume=True, phase_ranges=marks)
+    hosts = host_traces(job.paths, job.files)  # for the findings
+    return kernel_report(job, top=TOP_KERNELS, consume=True, phase_ranges=marks, hosts=hosts)
 
 
 def _trace_part(
@@ -149,6 +151,10 @@ def _trace_body(
         write_text(full, kernel_report_markdown(report, f"Kernels: {stem}"))
     config = report.source.get("config")  # the sidecar's, or the trace's own
     lines = [heading, _describe(report, config, paths, full, out_dir)]
+    if report.findings:
+        from profkit.analysis.findings import findings_markdown
+
+        lines.append(findings_markdown(report.findings).replace("## Findings", "Findings:", 1))
     if isinstance(report, RankedReport):
         lines += _ranks_part(report, stem, out_dir, pictures)
     phases = report.phases.copy()
