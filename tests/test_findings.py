@@ -216,3 +216,49 @@ def test_cli_findings_alone_and_first() -> None:
     assert table.index("Findings") < table.index("Phases")
     md = runner.invoke(app, ["kernels", path, "-f", "md", "-n", "1"]).stdout
     assert md.index("## Findings") < md.index("## Phases")
+
+
+def _ranked(waits: list[list[float]], exposed: list[float]) -> Any:
+    """A stand-in for a ranked report: per step each rank's NCCL wait (10 ms steps), and
+    each rank's exposed NCCL time."""
+    from types import SimpleNamespace
+
+    rows = [
+        {"step": s, "rank": r, "step_ms": 10.0, "nccl_ms": 5.0, "nccl_wait_ms": w}
+        for s, per_rank in enumerate(waits)
+        for r, w in enumerate(per_rank)
+    ]
+    comm = [
+        {"kernels": 4, "time_ms": 5.0, "overlapped_ms": 0.0, "exposed_ms": e, "by_collective": []}
+        for e in exposed
+    ]
+    ranks = [
+        SimpleNamespace(info={"rank": r}, comm=SimpleNamespace(to_json=lambda c=c: c))
+        for r, c in enumerate(comm)
+    ]
+    return SimpleNamespace(ranks=ranks, steps=pd.DataFrame(rows), world_size=len(exposed))
+
+
+def test_straggler_needs_the_same_rank_step_after_step() -> None:
+    from profkit.analysis.findings.ranks import straggler
+
+    (found,) = straggler(_ranked([[3.0, 0.0], [2.5, 0.0], [3.5, 0.0]], [1.0, 1.0]))
+    assert found.rank == 1 and found.recoverable_ms == pytest.approx(9.0)
+    # bounded by the straggler's own host idle where it has one
+    (bounded,) = straggler(_ranked([[3.0, 0.0]] * 3, [1.0, 1.0]), {1: {"0": 1.0, "1": 1.0}})
+    assert bounded.recoverable_ms == pytest.approx(2.0)
+    assert straggler(_ranked([[3.0, 0.0], [0.0, 3.0], [3.0, 0.0], [0.0, 3.0]], [1, 1])) == []
+    assert straggler(_ranked([[0.5, 0.0]] * 3, [1.0, 1.0])) == []  # 5% of the step
+    assert straggler(_ranked([[3.0, 0.0]], [1.0, 1.0])) == []  # one step
+
+
+def test_exposed_comm_is_transfer_not_waiting() -> None:
+    from profkit.analysis.findings.ranks import exposed_comm
+
+    # rank 0 waits 3 ms a step of its 5 exposed ms; rank 1 waits for nobody
+    report = _ranked([[3.0, 0.0]] * 2, [10.0, 4.0])
+    found = {f.rank: f for f in exposed_comm(report)}
+    assert found[0].recoverable_ms == pytest.approx(4.0)
+    assert found[1].recoverable_ms == pytest.approx(4.0)
+    assert found[1].evidence["rows"] == [] and found[1].evidence["count"] == 4
+    assert exposed_comm(_ranked([[0.0, 0.0]] * 2, [0.5, 0.5])) == []  # 2.5% of the steps

@@ -15,6 +15,7 @@ A trace that recorded no API calls (a Chrome trace without ``cuda_runtime`` even
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,11 +138,16 @@ def _chrome(path: Path, meta: dict[str, Any]) -> HostTrace:
     calls: list[tuple[float, float, int, str]] = []
     for ev in events:
         cat = ev.get("cat") if isinstance(ev, dict) else None
-        if cat in ("kernel", "gpu_memcpy", "gpu_memset") and ev.get("ph") == "X":
+        if cat not in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime"):
+            continue
+        ts, dur = ev.get("ts"), ev.get("dur", 0)
+        if not _finite(ts) or not _finite(dur) or dur < 0:
+            continue  # what the columns' reader drops with a warning, dropped here silently
+        if cat != "cuda_runtime" and ev.get("ph") == "X":
             name = str(ev.get("name", "")) if cat == "kernel" else ""
-            gpu.append((ev["ts"], ev.get("dur", 0), 0, name))
+            gpu.append((ts, dur, 0, name))
         elif cat == "cuda_runtime" and call_kind(str(ev.get("name", ""))) >= 0:
-            calls.append((ev["ts"], ev.get("dur", 0), int(ev.get("pid", 0)), str(ev["name"])))
+            calls.append((ts, dur, 0, str(ev["name"])))
     pid = int(meta.get("pid") or 0)
     # One file is one process: its activities are that process's (Kineto's GPU events
     # carry the device as their pid).
@@ -152,6 +158,10 @@ def _chrome(path: Path, meta: dict[str, Any]) -> HostTrace:
     return _host_trace(
         str(path), gpu_ns, np.full(len(gpu_ns), pid, np.int64), call_ns, call_pid, bool(calls)
     )
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _to_ns(rows: list[tuple[Any, ...]], base: int) -> list[tuple[int, int, int, str]]:
