@@ -146,6 +146,7 @@ def _ranks(
     from profkit.torchprof import profile as torchprof
     from profkit.torchprof.ranks import profile_ranks, ranks_report_markdown
     from profkit.torchprof.report import title as report_title
+    from profkit.traces.host_calls import host_traces
     from profkit.traces.job import load
 
     name = torchprof.check_name(name or torchprof.default_name(config))
@@ -156,7 +157,7 @@ def _ranks(
         if job.kind != "ranks":  # each rank's trace names its rank: one without is no rank's
             names = ", ".join(Path(p).name for p in run.traces)
             raise BadInput(f"{names}: not the traces of one run's ranks (each names its own)")
-        report = kernel_report(job, consume=True)
+        report = kernel_report(job, consume=True, hosts=host_traces(job.paths, job.files))
     title = report_title(config, name)
     markdown = ranks_report_markdown(config, run, kernel_report_markdown(report, title))
     report_path = reports / f"{name}.md"

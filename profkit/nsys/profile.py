@@ -241,9 +241,11 @@ def _timed(record: dict[str, Any], part: str) -> Iterator[None]:
 def _post_process(sqlite_path: Path, name: str) -> str:
     """The kernel report of an export, as markdown: the same analysis as ``profkit kernels``."""
     from profkit.analysis import kernel_report, kernel_report_markdown
+    from profkit.traces.host_calls import host_traces
     from profkit.traces.job import load
 
-    report = kernel_report(load([sqlite_path]), top=20)
+    job = load([sqlite_path])
+    report = kernel_report(job, top=20, hosts=host_traces(job.paths, job.files))
     return str(kernel_report_markdown(report, f"Kernels: {name}"))  # with its ranks, if any
 
 
