@@ -37,6 +37,8 @@ LAUNCH_BOUND_MAX_BUSY = 0.5
 """launch_bound needs the GPU busy less than this share of the captured span ..."""
 LAUNCH_BOUND_MIN_GAP_SHARE = 0.25
 """... and the gaps of launch overhead at least this share of it."""
+OUTSIDE_PHASES = "between phases"
+"""``by_phase``'s key for calls made outside every outermost range."""
 MIN_RECOVERABLE_SHARE = 0.01
 """No host finding below this share of the captured span."""
 
@@ -215,7 +217,7 @@ def _host_sync(
     return Finding(
         "host_sync", ms(total), total / span,
         {"count": len(rows), "calls": dict(names),
-         "by_phase": {str(k): v for k, v in phases.items()}, "span_ms": ms(span),
+         "by_phase": {k or OUTSIDE_PHASES: v for k, v in phases.items()}, "span_ms": ms(span),
          "rows": rows[:20]},
         f"{len(rows)} blocking synchronizations drained the GPU queue (.item(), .cpu(), "
         "print(tensor), torch.cuda.synchronize()): keep values on the GPU, log them every N "
