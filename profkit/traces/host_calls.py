@@ -94,39 +94,55 @@ def read_host_trace(path: Path, meta: dict[str, Any]) -> HostTrace:
 
 
 def _nsys(path: Path) -> HostTrace:
+    """Integer columns read in chunks on a few threads (:class:`~.sqlite_scan.ParallelReader`),
+    as the columns' reader does: no Python row per activity."""
     from profkit.traces.nsys_export import opened_export
-    from profkit.traces.sqlite_scan import table_columns
+    from profkit.traces.sqlite_scan import ParallelReader, table_columns
 
-    with opened_export(path) as (conn, _plain):
+    gpu: dict[str, list[np.ndarray]] = {"start": [], "end": [], "pid": [], "name": []}
+    call: dict[str, list[np.ndarray]] = {"start": [], "end": [], "pid": [], "name": []}
+    with opened_export(path) as (conn, plain):
         tables = table_columns(conn)
-        parts = []
-        for table, named in (("CUPTI_ACTIVITY_KIND_KERNEL", True),
-                             ("CUPTI_ACTIVITY_KIND_MEMCPY", False),
-                             ("CUPTI_ACTIVITY_KIND_MEMSET", False)):  # fmt: skip
-            if table not in tables:
-                continue
-            name = "coalesce(s.value, '')" if named else "''"
-            join = "LEFT JOIN StringIds s ON s.id = a.shortName" if named else ""
-            rows = conn.execute(
-                f"SELECT a.start, a.end, a.globalPid, {name} FROM {table} a {join}"
-            ).fetchall()
-            parts.extend(rows)
-        calls: list[tuple[int, int, int, str]] = []
-        if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
-            names = dict(conn.execute("SELECT id, value FROM StringIds").fetchall())
+        names = dict(conn.execute("SELECT id, value FROM StringIds").fetchall())
+        with ParallelReader(plain) as reader:
+            for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                          "CUPTI_ACTIVITY_KIND_MEMSET"):  # fmt: skip
+                if table not in tables:
+                    continue
+                name = "shortName" if "shortName" in tables[table] else "-1"
+                exprs = {"start": "start", "end": "end", "pid": "globalPid", "name": name}
+                for chunk in reader.stream(conn, table, exprs):
+                    for key in gpu:
+                        gpu[key].append(chunk[key])
             kinds = {i: call_kind(str(v)) for i, v in names.items()}
-            wanted = [i for i, k in kinds.items() if k >= 0]
-            marks = ",".join("?" * len(wanted))
-            for start, end, tid, name_id in conn.execute(
-                "SELECT start, end, globalTid, nameId FROM CUPTI_ACTIVITY_KIND_RUNTIME "
-                f"WHERE nameId IN ({marks})",
-                wanted,
-            ):
-                calls.append((start, end, tid, names[name_id]))
-    gpu = sorted(parts)
-    g_pid = np.array([r[2] for r in gpu], dtype=np.int64) >> PROCESS_SHIFT & PROCESS_MASK
-    c_pid = np.array([r[2] for r in calls], dtype=np.int64) >> PROCESS_SHIFT & PROCESS_MASK
-    return _host_trace(str(path), gpu, g_pid, calls, c_pid, bool(calls))
+            wanted = ",".join(str(i) for i, k in kinds.items() if k >= 0)
+            if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables and wanted:
+                exprs = {"start": "start", "end": "end", "pid": "globalTid", "name": "nameId"}
+                where = f"nameId IN ({wanted})"
+                for chunk in reader.stream(conn, "CUPTI_ACTIVITY_KIND_RUNTIME", exprs, where):
+                    for key in call:
+                        call[key].append(chunk[key])
+    g = {k: np.concatenate([np.zeros(0, np.int64), *v]).astype(np.int64) for k, v in gpu.items()}
+    c = {k: np.concatenate([np.zeros(0, np.int64), *v]).astype(np.int64) for k, v in call.items()}
+    nccl_ids = np.array([i for i, v in names.items() if NCCL_PREFIX.match(str(v))], np.int64)
+    g_order = np.argsort(g["start"], kind="stable")
+    c_order = np.argsort(c["start"], kind="stable")
+    ids, index = np.unique(c["name"][c_order], return_inverse=True)  # a few names, many calls
+    id_names = np.array([str(names.get(int(i), "")) for i in ids], dtype=object)
+    id_kinds = np.array([call_kind(n) for n in id_names], dtype=np.int8)
+    return HostTrace(
+        str(path),
+        g["start"][g_order],
+        g["end"][g_order],
+        (g["pid"][g_order] >> PROCESS_SHIFT) & PROCESS_MASK,
+        np.isin(g["name"][g_order], nccl_ids),
+        c["start"][c_order],
+        c["end"][c_order],
+        (c["pid"][c_order] >> PROCESS_SHIFT) & PROCESS_MASK,
+        id_kinds[index] if len(ids) else np.zeros(0, np.int8),
+        id_names[index] if len(ids) else np.zeros(0, object),
+        len(c["start"]) > 0,
+    )
 
 
 def _chrome(path: Path, meta: dict[str, Any]) -> HostTrace:

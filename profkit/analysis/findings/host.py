@@ -59,9 +59,10 @@ def host_findings(
     gaps = _gaps(host)
     span = float(host.gpu_end.max() - _span_start(host))
     steps = _step_starts(ranges)
+    places = _Places(ranges)
     found = [
-        _host_sync(host, gaps, span, rank, ranges),
-        _host_idle(gaps, span, rank, ranges, steps),
+        _host_sync(host, gaps, span, rank, places),
+        _host_idle(gaps, span, rank, places, steps),
         _launch_bound(host, gaps, span, rank),
     ]
     kept = [f for f in found if f is not None and f.share >= MIN_RECOVERABLE_SHARE]
@@ -133,19 +134,34 @@ def _step_starts(ranges: pd.DataFrame) -> np.ndarray:
     return top.loc[top["name"] == first, "start"].to_numpy(np.int64)
 
 
-def _where(at: int, ranges: pd.DataFrame) -> str | None:
-    """The outermost range open at ``at``, or None between them."""
-    top = ranges[(ranges["depth"] == 0) & (ranges["start"] <= at) & (ranges["end"] >= at)]
-    return str(top["name"].iloc[0]) if len(top) else None
+class _Places:
+    """Where the host was at given times: the outermost range open then, or the next one
+    to open (one sort of the outermost ranges; look-ups by binary search)."""
 
+    def __init__(self, ranges: pd.DataFrame) -> None:
+        top = ranges[ranges["depth"] == 0].sort_values("start", kind="stable")
+        self.start = top["start"].to_numpy(np.int64)
+        self.end = np.maximum.accumulate(top["end"].to_numpy(np.int64)) if len(top) else self.start
+        self.name = top["name"].astype(str).to_numpy(dtype=object)
 
-def _next_range(at: int, ranges: pd.DataFrame) -> str | None:
-    later = ranges[(ranges["depth"] == 0) & (ranges["start"] >= at)].sort_values("start")
-    return str(later["name"].iloc[0]) if len(later) else None
+    def inside(self, at: np.ndarray) -> list[str | None]:
+        """The outermost range open at each time (the latest begun), else None."""
+        k = np.searchsorted(self.start, at, side="right") - 1
+        ok = (k >= 0) & (self.end[np.maximum(k, 0)] >= at) if len(self.start) else k < -1
+        return [str(self.name[j]) if o else None for j, o in zip(k, ok, strict=True)]
+
+    def place(self, at: np.ndarray) -> list[str]:
+        """``in NAME`` where a range is open, else ``before NAME`` (the next to open)."""
+        after = np.searchsorted(self.start, at, side="left")
+        out = []
+        for name, j in zip(self.inside(at), after, strict=True):
+            nxt = str(self.name[j]) if j < len(self.name) else None
+            out.append(f"in {name}" if name else f"before {nxt}")
+        return out
 
 
 def _host_idle(
-    gaps: pd.DataFrame, span: float, rank: int | None, ranges: pd.DataFrame, steps: np.ndarray
+    gaps: pd.DataFrame, span: float, rank: int | None, places: _Places, steps: np.ndarray
 ) -> Finding | None:
     idle = gaps[gaps["cause"] == "idle"]
     if not len(idle):
@@ -154,75 +170,83 @@ def _host_idle(
     n_steps = max(len(steps), 1)
     if len(set(step_of.tolist())) < HOST_IDLE_MIN_STEP_FRACTION * n_steps:
         return None
-    rows, places = [], Counter[str]()
-    for (_, g), step in zip(idle.iterrows(), step_of, strict=True):
-        middle = int(g["start"] + g["idle"] // 2)  # where the host was while it launched nothing
-        inside = _where(middle, ranges)
-        place = f"in {inside}" if inside else f"before {_next_range(middle, ranges)}"
-        places[place] += int(g["idle"])  # where most of the idle time is
-        rows.append({"step": int(step) if len(steps) else None, "where": place,
-                     "idle_ms": ms(g["idle"]), "gap_ms": ms(g["end"] - g["start"])})  # fmt: skip
-    total = float(idle["idle"].sum())
+    idle_ns = idle["idle"].to_numpy(np.int64)
+    # where the host was while it launched nothing: the middle of the idle
+    where_of = places.place(idle["start"].to_numpy(np.int64) + idle_ns // 2)
+    weight = Counter[str]()
+    for place, ns in zip(where_of, idle_ns, strict=True):
+        weight[place] += int(ns)  # the place with the most idle time
+    step_key = [str(int(k)) if len(steps) else "None" for k in step_of]
     by_step: dict[str, float] = {}
-    for row in rows:
-        key = str(row["step"])
-        by_step[key] = round(by_step.get(key, 0.0) + row["idle_ms"], 6)
-    where = places.most_common(1)[0][0]
-    phase = where.split(" ", 1)[1] if where.split(" ", 1)[1] != "None" else None
+    for key, ns in zip(step_key, idle_ns, strict=True):
+        by_step[key] = round(by_step.get(key, 0.0) + ms(ns), 6)
+    gap_ns = (idle["end"] - idle["start"]).to_numpy(np.int64)
+    rows = [
+        {"step": int(step_of[i]) if len(steps) else None, "where": where_of[i],
+         "idle_ms": ms(idle_ns[i]), "gap_ms": ms(gap_ns[i])}
+        for i in np.argsort(-idle_ns, kind="stable")[:10]
+    ]  # fmt: skip
+    total = float(idle_ns.sum())
+    where = weight.most_common(1)[0][0]
+    phase = where.split(" ", 1)[1]
     return Finding(
         "host_idle", ms(total), total / span,
         {"count": len(idle), "where": where, "per_step_ms": ms(total / n_steps),
          "by_step_ms": by_step,
-         "steps": n_steps, "span_ms": ms(span), "rows": rows[:10]},
+         "steps": n_steps, "span_ms": ms(span), "rows": rows},
         "The GPU waits while the host launches nothing "
         f"({ms(total / n_steps):.2f} ms a step, {where}): move the host work off the step "
         "(DataLoader workers, pin_memory and non_blocking copies, prefetch the next batch).",
-        rank, phase,
+        rank, None if phase == "None" else phase,
     )  # fmt: skip
 
 
 def _host_sync(
-    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None, ranges: pd.DataFrame
+    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None, places: _Places
 ) -> Finding | None:
     """Blocking syncs made while GPU work was in flight that drained the queue: the GPU
-    went idle before the call returned (a gap opens inside it), or the call returned
-    after the last GPU work of the capture."""
+    went idle while the host was in the call and was still idle when it returned, or the
+    call returned after the last GPU work of the capture."""
     first, last = int(host.gpu_start.min()), int(host.gpu_end.max())
     tol = int(SYNC_TOLERANCE_MS * 1e6)
-    lo, hi = gaps["start"].to_numpy(), gaps["end"].to_numpy()
-    rows, phases, names, total = [], Counter(), Counter(), 0.0
-    for i in np.flatnonzero(host.call_kind == 1):
-        start, end = int(host.call_start[i]), int(host.call_end[i])
-        if start >= last + tol or end <= first:
-            continue  # before or after the captured GPU work: it drained nothing
-        # the gap the GPU was in when the call returned, opened while the host was in it
-        inside = np.flatnonzero((lo >= start - tol) & (lo <= end + tol) & (hi > end))[:1]
-        if not len(inside) and end < last:
-            continue  # the GPU kept working through it: it blocked the host only
-        # the idle that follows it: the whole gap where the sync caused it, else the part
-        # of the gap the host spent inside the call
-        is_sync = (gaps["cause"].to_numpy()[inside] == "sync") if len(inside) else []
-        idle = sum(float(hi[j] - lo[j]) if own else max(0.0, float(end - lo[j]))
-                   for j, own in zip(inside, is_sync, strict=True))  # fmt: skip
-        total += idle
-        name = str(host.call_name[i])
-        phase = _where(start, ranges)
-        phases[phase] += 1
-        names[name] += 1
-        rows.append({"call": name, "phase": phase, "call_ms": ms(end - start),
-                     "idle_after_ms": ms(idle)})  # fmt: skip
-    if not rows:
+    lo, hi = gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64)
+    own = gaps["cause"].to_numpy() == "sync"
+    at = np.flatnonzero(host.call_kind == 1)
+    start, end = host.call_start[at], host.call_end[at]
+    during = (start < last + tol) & (end > first)  # else before or after the GPU work
+    # the gap the GPU was in when the call returned (the last to open by then), if it
+    # opened while the host was in the call (gaps come in time order)
+    j = np.searchsorted(lo, end + tol, side="right") - 1
+    jj = np.maximum(j, 0)
+    hit = (j >= 0) & (lo[jj] >= start - tol) & (hi[jj] > end) if len(lo) else j < -1
+    keep = during & (hit | (end >= last))  # else the GPU kept working: it blocked the host only
+    # the idle that follows: the whole gap where the sync caused it, else the part of the
+    # gap the host spent inside the call
+    idle = np.where(
+        hit, np.where(own[jj] if len(lo) else False, hi[jj] - lo[jj],
+                      np.maximum(0, end - lo[jj]) if len(lo) else 0), 0,
+    )[keep]  # fmt: skip
+    if not keep.any():
         return None
-    phase = phases.most_common(1)[0][0]
+    at, start, end = at[keep], start[keep], end[keep]
+    phase_of = places.inside(start)
+    names = [str(n) for n in host.call_name[at]]
+    rows = [
+        {"call": names[i], "phase": phase_of[i], "call_ms": ms(end[i] - start[i]),
+         "idle_after_ms": ms(idle[i])}
+        for i in range(min(len(at), 20))
+    ]  # fmt: skip
+    phases = Counter(phase_of)
+    total = float(idle.sum())
     return Finding(
         "host_sync", ms(total), total / span,
-        {"count": len(rows), "calls": dict(names),
+        {"count": len(at), "calls": dict(Counter(names)),
          "by_phase": {k or OUTSIDE_PHASES: v for k, v in phases.items()}, "span_ms": ms(span),
-         "rows": rows[:20]},
-        f"{len(rows)} blocking synchronizations drained the GPU queue (.item(), .cpu(), "
+         "rows": rows},
+        f"{len(at)} blocking synchronizations drained the GPU queue (.item(), .cpu(), "
         "print(tensor), torch.cuda.synchronize()): keep values on the GPU, log them every N "
         "steps, or copy with non_blocking=True into pinned memory.",
-        rank, phase,
+        rank, phases.most_common(1)[0][0],
     )  # fmt: skip
 
 
