@@ -214,6 +214,9 @@ def test_cli_findings_alone_and_first() -> None:
     assert "host_sync" in text and "6 syncs" in text
     table = runner.invoke(app, ["kernels", path, "-n", "1"]).stdout
     assert table.index("Findings") < table.index("Phases")
+    csv = runner.invoke(app, ["kernels", path, "--findings", "-f", "csv"]).stdout
+    assert csv.splitlines()[0] == "kind,severity,recoverable_ms,share,rank,phase,advice"
+    assert len(csv.strip().splitlines()) == len(found) + 1
     md = runner.invoke(app, ["kernels", path, "-f", "md", "-n", "1"]).stdout
     assert md.index("## Findings") < md.index("## Phases")
 

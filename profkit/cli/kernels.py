@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
+import pandas as pd
 import typer
 
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, PhaseRangesOpt, command
@@ -189,6 +190,11 @@ def _findings_only(report: KernelReport, fmt: str, out: Path | None) -> None:
     found = report.findings or []
     if fmt == "json":
         emit_tables([], fmt, out, json_value=found)
+        return
+    if fmt == "csv":  # one row a finding, its evidence left to the JSON
+        columns = ["kind", "severity", "recoverable_ms", "share", "rank", "phase", "advice"]
+        table = pd.DataFrame([{c: f[c] for c in columns} for f in found], columns=columns)
+        emit_tables([("findings", table)], fmt, out)
         return
     text = findings_markdown(found, top=len(found) or 1)
     if fmt == "table":
