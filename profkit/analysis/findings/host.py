@@ -1,12 +1,15 @@
 """Host-side rules: ``host_idle``, ``host_sync``, ``launch_bound``.
 
-One process at a time: the union of its GPU intervals over its captured span (first GPU
-start to last GPU end) leaves gaps. A gap is the host's doing when the work that ends it
-was launched after the GPU went idle (a launch call starts inside the gap); each such gap
-gets one cause, first match wins:
+One process at a time: the union of its GPU intervals over its captured span (from the
+capture's start, ``cudaProfilerStart``, where the trace has it, else the first GPU work, to
+the last GPU work) leaves gaps. A gap is the host's doing when the work that ends it was
+launched after the GPU went idle (a launch call starts inside the gap; otherwise the work
+was queued and waited on something else: ``device``). Each host gap gets one cause, first
+match wins:
 
-- a blocking sync (:data:`~profkit.traces.host_calls.CALL_KINDS` ``sync``) returned inside
-  it: the host waited for the queue to drain, then had to refill it (``host_sync``);
+- a blocking sync (:data:`~profkit.traces.host_calls.CALL_KINDS` ``sync``) was in progress
+  when the GPU ran dry, and the host launched again within :data:`HOST_IDLE_MIN_MS` of its
+  return: the host waited for the queue to drain, then had to refill it (``host_sync``);
 - the host launched nothing for at least :data:`HOST_IDLE_MIN_MS` after the GPU went idle
   (``host_idle``: an input pipeline, a sleep, Python work between phases);
 - else it is launch overhead: the GPU ran out of work between launches (``launch_bound``).
@@ -32,7 +35,8 @@ HOST_IDLE_MIN_STEP_FRACTION = 0.5
 """host_idle is reported only where it recurs: in at least this fraction of the steps (a
 one-off stall, such as a first step's warm-up, is not what to fix first)."""
 SYNC_TOLERANCE_MS = 0.02
-"""A sync that returned this close before a gap began counts as the gap's cause."""
+"""Slack for "in progress when the GPU ran dry": a sync begun or returned this close to
+the gap's opening counts (the API and GPU timestamps are taken apart)."""
 LAUNCH_BOUND_MAX_BUSY = 0.5
 """launch_bound needs the GPU busy less than this share of the captured span ..."""
 LAUNCH_BOUND_MIN_GAP_SHARE = 0.25
