@@ -265,3 +265,17 @@ def test_exposed_comm_is_transfer_not_waiting() -> None:
     assert found[1].recoverable_ms == pytest.approx(4.0)
     assert found[1].evidence["rows"] == [] and found[1].evidence["count"] == 4
     assert exposed_comm(_ranked([[0.0, 0.0]] * 2, [0.5, 0.5])) == []  # 2.5% of the steps
+
+
+def test_a_chrome_trace_without_runtime_events_says_so(tmp_path: Path) -> None:
+    import gzip
+
+    doc = json.loads(gzip.decompress(_files("sleep", "torch")[0].read_bytes()))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "cuda_runtime"]
+    path = tmp_path / "no-runtime.json"
+    path.write_text(json.dumps(doc))
+    got = runner.invoke(app, ["kernels", str(path), "-f", "md", "-n", "1"])
+    assert got.exit_code == 0, got.output
+    assert "host_idle, host_sync and launch_bound need the CUDA API calls" in got.stdout
+    assert got.stdout.count("need the CUDA API calls") == 1
+    assert "## Findings" in got.stdout and "host_idle" not in got.stdout.split("## Phases")[0]
