@@ -69,6 +69,7 @@ def kernel_report(
     """
     from profkit.analysis.joins import analyze_node_columns, analyze_rank_file_columns
 
+    report: KernelReport
     if job.kind == "ranks":
         report = analyze_rank_file_columns(
             job.files, top, phase, range, rank, consume, phases, phase_ranges

@@ -52,7 +52,7 @@ def _processes(
     ranks = getattr(report, "ranks", None) or []
     if not ranks:
         return [(hosts[0], files[0].ranges, None)]
-    out = []
+    out: list[tuple[HostTrace, Any, int | None]] = []
     for index, entry in enumerate(ranks):
         pid, rank = entry.info.get("pid"), int(entry.info["rank"])
         if len(hosts) == len(ranks) and len(hosts) > 1:  # per-rank traces: one file each
