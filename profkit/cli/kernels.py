@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
-import pandas as pd
 import typer
 
 from profkit.cli._common import FormatOpt, NsysOpt, OutOpt, PhaseRangesOpt, command
@@ -184,6 +183,8 @@ def kernels(
 
 def _findings_only(report: KernelReport, fmt: str, out: Path | None) -> None:
     """``--findings``: the findings alone (JSON: the list; else one line each)."""
+    import pandas as pd
+
     from profkit.analysis.findings import findings_markdown
     from profkit.formats import write_text
 
