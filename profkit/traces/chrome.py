@@ -204,6 +204,7 @@ def _read(p: Path, chunk_bytes: int | None, progress: Progress | None) -> _Read:
     ranges, steps = ranges_table(collected.pop("ranges"), base_ns, collected["issues"])
     activities = gathered.finish(base_ns, collected["issues"])
     meta = _meta(p, header, collected, ranges, activities, steps)
+    meta["base_time_ns"] = base_ns  # the base the times were read with (0 for one out of range)
     meta["sidecar"] = read_sidecar(p)
     return _Read(activities, ranges, meta)
 
