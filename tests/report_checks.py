@@ -19,9 +19,9 @@ STORY_KEYS = ("phases_from", "patterns")
 """What the columns' report says of its phases' origin and the framework patterns (issue
 25), which the full tables' engine, kept only as a reference until it is deleted, lacks."""
 STORY_NOTES = ("Phases from ", "Recognized: ")
-ADDED_COLUMNS = {column for columns in EXTRA.values() for column in columns}
+ADDED_COLUMNS = {column for columns in EXTRA.values() for column in columns} | {"findings"}
 """The columns every JSON table row carries since issue 27 (beyond the contract's keys),
-which outputs frozen before it lack."""
+and the report's ``findings`` since issue 28, which outputs frozen before them lack."""
 
 
 def _without_story(report: KernelReport) -> tuple[list[str], dict[str, Any]]:
