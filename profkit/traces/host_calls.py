@@ -90,7 +90,8 @@ def read_host_trace(path: Path, meta: dict[str, Any]) -> HostTrace:
     """The :class:`HostTrace` of one trace file (its columns' ``meta`` says the format)."""
     if meta.get("format") == "chrome":
         return _chrome(path, meta)
-    return _nsys(path)
+    # An .nsys-rep was read through its SQLite export, which the columns' meta names.
+    return _nsys(Path(meta.get("path") or path))
 
 
 def _nsys(path: Path) -> HostTrace:
