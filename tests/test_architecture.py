@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[1] / "profkit"
 
 # Lowest first. Modules at the top level of the package are the shared base.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "files", "formats", "sidecar"),
+    ("cores", "errors", "files", "formats", "sidecar"),
     ("workload",),
     ("run",),
     ("traces",),
     ("analysis",),
-    ("nsys", "torchprof", "memory"),
+    ("nsys", "torchprof", "memory", "cluster"),
     ("studies",),
     ("report",),
     ("cli",),

@@ -24,6 +24,7 @@ from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 if TYPE_CHECKING:
     from profkit.analysis.crosscheck import SideBySide
+    from profkit.analysis.node_parts import NodeRanks
     from profkit.traces.columns import ActivityColumns
     from profkit.traces.host_calls import HostTrace
     from profkit.traces.job import Job
@@ -51,6 +52,7 @@ def kernel_report(
     consume: bool = False,
     phase_ranges: PhaseRanges | None = None,
     hosts: list[HostTrace] | None = None,
+    nodes: list[NodeRanks | None] | None = None,
 ) -> KernelReport:
     """The kernel report of a loaded job (:func:`profkit.traces.job.load`), from its files'
     compact columns, in bounded memory, phases annotated or inferred (``phases``).
@@ -65,7 +67,10 @@ def kernel_report(
     are of no further use then). ``phase_ranges``: the user's marks that are the phases
     (``--phase-ranges``). Traces to compare side by side have no one report:
     :func:`side_by_side`. ``hosts`` (:func:`profkit.traces.host_calls.host_traces` of the
-    job): the report gets its ``findings`` (:mod:`.findings`).
+    job): the report gets its ``findings`` (:mod:`.findings`). ``nodes``: each file's ranks
+    analysed where it lies (:func:`.node_parts.node_ranks`, on Dask workers), used where
+    the job is several nodes' exports and every one was analysed; with them, findings are
+    made where ``hosts`` is given (any list: the nodes' host findings came with them).
     """
     from profkit.analysis.joins import analyze_node_columns, analyze_rank_file_columns
 
@@ -74,6 +79,17 @@ def kernel_report(
         report = analyze_rank_file_columns(
             job.files, top, phase, range, rank, consume, phases, phase_ranges
         )
+    elif job.kind == "nodes" and nodes is not None and all(n is not None for n in nodes):
+        from profkit.analysis.node_parts import Options, join_node_ranks
+
+        options = Options(top, phase, range, phases, phase_ranges)
+        report, host_found = join_node_ranks(job.files, [n for n in nodes if n], options, rank)
+        if hosts is not None:
+            from profkit.analysis.findings import findings_of
+
+            report.findings, notes = findings_of(report, [], [], host_found)
+            report.notes.extend(notes)
+        return report
     elif job.kind == "nodes":
         report = analyze_node_columns(
             job.files, top, phase, range, rank, consume, phases, phase_ranges

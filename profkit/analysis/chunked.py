@@ -12,11 +12,12 @@ export from one core to four (docs/PERFORMANCE.md).
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
+
+from profkit.cores import cores
 
 T = TypeVar("T")
 CHUNK = 1 << 17  # activities per analysis chunk: ~15 MB of temporaries, a few in flight
@@ -27,7 +28,7 @@ MB), and the reader's threads (``traces.sqlite_scan.MAX_READ_THREADS``) stop at 
 
 def threads() -> int:
     """How many threads a pass uses here."""
-    return max(1, min(MAX_THREADS, os.cpu_count() or 1))
+    return max(1, min(MAX_THREADS, cores()))
 
 
 def map_chunks(fn: Callable[[int, int], T], count: int, size: int) -> Iterator[T]:

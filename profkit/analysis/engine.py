@@ -77,12 +77,15 @@ def analyze_columns(
     layout: Layout | None = None,
     rank: int | None = None,
     phase_ranges: PhaseRanges | None = None,
+    entries: list[RankEntry] | None = None,
 ) -> KernelReport:
     """The kernel report of the columns: of one process, or with ``layout``
     (:func:`.rank_layout.ranks_of`) a :class:`~.report_types.RankedReport` of its ranks,
     ``rank`` narrowing its tables to one. Raises :class:`.rank_layout.RanksUntold` where
     the columns cannot tell it (no other reading is tried). ``phase_ranges``: the user's
-    marks that are the phases (``--phase-ranges``)."""
+    marks that are the phases (``--phase-ranges``). ``entries``: the ranks' entries, made
+    already (each node of a job analysed alone, where its file lies:
+    :mod:`.node_parts`), in layout order; only the job's own tables are made here."""
     if layout is not None and rank is not None and rank not in [p["rank"] for p in layout.info]:
         known = ", ".join(str(p["rank"]) for p in layout.info) or "none"
         raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
@@ -117,9 +120,13 @@ def analyze_columns(
     if layout is None:
         scope = whole_scope(cols, plan, sums, by_range, labels)
         return scope_report(cols, scope, categories, top, phase, range)
-    scopes = [rank_scope(cols, plan, sums, v, r, by_range, labels) for r, v in enumerate(views)]
-    reports = [scope_report(cols, s, categories, top, phase, range) for s in scopes]
-    entries = _rank_entries(cols, layout, att, selection, sums, scopes, reports)
+    if entries is None:
+        scopes = [rank_scope(cols, plan, sums, v, r, by_range, labels) for r, v in enumerate(views)]
+        reports = [scope_report(cols, s, categories, top, phase, range) for s in scopes]
+        entries = _rank_entries(cols, layout, att, selection, sums, scopes, reports)
+    else:
+        for entry, info in zip(entries, layout.info, strict=True):
+            entry.info = info
     chosen = [e for e in entries if rank is None or e.info["rank"] == rank]
     if rank is not None:
         report_of_all = chosen[0].report

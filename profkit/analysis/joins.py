@@ -183,12 +183,21 @@ def analyze_node_columns(
 def merge_node_columns(
     nodes: list[ActivityColumns], consume: bool = False
 ) -> tuple[ActivityColumns, Layout, list[dict[str, Any]]]:
+    """:func:`merge_nodes` without the nodes' clock shifts."""
+    merged, layout, real, _ = merge_nodes(nodes, consume)
+    return merged, layout, real
+
+
+def merge_nodes(
+    nodes: list[ActivityColumns], consume: bool = False
+) -> tuple[ActivityColumns, Layout, list[dict[str, Any]], list[int]]:
     """The nodes' columns as one export's, its ranks, and each rank's real pid, host and
     GPU (the layout's ``pid`` is its merged process key). ``consume``: each node's arrays
     are given up as soon as they are copied into the merged ones (the node keeps only what
     reads its shapes), so memory holds them about once; the nodes' columns are of no
-    further use then. Raises :class:`~profkit.errors.BadInput` where the merged codes would
-    not fit their 16 bits (GPUs, launching threads)."""
+    further use then; and each node's shift onto the job's clock (ns, added to its times).
+    Raises :class:`~profkit.errors.BadInput` where the merged codes would not fit their 16
+    bits (GPUs, launching threads)."""
     layouts = []
     for cols in nodes:
         if START not in cols.arrays:
@@ -245,14 +254,15 @@ def merge_node_columns(
     }
     read_shapes = shapes_of(nodes)
     rekeys = [functools.partial(rekeyed_ids, keys=keys) for keys in keys_of]
-    merged = joined_columns(nodes, rekeys, lifted(shifts), stride, consume)
+    shifts = lifted(shifts)
+    merged = joined_columns(nodes, rekeys, shifts, stride, consume)
     merged.meta, merged.read_shapes = meta, read_shapes
     layout = ranks_of(merged, fewest=1)
     # Each node's ranks keep their order: GPUs apart node by node, keys in rank order.
     assert layout is not None and [i["pid"] for i in layout.info] == [r["process"] for r in real]
     for info in layout.info:
         info["world_size"] = len(real)
-    return merged, layout, real
+    return merged, layout, real, shifts
 
 
 def joined_columns(

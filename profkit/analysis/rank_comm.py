@@ -46,6 +46,22 @@ class ColumnSteps(RankSteps):
 
     made: pd.DataFrame = field(default_factory=pd.DataFrame)
     read_kernels: Callable[[int], pd.DataFrame] | None = None
+    starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Its steps' starts (:func:`.steps.step_starts`): what reads a step's kernels again."""
+
+    def moved(self, rank: int, shift: int) -> ColumnSteps:
+        """These steps as rank ``rank``'s, ``shift`` ns later (a node analysed alone, put
+        on its job's clock), without their reader (``read_kernels``: the job's columns')."""
+        m = self.made  # built from arrays: pandas' column edits cost ms a rank
+        made = pd.DataFrame(
+            {"step": m["step"].to_numpy(), "start": m["start"].to_numpy() + shift,
+             "end": m["end"].to_numpy() + shift, "nccl_ms": m["nccl_ms"].to_numpy(),
+             "rank": np.full(len(m), rank, dtype=np.int64)},
+        )  # fmt: skip
+        return ColumnSteps(
+            rank, self.step, self.start + shift, self.end + shift, self.nccl, self.is_kernel,
+            made, None, self.starts + shift,
+        )  # fmt: skip
 
     def table(self) -> pd.DataFrame:
         return self.made
@@ -205,7 +221,9 @@ def rank_steps(
         }
     ).assign(rank=r)
     every = np.ones(len(step), dtype=bool)
-    return ColumnSteps(r, step, start, start + duration, every, every, made, read_kernels)
+    return ColumnSteps(
+        r, step, start, start + duration, every, every, made, read_kernels, starts[r]
+    )
 
 
 def kernels_reader(

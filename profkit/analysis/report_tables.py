@@ -192,6 +192,13 @@ def scope_report(
     return report
 
 
+def query_source(
+    meta: dict[str, Any], phase: str | None, range_: str | None, top: int
+) -> dict[str, Any]:
+    """What a report's ``source`` says of its trace (its meta and run config) and query."""
+    return source_of(meta, phase, range_, top, run_config(meta.get("sidecar") or {}, meta))
+
+
 def notes(
     scope: Scope, threads: np.ndarray, in_phase: np.ndarray, meta: dict[str, Any]
 ) -> list[str]:

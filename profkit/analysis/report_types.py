@@ -102,10 +102,18 @@ class RankEntry:
     totals: dict[str, Any]
     steps: RankSteps
     # No copy of the rank's trace is kept: the copies of every rank would double the peak.
+    tables_json: dict[str, Any] | None = None
+    """Its tables as JSON, made already (where a node was analysed: :meth:`made_json`)."""
 
     def to_json(self) -> dict[str, Any]:
+        return {**{key: self.info.get(key) for key in RANK_FIELDS}, **self.made_json()}
+
+    def made_json(self) -> dict[str, Any]:
+        """Its totals and tables as JSON (what does not depend on who it is in the job),
+        made once."""
+        if self.tables_json is not None:
+            return self.tables_json
         return {
-            **{key: self.info.get(key) for key in RANK_FIELDS},
             **self.totals,
             "phases": table_records(self.report.phases, CONTRACT["phases"]),
             "kernels_top": [

@@ -93,22 +93,26 @@ def nccl_waits(ranks: list[RankSteps]) -> pd.DataFrame:
     a rank that started it early, ``min(latest start - own start, duration)`` is waiting.
     Only collectives every rank ran are counted.
     """
-    frames = []
-    for r in ranks:
-        chosen = r.nccl & (r.step >= 0)
-        frame = pd.DataFrame(
-            {
-                "step": r.step[chosen],
-                "start": r.start[chosen],
-                "duration": (r.end - r.start)[chosen],
-                "rank": r.rank,
-            }
-        ).sort_values(["step", "start"], kind="stable")
-        frames.append(frame.assign(k=frame.groupby("step").cumcount()))
-    if len(frames) < 2:
+    if len(ranks) < 2:
         return pd.DataFrame(columns=["step", "rank", "wait_ms"])
-    frame = pd.concat(frames, ignore_index=True)
-    frame = frame[frame.groupby(["step", "k"])["rank"].transform("nunique") == len(frames)]
+    # One frame of every rank's NCCL kernels (a frame per rank costs ms each: 1,024 ranks),
+    # each (rank, step)'s kernels numbered in start order (k).
+    chosen = [r.nccl & (r.step >= 0) for r in ranks]
+    frame = pd.DataFrame(
+        {
+            "step": np.concatenate([r.step[c] for r, c in zip(ranks, chosen, strict=True)]),
+            "start": np.concatenate([r.start[c] for r, c in zip(ranks, chosen, strict=True)]),
+            "duration": np.concatenate(
+                [(r.end - r.start)[c] for r, c in zip(ranks, chosen, strict=True)]
+            ),
+            "rank": np.repeat([r.rank for r in ranks], [int(c.sum()) for c in chosen]),
+        }
+    )
+    order = np.lexsort((frame["start"].to_numpy(), frame["step"].to_numpy(),
+                        np.repeat(np.arange(len(ranks)), [int(c.sum()) for c in chosen])))  # fmt: skip
+    frame = frame.iloc[order].reset_index(drop=True)
+    frame["k"] = frame.groupby(["rank", "step"], sort=False).cumcount()
+    frame = frame[frame.groupby(["step", "k"])["rank"].transform("nunique") == len(ranks)]
     latest = frame.groupby(["step", "k"])["start"].transform("max")
     waiting = np.minimum(latest - frame["start"], frame["duration"]).clip(lower=0)
     waits = frame.assign(wait_ns=waiting).groupby(["step", "rank"])["wait_ns"].sum()

@@ -23,6 +23,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 import typer.core
+from rich.markup import escape
 
 from profkit.cli.render import err_console
 from profkit.errors import BadInput, ProfkitError, ProfkitWarning
@@ -227,7 +228,8 @@ def _error(message: str, said: list[str]) -> None:
     if said:
         line += f" (after {len(said)} warning(s); the first: {said[0]})"
         said.clear()
-    err_console.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    # The message is text, not markup: a path or kernel name in [brackets] is kept.
+    err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2) from None
 
 

@@ -91,6 +91,24 @@ PlotOpt = Annotated[
         "per-rank phase bars into this PNG.",
     ),
 ]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        help="Read the files on N local Dask worker processes, each node's ranks analysed "
+        "where it is read (pip install 'profkit[dask]'; docs/MULTI_GPU.md).",
+        show_default=False,
+    ),
+]
+SchedulerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scheduler",
+        help="Read the files on an existing Dask cluster: its scheduler's address "
+        "(tcp://HOST:8786) or scheduler file. Paths are the workers' (a shared filesystem).",
+        show_default=False,
+    ),
+]
 ToleranceOpt = Annotated[
     float,
     typer.Option("--tolerance", help="With --compare: agreement threshold in % (>= 0)."),
@@ -114,6 +132,8 @@ def kernels(
     phase_ranges: PhaseRangesOpt = None,
     no_cache: NoCacheOpt = False,
     findings: FindingsOpt = False,
+    workers: WorkersOpt = None,
+    scheduler: SchedulerOpt = None,
 ) -> None:
     """Where the GPU time goes: phases, top kernels, ranges and categories of a trace.
 
@@ -138,17 +158,36 @@ def kernels(
     marks = PhaseRanges.parse(phase_ranges)
     paths = list(path)
     label = paths[0].name if len(paths) == 1 else f"{len(paths)} traces"
-    with read_progress(label) as progress:
-        job = load(paths, nsys, False if no_cache else None, progress, side_by_side=compare)
+    cache = False if no_cache else None
+    if workers is None and scheduler is None:
+        with read_progress(label) as progress:
+            job = load(paths, nsys, cache, progress, side_by_side=compare)
+        nodes, hosts = None, None
+    else:
+        from profkit.analysis.node_parts import Options
+        from profkit.cluster.client import dask_client
+        from profkit.cluster.tasks import load_on
+
+        options = Options(top, phase, range_, mode, marks)
+        with dask_client(workers, scheduler) as client, read_progress(label) as progress:
+            job, parts = load_on(client, paths, nsys, cache, progress, side_by_side=compare,
+                                 options=options, findings=True)  # fmt: skip
+        nodes = [p.node for p in parts]
+        if job.kind == "nodes" and all(n is not None for n in nodes):
+            hosts = []  # each node's host findings came with its ranks
+        elif all(p.host is not None for p in parts):
+            hosts = [p.host for p in parts if p.host is not None]
     if compare or job.kind == "side_by_side":
         if rank is not None:
             raise BadInput(f"--rank picks a rank of one job's traces; {_apart(job)}")
         _compare(job, top, phase, range_, mode, tolerance, fmt, out, plot, marks)
         return
-    hosts = host_traces(job.paths, job.files)
+    if hosts is None:
+        hosts = host_traces(job.paths, job.files)
     report = analysis.kernel_report(
-        job, top, phase, range_, rank, mode, consume=True, phase_ranges=marks, hosts=hosts
-    )
+        job, top, phase, range_, rank, mode, consume=True, phase_ranges=marks, hosts=hosts,
+        nodes=nodes,
+    )  # fmt: skip
     names = ", ".join(p.name for p in paths)
     if findings:
         _findings_only(report, file_format(fmt, out), out)

@@ -26,7 +26,7 @@ import pandas as pd
 from profkit.errors import BadInput
 from profkit.traces.schema import MAX_SPAN_NS
 
-ProgressUnit = Literal["rows", "bytes"]
+ProgressUnit = Literal["rows", "bytes", "files"]
 
 
 class Progress(Protocol):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import re
 import sqlite3
 import threading
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from profkit.cores import cores
 from profkit.errors import BadInput
 from profkit.files import check_readable
 
@@ -182,7 +182,7 @@ class ParallelReader:
 
     def __init__(self, path: Path, threads: int | None = None) -> None:
         self.path = path
-        self.threads = threads or min(MAX_READ_THREADS, os.cpu_count() or 1)
+        self.threads = threads or min(MAX_READ_THREADS, cores())
         self.pool = ThreadPoolExecutor(self.threads)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []

@@ -22,27 +22,40 @@ if TYPE_CHECKING:
     from profkit.traces.columns import ActivityColumns
     from profkit.traces.host_calls import HostTrace
 
-__all__ = ["Finding", "finding_line", "findings_markdown", "findings_of"]
+__all__ = ["Finding", "finding_line", "findings_markdown", "findings_of", "host_part"]
 TOP_FINDINGS = 5
 """How many findings the terminal and markdown show (JSON has them all)."""
 
 
 def findings_of(
-    report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
+    report: KernelReport,
+    files: list[ActivityColumns],
+    hosts: list[HostTrace],
+    host_found: tuple[list[Finding], list[str]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The report's findings as JSON objects, largest ``recoverable_ms`` first, and the
-    notes of rules the traces could not feed (each said once)."""
-    found: list[Finding] = []
-    notes: list[str] = []
-    phases = {str(p) for p in report.phases["phase"]} if "phase" in report.phases else set()
-    for process in _processes(report, files, hosts):
-        found += host_findings(*process, notes, phases)
+    notes of rules the traces could not feed (each said once). ``host_found``: the
+    host-side findings and notes, found already (:func:`host_part` where each file lies)."""
+    found, notes = host_part(report, files, hosts) if host_found is None else host_found
+    found, notes = list(found), list(notes)
     found += unfused_optimizer(report)
     found += exposed_comm(report)
     idle = {f.rank: f.evidence["by_step_ms"] for f in found if f.kind == "host_idle"}
     found += straggler(report, idle)
     found.sort(key=lambda f: -f.recoverable_ms)
     return [f.to_json() for f in found], list(dict.fromkeys(notes))
+
+
+def host_part(
+    report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
+) -> tuple[list[Finding], list[str]]:
+    """The host-side findings of each process (rank) of the report, and their notes."""
+    found: list[Finding] = []
+    notes: list[str] = []
+    phases = {str(p) for p in report.phases["phase"]} if "phase" in report.phases else set()
+    for process in _processes(report, files, hosts):
+        found += host_findings(*process, notes, phases)
+    return found, notes
 
 
 def _processes(

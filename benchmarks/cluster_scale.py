@@ -1,0 +1,187 @@
+"""A thousand ranks: ``profkit kernels NODES...`` in one process, on ``--workers N`` local
+Dask workers, and on a Dask cluster (``--scheduler``), timed.
+
+Builds ``--nodes`` node exports of one job from the committed Hugging Face Trainer DDP
+capture (2 ranks on 2 H200s: ``tests/data/frameworks/nsys-2025.3-h200x2-hf-ddp2``): node 0
+is it, node i a copy with every process id moved (``kernels_scale.another_node``) and its
+clock ``i % 7`` ms ahead, so 512 nodes are 1,024 ranks. Then runs, in a fresh process each,
+``profkit kernels nodes/*.sqlite --no-cache --format json`` in-process, with
+``--workers N`` for each N of ``--workers``, and with ``--scheduler`` on a local
+``dask scheduler`` with ``--cluster-workers`` ``dask worker`` processes started here
+(started before the timing; the command only connects). For each: wall seconds and the
+client's own peak RSS (``VmHWM`` of the profkit process, sampled: local workers are its
+children, whose memory is theirs), and whether the JSON equals the in-process one, byte for
+byte. Writes ``cluster_scale.json`` under ``--workdir`` (default ``$OUT`` or a temporary
+folder) after every run, so a run cut short keeps what it measured.
+
+    python benchmarks/cluster_scale.py --nodes 512 --workers 4 15 --cluster-workers 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kernels_scale import PID_STEP, ROOT, another_node, stamp
+
+SOURCE = ROOT / "tests" / "data" / "frameworks" / "nsys-2025.3-h200x2-hf-ddp2.sqlite.xz"
+GIB = 1 << 30
+
+
+def build(folder: Path, count: int) -> list[Path]:
+    """``count`` nodes of one job from the HF capture (see the module doc)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    node0 = folder / "node0000.sqlite"
+    with lzma.open(SOURCE) as src, node0.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    paths = [node0]
+    for i in range(1, count):
+        shift = (i % 7) * 1_000_000
+        paths.append(another_node(node0, folder / f"node{i:04d}.sqlite", i * PID_STEP, shift))
+    return paths
+
+
+def run(argv: list[str], out: Path) -> dict[str, Any]:
+    """``argv`` to completion: wall seconds and the process's own peak RSS (VmHWM)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    peak = [0]
+
+    def sample() -> None:
+        status = Path(f"/proc/{proc.pid}/status")
+        while proc.poll() is None:
+            try:
+                for line in status.read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        peak[0] = max(peak[0], int(line.split()[1]) * 1024)
+            except (OSError, ValueError):
+                break
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    _, stderr = proc.communicate()
+    wall = time.perf_counter() - started
+    watcher.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:6])} ... failed:\n{stderr.decode()[-2000:]}")
+    return {"wall_s": round(wall, 2), "client_peak_rss_gib": round(peak[0] / GIB, 3),
+            "bytes": out.stat().st_size}  # fmt: skip
+
+
+def local_cluster(folder: Path, workers: int) -> tuple[Path, list[subprocess.Popen[bytes]]]:
+    """A ``dask scheduler`` and ``workers`` ``dask worker`` processes on localhost."""
+    file = folder / "scheduler.json"
+    file.unlink(missing_ok=True)
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler",
+                               "--scheduler-file", str(file), "--port", "0", "--no-dashboard",
+                               "--host", "127.0.0.1"], **quiet)]  # type: ignore[call-overload]  # fmt: skip
+    while not file.exists():
+        time.sleep(0.2)
+    procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
+                                   "--scheduler-file", str(file), "--nworkers", str(workers),
+                                   "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1"],
+                                  **quiet))  # type: ignore[call-overload]  # fmt: skip
+    import distributed
+
+    with distributed.Client(scheduler_file=str(file), timeout="60s") as client:
+        client.wait_for_workers(workers, timeout=120)
+    return file, procs
+
+
+def stages(paths: list[Path], workers: int) -> dict[str, float]:
+    """Where the client's time goes with ``--workers N``, stage by stage, timed in this
+    process (the library calls the command makes): the local cluster's start, the map (the
+    workers read and analyse the nodes, the parts come back), the reduce (the job's own
+    tables), the JSON."""
+    import distributed
+
+    from profkit import analysis
+    from profkit.analysis.node_parts import Options
+    from profkit.cluster.tasks import load_on
+    from profkit.formats import dumps
+
+    marks = {"start": time.perf_counter()}
+    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:  # fmt: skip
+        marks["cluster started"] = time.perf_counter()
+        job, parts = load_on(client, paths, cache=False, options=Options(), findings=True)
+        marks["map"] = time.perf_counter()
+    nodes = [p.node for p in parts]
+    report = analysis.kernel_report(job, consume=True, hosts=[], nodes=nodes)
+    marks["reduce"] = time.perf_counter()
+    dumps(report.to_json())
+    marks["json"] = time.perf_counter()
+    names = list(marks)
+    return {n: round(marks[n] - marks[p], 2) for p, n in itertools.pairwise(names)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=512, help="node exports of 2 ranks each")
+    parser.add_argument("--workers", type=int, nargs="*", default=[4, 15])
+    parser.add_argument("--cluster-workers", type=int, default=15, help="0: no --scheduler run")
+    parser.add_argument("--skip-in-process", action="store_true")
+    parser.add_argument("--stages", type=int, default=0, help="N: time the stages with N workers")
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    workdir = args.workdir or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="cluster-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="cluster-nodes-"))
+    started = time.perf_counter()
+    paths = build(scratch / "nodes", args.nodes)
+    print(
+        f"built {len(paths)} nodes ({2 * len(paths)} ranks) in {time.perf_counter() - started:.1f} s"
+    )
+    base = [sys.executable, "-m", "profkit", "kernels", *map(str, paths), "--no-cache",
+            "--format", "json"]  # fmt: skip
+    result: dict[str, Any] = {**stamp(os.getloadavg()), "nodes": len(paths), "ranks": 2 * len(paths),
+                              "runs": {}}  # fmt: skip
+    if args.stages:
+        result["stages"] = stages(paths, args.stages)
+        print(f"stages with {args.stages} workers: {result['stages']}", flush=True)
+    expected = scratch / "in-process.json"
+    modes: list[tuple[str, list[str]]] = []
+    if not args.skip_in_process:
+        modes.append(("in-process", []))
+    modes += [(f"--workers {n}", ["--workers", str(n)]) for n in args.workers]
+    if args.cluster_workers:
+        modes.append(
+            (f"--scheduler ({args.cluster_workers} dask workers)", ["--scheduler", "FILE"])
+        )
+    for label, extra in modes:
+        procs: list[subprocess.Popen[bytes]] = []
+        if extra[-1:] == ["FILE"]:
+            file, procs = local_cluster(scratch, args.cluster_workers)
+            extra = [extra[0], str(file)]
+        out = expected if label == "in-process" else scratch / "out.json"
+        try:
+            row = run([*base, "--out", str(out), *extra], out)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        if out != expected and expected.exists():
+            row["equals_in_process"] = out.read_bytes() == expected.read_bytes()
+        result["runs"][label] = row
+        print(f"{label}: {row}", flush=True)
+        (workdir / "cluster_scale.json").write_text(json.dumps(result, indent=2))
+    shutil.rmtree(scratch, ignore_errors=True)
+    print(f"wrote {workdir / 'cluster_scale.json'}")
+    return 0 if all(r.get("equals_in_process", True) for r in result["runs"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The nodes of a job analysed apart, then joined: the map and the reduce of a job read on
+Dask workers (``--workers``, ``--scheduler``: :mod:`profkit.cluster.tasks`).
+
+A rank's tables, its NCCL overlap, its steps and its host-side findings need only its own
+node's activities, so each node's export is analysed alone where it lies
+(:func:`node_ranks`, the map): what comes back is each rank's
+:class:`~.report_types.RankEntry`, on its node's clock, and its host findings, which are
+what the per-rank work of a job of many ranks costs. The client joins the nodes' compact
+columns as :func:`.joins.merge_nodes` always does (their clocks, ranks and GPUs numbered
+across nodes) and makes only the job's own tables from them (:func:`join_node_ranks`, the
+reduce): the entries are renumbered and their steps put on the job's clock, then the job's
+steps, stragglers and job-wide findings are found across them.
+
+The result is the one :func:`.joins.analyze_node_columns` gives in one process: a rank's
+entry does not depend on the other nodes (tests/test_cluster.py compares the JSON whole).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from profkit.analysis.comm import is_nccl
+from profkit.analysis.engine import analyze_columns
+from profkit.analysis.findings import Finding, host_part
+from profkit.analysis.joins import analyze_node_columns, merge_nodes
+from profkit.analysis.phase_marks import PhaseRanges
+from profkit.analysis.phase_ranges import PhaseMode
+from profkit.analysis.rank_comm import ColumnSteps, kernels_reader
+from profkit.analysis.report_tables import query_source
+from profkit.analysis.report_types import RankedReport, RankEntry
+from profkit.analysis.sums import KERNEL, name_codes
+from profkit.errors import BadInput
+from profkit.traces.columns import ActivityColumns
+from profkit.traces.host_calls import HostTrace
+
+
+@dataclass
+class NodeRanks:
+    """One node's ranks analysed alone: their entries (ranks numbered from 0, times on
+    the node's clock, no reader of their steps' kernels) and host findings."""
+
+    entries: list[RankEntry]
+    findings: list[Finding]
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a kernel report is asked for (the command's options), as the map needs them."""
+
+    top: int = 20
+    phase: str | None = None
+    range: str | None = None
+    phases: PhaseMode = "auto"
+    phase_ranges: PhaseRanges | None = None
+
+
+def node_ranks(cols: ActivityColumns, host: HostTrace | None, options: Options) -> NodeRanks | None:
+    """The map: one node's export (its columns read with GPU starts) analysed alone, or
+    None where it cannot be a node of a job (the client's join says why, from every file).
+    ``host``: its API calls, for the host-side findings (None: no findings asked)."""
+    try:
+        report = analyze_node_columns(
+            [cols], options.top, options.phase, options.range, None, False, options.phases,
+            options.phase_ranges,
+        )  # fmt: skip
+    except BadInput:
+        return None
+    found, notes = ([], []) if host is None else host_part(report, [cols], [host])
+    for entry in report.ranks:
+        assert isinstance(entry.steps, ColumnSteps)
+        entry.steps = entry.steps.moved(entry.steps.rank, 0)  # its reader reads this node
+        entry.tables_json = entry.made_json()  # made here, not on the client, rank by rank
+    return NodeRanks(report.ranks, found, notes)
+
+
+def join_node_ranks(
+    nodes: list[ActivityColumns],
+    parts: list[NodeRanks],
+    options: Options,
+    rank: int | None = None,
+) -> tuple[RankedReport, tuple[list[Finding], list[str]]]:
+    """The reduce: the job's report from its nodes' columns and their :class:`NodeRanks`
+    (in the same order), and the ranks' host findings renumbered as the job's ranks.
+    The nodes' arrays are given up as they are joined."""
+    trace_keys = [
+        set(query_source(n.meta, options.phase, options.range, options.top)) for n in nodes
+    ]
+    cols, layout, real, shifts = merge_nodes(nodes, consume=True)
+    job_source = query_source(cols.meta, options.phase, options.range, options.top)
+    kernel_name = name_codes(cols)[0] == KERNEL
+    nccl_name = kernel_name & is_nccl(np.array(cols.names, dtype=object))
+    entries: list[RankEntry] = []
+    found: list[Finding] = []
+    notes: list[str] = []
+    for part, shift, keys in zip(parts, shifts, trace_keys, strict=True):
+        first = len(entries)
+        for entry in part.entries:  # what its source says of its node is the job's
+            own = {k: v for k, v in entry.report.source.items() if k not in keys}
+            entry.report.source = {**job_source, **own}
+            r = len(entries)
+            assert isinstance(entry.steps, ColumnSteps)
+            steps = entry.steps.moved(r, shift)
+            steps.read_kernels = kernels_reader(
+                cols, layout.rank, r, steps.starts, kernel_name, nccl_name
+            )
+            entries.append(replace(entry, steps=steps))
+        found += [
+            replace(f, rank=None if f.rank is None else first + f.rank) for f in part.findings
+        ]
+        notes += part.notes
+    if len(entries) != len(layout.info):
+        raise ValueError(f"{len(entries)} ranks analysed apart, {len(layout.info)} joined")
+    report = analyze_columns(
+        cols, options.top, options.phase, options.range, phases=options.phases, layout=layout,
+        rank=rank, phase_ranges=options.phase_ranges, entries=entries,
+    )  # fmt: skip
+    assert isinstance(report, RankedReport)  # a layout gives one
+    if rank is not None:  # as in one process: the host findings of the rank shown
+        found = [f for f in found if f.rank == rank]
+    for entry in report.ranks:  # as analyze_node_columns: each rank's real pid, host, GPU
+        entry.info.update(real[entry.info["rank"]])
+    report.nodes = list(cols.meta["nodes"])
+    return report, (found, notes)

@@ -1,0 +1,136 @@
+"""A job's files read on Dask workers: ``--workers N`` (a local cluster of N processes) or
+``--scheduler ADDRESS|SCHEDULER_FILE`` (an existing cluster).
+
+The map is one task per file (:func:`profkit.cluster.tasks.file_part`), run where the
+file lies; the client gathers the parts as they finish, in the order given, and merges
+them (:func:`profkit.traces.job.together`, then :mod:`profkit.analysis.node_parts`). Dask
+keeps a task whose worker died and runs it again elsewhere, so a part is either whole or
+not there: a task that keeps failing (:data:`ALLOWED_FAILURES`) ends the command with one
+line naming its file, as does a file a worker cannot read. Dask is an optional extra
+(``pip install 'profkit[dask]'``); without it the flags say how to install it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from profkit.errors import BadInput
+
+T = TypeVar("T")
+INSTALL = "pip install 'profkit[dask]'"
+CONNECT_TIMEOUT_S = 10
+"""How long the client tries to reach a scheduler before it says it cannot."""
+ALLOWED_FAILURES = 3
+"""Times a file's task may lose its worker before the read gives up (Dask's own default)."""
+
+
+def check_flags(workers: int | None, scheduler: str | None) -> None:
+    """One line for flags that cannot both hold, or a worker count below one."""
+    if workers is not None and scheduler is not None:
+        raise BadInput(
+            "give --workers (a local cluster) or --scheduler (an existing one), not both"
+        )
+    if workers is not None and workers < 1:
+        raise BadInput(f"--workers must be at least 1; got {workers}")
+
+
+@contextmanager
+def dask_client(workers: int | None, scheduler: str | None) -> Iterator[Any]:
+    """A ``distributed.Client``: of a local cluster of ``workers`` processes, or connected to
+    ``scheduler`` (an address such as ``tcp://10.0.0.1:8786``, or a scheduler file). Closed
+    on exit (the local cluster's processes with it)."""
+    check_flags(workers, scheduler)
+    try:
+        import distributed
+    except ImportError:
+        flag = "--workers" if scheduler is None else "--scheduler"
+        raise BadInput(f"{flag} runs on Dask, which is not installed: {INSTALL}") from None
+    import dask
+
+    quiet = logging.getLogger("distributed")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # a worker lost and restarted is said by the result
+    try:
+        with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
+            if scheduler is None:
+                cluster = distributed.LocalCluster(
+                    n_workers=workers, threads_per_worker=1, processes=True,
+                    dashboard_address=None, silence_logs=logging.ERROR,
+                )  # fmt: skip
+                with cluster, distributed.Client(cluster) as client:
+                    yield client
+            else:
+                with _connected(distributed, scheduler) as client:
+                    yield client
+    finally:
+        quiet.setLevel(level)
+
+
+@contextmanager
+def _connected(distributed: Any, scheduler: str) -> Iterator[Any]:
+    """A client of the scheduler at ``scheduler`` (address or scheduler file), or one line."""
+    kwargs: dict[str, Any] = {"timeout": f"{CONNECT_TIMEOUT_S}s"}
+    if Path(scheduler).is_file():
+        kwargs["scheduler_file"] = scheduler
+    elif "://" in scheduler or ":" in scheduler:
+        kwargs["address"] = scheduler
+    else:
+        raise BadInput(
+            f"--scheduler {scheduler!r} is neither a scheduler file nor an address "
+            "(tcp://HOST:PORT)"
+        )
+    try:
+        client = distributed.Client(**kwargs)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise BadInput(f"cannot reach the Dask scheduler at {scheduler}: {_said(exc)}") from None
+    with client:
+        yield client
+
+
+def map_files(
+    client: Any,
+    fn: Callable[..., T],
+    paths: Sequence[Path],
+    done: Callable[[int, int], None] | None = None,
+    **kwargs: Any,
+) -> list[T]:
+    """``fn(path, **kwargs)`` of each path on the client's workers, in the order given;
+    ``done(finished, total)`` after each. A task that raised re-raises its error here
+    (a :class:`BadInput` is the file's one line); one whose workers kept dying is one
+    line naming the file."""
+    from distributed import as_completed
+    from distributed.scheduler import KilledWorker
+
+    futures = [client.submit(fn, str(p), key=f"profkit-read-{i}-{p.name}", pure=False, **kwargs)
+               for i, p in enumerate(paths)]  # fmt: skip
+    index = {f.key: i for i, f in enumerate(futures)}
+    results: list[Any] = [None] * len(futures)
+    try:
+        for finished, future in enumerate(as_completed(futures), start=1):
+            try:
+                results[index[future.key]] = future.result()
+            except KilledWorker:
+                name = paths[index[future.key]]
+                raise BadInput(
+                    f"{name}: its read lost {ALLOWED_FAILURES} Dask workers in a row (out of "
+                    "memory, or killed); nothing of a partial job is reported"
+                ) from None
+            except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+                raise BadInput(
+                    f"{paths[index[future.key]]}: a worker cannot read it: {exc}"
+                ) from None
+            if done is not None:
+                done(finished, len(futures))
+    finally:
+        client.cancel([f for f in futures if not f.done()])
+    return results
+
+
+def _said(exc: BaseException) -> str:
+    """An exception's own words on one line."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]

@@ -1,0 +1,296 @@
+"""A job's files read on Dask workers (``--workers``, ``--scheduler``): the same report as
+in one process, whatever the way it ran, and one line for every fault.
+
+The nodes are made from the real 2-GPU DDP export (``kernels_scale.another_node``: every
+process id moved, a clock some ms ahead), as in tests/test_nodes_streaming.py. The map
+analyses each node's ranks alone on a worker (profkit.analysis.node_parts), so the
+comparison with the in-process report, which joins the nodes first, is a real one: every
+option, phase mode and rank is compared whole. The scheduler and workers of the
+``--scheduler`` tests are real ``dask scheduler`` / ``dask worker`` processes on localhost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench_scripts import benchmark
+from nsys_data import unpack
+
+from profkit import analysis
+from profkit.analysis.node_parts import Options
+from profkit.cluster.tasks import load_on
+from profkit.traces.host_calls import host_traces
+from profkit.traces.job import load
+
+distributed = pytest.importorskip("distributed")
+
+DDP2 = "nsys-2025.3-h200x2-small-ddp2"
+HF = "frameworks/nsys-2025.3-h200x2-hf-ddp2"
+RANKS = [
+    Path(__file__).parent / "data" / f"torch-h200x2-small-ddp2-rank{r}.json.gz" for r in (0, 1)
+]
+PID_STEP = 100_000
+OPTIONS: list[dict[str, Any]] = [
+    {},
+    {"phase": "backward"},
+    {"range": "computing softmax"},
+    {"top": 0},
+    {"rank": 3},
+    {"rank": 4, "phase": "optimizer"},
+    {"phases": "inferred"},
+]
+ENV = {**os.environ, "PROFKIT_CACHE": "0", "COLUMNS": "100"}
+
+
+def _nodes(source: Path, folder: Path, count: int) -> list[Path]:
+    scale = benchmark("kernels_scale")
+    node0 = source.rename(folder / "node0.sqlite")
+    return [node0] + [
+        scale.another_node(node0, folder / f"node{i}.sqlite", i * PID_STEP, shift_ns=i * 1_700_000)
+        for i in range(1, count)
+    ]
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Three nodes of a 6-rank job (clocks 0, 1.7 and 3.4 ms ahead)."""
+    folder = tmp_path_factory.mktemp("cluster")
+    return _nodes(unpack(DDP2, folder), folder, 3)
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    """A local cluster of two worker processes, shared by the module's library tests."""
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
+        yield c
+
+
+def _in_process(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
+    job = load(paths, cache=False)
+    hosts = host_traces(job.paths, job.files)
+    report = analysis.kernel_report(job, consume=True, hosts=hosts, **options)
+    return json.loads(json.dumps(report.to_json(), default=str))
+
+
+def _on_workers(client: Any, paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
+    opts = {k: v for k, v in options.items() if k != "rank"}
+    wanted = Options(**opts)
+    job, parts = load_on(client, paths, cache=False, options=wanted, findings=True)
+    nodes = [p.node for p in parts]
+    assert job.kind == "nodes" and all(n is not None for n in nodes)  # analysed where read
+    report = analysis.kernel_report(
+        job, consume=True, hosts=[], nodes=nodes, rank=options.get("rank"), **opts
+    )
+    return json.loads(json.dumps(report.to_json(), default=str))
+
+
+@pytest.mark.parametrize(
+    "options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "plain"
+)
+def test_nodes_on_workers_equal_in_process(
+    client: Any, nodes: list[Path], options: dict[str, Any]
+) -> None:
+    """Each node analysed alone on a worker, then joined: the in-process report, whole
+    (ranks, steps, job, nodes' clocks, findings), with every option."""
+    expected = _in_process(nodes, options)
+    got = _on_workers(client, nodes, options)
+    assert got == expected
+    assert len(got["ranks"]) == (1 if "rank" in options else 6)
+    assert [n["offset_ms"] for n in got["nodes"]] == [n["offset_ms"] for n in expected["nodes"]]
+
+
+def test_real_framework_nodes_on_workers(client: Any, tmp_path: Path) -> None:
+    """The Hugging Face Trainer's DDP capture as four nodes: the same report, findings
+    (its host-side ones found on the workers) included."""
+    (tmp_path / "frameworks").mkdir()
+    paths = _nodes(unpack(HF, tmp_path), tmp_path, 4)
+    expected = _in_process(paths, {})
+    assert _on_workers(client, paths, {}) == expected
+    assert expected["findings"], "the HF capture has findings to compare"
+    assert {f["rank"] for f in expected["findings"]} - {None} <= set(range(8))
+
+
+def test_per_rank_chrome_traces_on_workers(client: Any) -> None:
+    """Per-rank torch traces: read on the workers, joined as in one process."""
+    expected = _in_process(RANKS, {})
+    job, parts = load_on(client, RANKS, cache=False, options=Options(), findings=True)
+    assert job.kind == "ranks" and all(p.node is None for p in parts)
+    hosts = [p.host for p in parts]
+    report = analysis.kernel_report(job, consume=True, hosts=hosts, nodes=[p.node for p in parts])
+    assert json.loads(json.dumps(report.to_json(), default=str)) == expected
+
+
+def _cli(*args: str | Path, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "profkit", "kernels", *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+def test_workers_flag_equals_in_process(nodes: list[Path], tmp_path: Path) -> None:
+    """``--workers 2`` (a local cluster the command starts and stops) writes the same JSON
+    as the in-process read, byte for byte."""
+    outs = [tmp_path / "in.json", tmp_path / "w2.json"]
+    for out, extra in zip(outs, [(), ("--workers", "2")], strict=True):
+        done = _cli(*nodes, "--format", "json", "--out", out, *extra)
+        assert done.returncode == 0, done.stderr
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A real ``dask scheduler`` on localhost, its scheduler file, and a way to start
+    ``dask worker`` processes (no nanny: the process is the worker, to be killed)."""
+    folder = tmp_path_factory.mktemp("scheduler")
+    file = folder / "scheduler.json"
+    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    proc = subprocess.Popen(
+        [*dask, "--scheduler-file", file, "--port", "0", "--no-dashboard", "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
+    )  # fmt: skip
+    workers: list[subprocess.Popen[bytes]] = []
+
+    def start_worker() -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(file),
+                "--nthreads", "1", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1"]  # fmt: skip
+        worker = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV
+        )
+        workers.append(worker)
+        return worker
+
+    deadline = time.monotonic() + 60
+    while not file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        yield {"file": file, "start_worker": start_worker, "workers": workers}
+    finally:
+        for p in [*workers, proc]:
+            p.kill()
+            p.wait()
+
+
+def _wait_for_workers(file: Path, count: int) -> None:
+    with distributed.Client(scheduler_file=str(file), timeout="30s") as c:
+        c.wait_for_workers(count, timeout=60)
+
+
+def test_scheduler_with_real_workers(
+    scheduler: dict[str, Any], nodes: list[Path], tmp_path: Path
+) -> None:
+    """``--scheduler FILE`` and ``--scheduler tcp://...`` on a real scheduler with two real
+    worker processes: the in-process JSON, byte for byte."""
+    for _ in range(2):
+        scheduler["start_worker"]()
+    _wait_for_workers(scheduler["file"], 2)
+    address = json.loads(scheduler["file"].read_text())["address"]
+    expected = tmp_path / "in.json"
+    assert _cli(*nodes, "--format", "json", "--out", expected).returncode == 0
+    for target in (scheduler["file"], address):
+        out = tmp_path / "remote.json"
+        done = _cli(*nodes, "--format", "json", "--out", out, "--scheduler", target)
+        assert done.returncode == 0, done.stderr
+        assert out.read_bytes() == expected.read_bytes()
+
+
+def test_a_worker_killed_mid_run(scheduler: dict[str, Any], tmp_path: Path) -> None:
+    """A worker killed while it reads a file: Dask runs the file's task again on another
+    worker, and the report is the whole one, equal to the in-process read."""
+    paths = _nodes(unpack(DDP2, tmp_path), tmp_path, 6)
+    expected = tmp_path / "in.json"
+    assert _cli(*paths, "--format", "json", "--out", expected).returncode == 0
+    victim = scheduler["start_worker"]()
+    _wait_for_workers(scheduler["file"], len(scheduler["workers"]))
+    out = tmp_path / "remote.json"
+    argv = [sys.executable, "-m", "profkit", "kernels", *map(str, paths), "--format", "json",
+            "--out", str(out), "--scheduler", str(scheduler["file"])]  # fmt: skip
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    killed = False
+    with distributed.Client(scheduler_file=str(scheduler["file"]), timeout="30s") as c:
+        deadline = time.monotonic() + 120
+        while not killed and run.poll() is None and time.monotonic() < deadline:
+            busy = {addr: tasks for addr, tasks in c.processing().items() if tasks}
+            pids = c.run(os.getpid, workers=list(busy)) if busy else {}
+            if victim.pid in pids.values():  # the victim holds a file's task now
+                os.kill(victim.pid, signal.SIGKILL)
+                killed = True
+            time.sleep(0.05)
+    _, stderr = run.communicate(timeout=240)
+    assert killed, "the victim never held a task (the run ended first)"
+    assert run.returncode == 0, stderr
+    assert out.read_bytes() == expected.read_bytes()
+
+
+def test_a_file_missing_on_the_workers(
+    scheduler: dict[str, Any], nodes: list[Path], tmp_path: Path
+) -> None:
+    """A path no worker can read: one line naming it, exit 2, no output written."""
+    if not scheduler["workers"] or all(w.poll() is not None for w in scheduler["workers"]):
+        scheduler["start_worker"]()
+    _wait_for_workers(scheduler["file"], 1)
+    out = tmp_path / "never.json"
+    gone = tmp_path / "node-gone.sqlite"
+    done = _cli(nodes[0], gone, "--format", "json", "--out", out, "--scheduler", scheduler["file"])
+    assert done.returncode == 2
+    assert "node-gone.sqlite" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_a_scheduler_that_cannot_be_reached(tmp_path: Path) -> None:
+    """Nothing listens there: one line naming it, exit 2."""
+    done = _cli(tmp_path / "any.sqlite", "--scheduler", "tcp://127.0.0.1:9", timeout=120)
+    assert done.returncode == 2
+    assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--workers", "0"), "--workers must be at least 1; got 0"),
+        (("--workers", "2", "--scheduler", "tcp://127.0.0.1:9"), "not both"),
+        (("--scheduler", "no-such-file"), "neither a scheduler file nor an address"),
+    ],
+)
+def test_bad_cluster_flags(nodes: list[Path], args: tuple[str, ...], said: str) -> None:
+    done = _cli(*nodes, *args)
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
+
+
+def test_without_dask_the_flags_say_how_to_install_it(nodes: list[Path]) -> None:
+    """Dask is an extra: where it is not installed (its import blocked here), one line."""
+    code = (
+        "import sys; sys.modules['distributed'] = None\n"
+        "from profkit.__main__ import main; sys.argv = ['profkit', 'kernels', *sys.argv[1:]]\n"
+        "main()"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *map(str, nodes), "--workers", "2"],
+                          capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: --workers runs on Dask, which is not installed: pip install 'profkit[dask]'"
+    )
+
+
+def test_a_task_takes_one_thread() -> None:
+    """A worker's reads and passes run on one thread each (its tasks are its parallelism);
+    elsewhere they take up to four."""
+    from profkit.analysis import chunked
+    from profkit.cores import limited
+
+    with limited(1):
+        assert chunked.threads() == 1
+    assert chunked.threads() == min(chunked.MAX_THREADS, os.cpu_count() or 1)
