@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from nsys_data import SMALL_FP32, unpack
 
+from profkit import cores
 from profkit.analysis import chunked, kernel_stats
 from profkit.analysis.engine import analyze_columns
 from profkit.analysis.selection import Selection
@@ -24,7 +25,7 @@ from profkit.traces.nsys_columns import read_nsys_columns
 @pytest.fixture
 def four_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chunked, "MAX_THREADS", 4)
-    monkeypatch.setattr(chunked.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(cores.os, "cpu_count", lambda: 4)
 
 
 def test_results_come_back_in_chunk_order(four_threads: None) -> None:
@@ -59,7 +60,7 @@ def test_four_threads_give_the_one_thread_report_to_the_bit(
     reports = {}
     for threads in (1, 4):
         monkeypatch.setattr(chunked, "MAX_THREADS", threads)
-        monkeypatch.setattr(chunked.os, "cpu_count", lambda: 4)
+        monkeypatch.setattr(cores.os, "cpu_count", lambda: 4)
         reports[threads] = analyze_columns(read_nsys_columns(path), top=0, **options)
     assert dumps(reports[4].to_json()) == dumps(reports[1].to_json())
     for table in ("kernels", "overall"):

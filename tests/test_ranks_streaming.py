@@ -30,6 +30,7 @@ from synthetic import report
 from typer.testing import CliRunner
 
 import profkit.analysis as analysis
+from profkit import cores
 from profkit.analysis import chunked
 from profkit.analysis.engine import analyze_columns
 from profkit.analysis.names import short_kernel_name
@@ -217,7 +218,7 @@ def test_four_threads_give_the_one_thread_report_to_the_bit(
     """Small chunks (1,000 activities), so every pass has many chunks in flight: the JSON
     and each step's kernels (what the rank pictures read) are the same strings."""
     monkeypatch.setattr(chunked, "CHUNK", 1000)
-    monkeypatch.setattr(chunked.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(cores.os, "cpu_count", lambda: 4)
     reports, kernels = {}, {}
     for threads in (1, 4):
         monkeypatch.setattr(chunked, "MAX_THREADS", threads)
