@@ -279,3 +279,41 @@ def test_a_chrome_trace_without_runtime_events_says_so(tmp_path: Path) -> None:
     assert "host_idle, host_sync and launch_bound need the CUDA API calls" in got.stdout
     assert got.stdout.count("need the CUDA API calls") == 1
     assert "## Findings" in got.stdout and "host_idle" not in got.stdout.split("## Phases")[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lanes_mark_the_gaps_the_findings_attribute(backend: str, tmp_path: Path) -> None:
+    from profkit.report.rank_plots import plot_ranks, step_gaps
+
+    report = _report(*_files("straggler2", backend))
+    found = {(f["kind"], f["rank"]): f for f in report.findings or []}
+    idle = found[("host_idle", 1)]["evidence"]
+    marked = report.gap_marks[1]
+    assert (marked["cause"] == "idle").sum() == idle["count"]
+    if ("launch_bound", 1) in found:  # torch: rank 1's launch gaps are marked too
+        assert (marked["cause"] == "launch").sum() == found[("launch_bound", 1)]["evidence"][
+            "count"
+        ]
+    assert set(report.gap_marks) == {r for _, r in found if r is not None}
+    # per step, the idle the picture shades on rank 1 is the finding's idle of that step
+    # (the sleep before forward: it ends at the step's first kernel, so it is the step's)
+    for step in sorted(set(report.steps["step"])):
+        gaps = step_gaps(report, step)[1]
+        shaded = gaps[gaps["cause"] == "idle"]
+        assert float((shaded["launch"] - shaded["start"]).sum()) / 1e6 == pytest.approx(
+            idle["by_step_ms"][str(step)], abs=1e-6
+        )
+    assert plot_ranks(report, tmp_path / "lanes.png").stat().st_size > 0
+
+
+def test_syncs_in_one_gap_drain_it_once() -> None:
+    # two event syncs while the last kernel runs; the GPU idles 0.35 ms until the next launch
+    gpu = [(0, 1_000_000), (1_350_000, 10_000_000)]
+    calls = [(500_000, 1_000_000, "cudaEventSynchronize"),
+             (995_000, 1_000_000, "cudaEventSynchronize"),
+             (1_300_000, 1_305_000, "cudaLaunchKernel")]  # fmt: skip
+    empty = pd.DataFrame(columns=["name", "start", "end", "thread", "depth", "domain"])
+    (sync,) = host_findings(_trace(gpu, calls), empty, None, [], set())
+    assert sync.kind == "host_sync" and sync.evidence["count"] == 2
+    assert sync.recoverable_ms == pytest.approx(0.35)
+    assert sync.gaps is not None and len(sync.gaps) == 1

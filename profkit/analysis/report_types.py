@@ -64,6 +64,9 @@ class KernelReport:
     findings: list[dict[str, Any]] | None = None
     """What to fix first (:mod:`profkit.analysis.findings`), largest ``recoverable_ms``
     first; None where they were not asked for."""
+    gap_marks: dict[int | None, pd.DataFrame] = field(default_factory=dict)
+    """Per rank (None for one process): the GPU-idle gaps the host findings attribute, by
+    cause (:func:`~profkit.analysis.findings.findings_of`); the lanes picture marks them."""
 
     @property
     def activities(self) -> int:

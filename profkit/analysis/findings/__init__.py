@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from profkit.analysis.findings.host import host_findings
 from profkit.analysis.findings.model import Finding
 from profkit.analysis.findings.optimizer import unfused_optimizer
@@ -29,9 +31,11 @@ TOP_FINDINGS = 5
 
 def findings_of(
     report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """The report's findings as JSON objects, largest ``recoverable_ms`` first, and the
-    notes of rules the traces could not feed (each said once)."""
+) -> tuple[list[dict[str, Any]], list[str], dict[int | None, pd.DataFrame]]:
+    """The report's findings as JSON objects, largest ``recoverable_ms`` first; the notes
+    of rules the traces could not feed (each said once); per rank (None for one process)
+    the GPU-idle gaps the host findings attribute, by cause (``start``, ``end``,
+    ``launch``, ``cause``: ``idle``, ``sync`` or ``launch``), for the lanes picture."""
     found: list[Finding] = []
     notes: list[str] = []
     phases = {str(p) for p in report.phases["phase"]} if "phase" in report.phases else set()
@@ -42,7 +46,12 @@ def findings_of(
     idle = {f.rank: f.evidence["by_step_ms"] for f in found if f.kind == "host_idle"}
     found += straggler(report, idle)
     found.sort(key=lambda f: -f.recoverable_ms)
-    return [f.to_json() for f in found], list(dict.fromkeys(notes))
+    marks: dict[int | None, list[pd.DataFrame]] = {}
+    for f in found:
+        if f.gaps is not None:
+            marks.setdefault(f.rank, []).append(f.gaps)
+    gaps = {r: pd.concat(g).sort_values("start", ignore_index=True) for r, g in marks.items()}
+    return [f.to_json() for f in found], list(dict.fromkeys(notes)), gaps
 
 
 def _processes(

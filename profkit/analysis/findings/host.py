@@ -201,7 +201,7 @@ def _host_idle(
         "The GPU waits while the host launches nothing "
         f"({ms(total / n_steps):.2f} ms a step, {where}): move the host work off the step "
         "(DataLoader workers, pin_memory and non_blocking copies, prefetch the next batch).",
-        rank, None if phase == "None" else phase,
+        rank, None if phase == "None" else phase, _marks(idle),
     )  # fmt: skip
 
 
@@ -226,8 +226,11 @@ def _host_sync(
     keep = during & (hit | (end >= last))  # else the GPU kept working: it blocked the host only
     # the idle that follows: the whole gap where the sync caused it, else the part of the
     # gap the host spent inside the call
+    # several syncs in one gap (DDP's event syncs come in pairs) drained it once: the
+    # first of them carries its idle
+    counted = hit & ~_repeats(np.where(hit, j, -1))
     idle = np.where(
-        hit, np.where(own[jj] if len(lo) else False, hi[jj] - lo[jj],
+        counted, np.where(own[jj] if len(lo) else False, hi[jj] - lo[jj],
                       np.maximum(0, end - lo[jj]) if len(lo) else 0), 0,
     )[keep]  # fmt: skip
     if not keep.any():
@@ -250,8 +253,16 @@ def _host_sync(
         f"{len(at)} blocking synchronizations drained the GPU queue (.item(), .cpu(), "
         "print(tensor), torch.cuda.synchronize()): keep values on the GPU, log them every N "
         "steps, or copy with non_blocking=True into pinned memory.",
-        rank, phases.most_common(1)[0][0],
+        rank, phases.most_common(1)[0][0], _marks(gaps[own]),
     )  # fmt: skip
+
+
+def _repeats(keys: np.ndarray) -> np.ndarray:
+    """Where a key (not -1) was already seen earlier in the array."""
+    seen = np.zeros(len(keys), bool)
+    _, first = np.unique(keys, return_index=True)
+    seen[first] = True
+    return ~seen & (keys >= 0)
 
 
 def _launch_bound(
@@ -288,5 +299,10 @@ def _launch_bound(
         f"are shorter than the launch cadence ({cadence:.1f} µs). Capture the step in CUDA "
         'graphs (torch.compile(mode="reduce-overhead")), fuse ops (torch.compile), or give '
         "each launch more work (a larger batch).",
-        rank, None,
+        rank, None, _marks(small),
     )  # fmt: skip
+
+
+def _marks(gaps: pd.DataFrame) -> pd.DataFrame:
+    """The gaps a finding attributes, as the lanes picture marks them."""
+    return gaps[["start", "end", "launch", "cause"]].reset_index(drop=True)

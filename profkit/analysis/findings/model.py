@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 HIGH_SHARE = 0.20
 """A finding whose recoverable time is at least this share of the captured span is
@@ -23,6 +26,9 @@ class Finding:
     advice: str
     rank: int | None = None
     phase: str | None = None
+    gaps: pd.DataFrame | None = field(default=None, repr=False)
+    """The GPU-idle gaps a host rule attributes (``start``, ``end``, ``launch``, ``cause``,
+    ns): what the lanes picture marks; not in the JSON."""
     severity: str = field(init=False)
 
     def __post_init__(self) -> None:
