@@ -317,3 +317,28 @@ def test_syncs_in_one_gap_drain_it_once() -> None:
     assert sync.kind == "host_sync" and sync.evidence["count"] == 2
     assert sync.recoverable_ms == pytest.approx(0.35)
     assert sync.gaps is not None and len(sync.gaps) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_host_calls_are_kept_with_the_cached_columns(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import profkit.traces.host_calls as host_calls
+
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path))
+    paths = _files("sync", backend)
+    job = load(paths)
+    (read,) = host_traces(job.paths, job.files)
+    assert host_calls.KEPT_AS in job.files[0].derived
+
+    def no_read(*_: Any) -> None:
+        raise AssertionError("the trace was read again")
+
+    monkeypatch.setattr(host_calls, "read_host_trace", no_read)
+    again = load(paths)  # a repeated query: the columns and the host calls from the cache
+    (kept,) = host_traces(again.paths, again.files)
+    for name in ("gpu_start", "gpu_end", "gpu_pid", "gpu_nccl", "call_start", "call_end",
+                 "call_pid", "call_kind", "call_name"):  # fmt: skip
+        assert np.array_equal(getattr(kept, name), getattr(read, name)), name
+    assert (kept.path, kept.has_calls) == (read.path, read.has_calls)
+    assert kept.gpu_nccl.dtype == bool and kept.call_kind.dtype == np.int8

@@ -19,12 +19,16 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from profkit.traces.chrome_fields import to_ns
+from profkit.traces.columns import Derived
 from profkit.traces.schema import NCCL_PREFIX, PROCESS_MASK, PROCESS_SHIFT
+
+if TYPE_CHECKING:
+    from profkit.traces.columns import ActivityColumns
 
 CALL_KINDS = ("launch", "sync", "capture")
 """What an API call is to the findings: it puts work on the GPU (kernel launches, async
@@ -215,6 +219,41 @@ def _host_trace(
     )
 
 
-def host_traces(paths: list[Path], files: list[Any]) -> list[HostTrace]:
-    """The :class:`HostTrace` of each of a job's files (``files``: their columns)."""
-    return [read_host_trace(Path(p), c.meta) for p, c in zip(paths, files, strict=True)]
+KEPT_AS = "host_calls"
+"""The name a file's host trace is kept under with its columns (and so in the cache)."""
+KEPT_VERSION = 1
+"""Bumped when what :func:`read_host_trace` reads changes: older kept copies are read anew."""
+_INTS = ("gpu_start", "gpu_end", "gpu_pid", "call_start", "call_end", "call_pid")
+
+
+def host_traces(paths: list[Path], files: list[ActivityColumns]) -> list[HostTrace]:
+    """The :class:`HostTrace` of each of a job's files (``files``: their columns), read
+    once and kept with the columns: a repeated query of a cached trace reads it from the
+    cache instead of the trace (a Chrome trace's JSON is not parsed again)."""
+    return [_kept_or_read(Path(p), c) for p, c in zip(paths, files, strict=True)]
+
+
+def _kept_or_read(path: Path, columns: ActivityColumns) -> HostTrace:
+    kept = columns.derived.get(KEPT_AS)
+    if kept is not None and kept.meta.get("version") == KEPT_VERSION:
+        a, meta = kept.arrays, kept.meta
+        names = np.array(meta["call_names"] + [""], dtype=object)
+        ints = {k: np.asarray(a[k], np.int64) for k in _INTS}
+        return HostTrace(
+            str(meta["path"]), ints["gpu_start"], ints["gpu_end"], ints["gpu_pid"],
+            np.asarray(a["gpu_nccl"]) != 0, ints["call_start"], ints["call_end"],
+            ints["call_pid"], np.asarray(a["call_kind"], np.int8),
+            names[np.asarray(a["call_name"], np.int64)], bool(meta["has_calls"]),
+        )  # fmt: skip
+    host = read_host_trace(path, columns.meta)
+    names, codes = np.unique(host.call_name.astype(str), return_inverse=True)
+    arrays = {k: np.asarray(getattr(host, k), np.int64) for k in _INTS}
+    arrays |= {
+        "gpu_nccl": host.gpu_nccl.astype(np.uint8),
+        "call_kind": host.call_kind.astype(np.int8),
+        "call_name": codes.reshape(-1).astype(np.int32),
+    }
+    meta = {"version": KEPT_VERSION, "path": host.path, "has_calls": host.has_calls,
+            "call_names": [str(n) for n in names]}  # fmt: skip
+    columns.remember(KEPT_AS, Derived(arrays, meta))
+    return host
