@@ -342,3 +342,19 @@ def test_host_calls_are_kept_with_the_cached_columns(
         assert np.array_equal(getattr(kept, name), getattr(read, name)), name
     assert (kept.path, kept.has_calls) == (read.path, read.has_calls)
     assert kept.gpu_nccl.dtype == bool and kept.call_kind.dtype == np.int8
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rank_option_keeps_the_straggler_of_all_ranks(backend: str) -> None:
+    whole = {(f["kind"], f["rank"]): f for f in findings("straggler2", backend)}
+    for shown in (0, 1):
+        job = load(_files("straggler2", backend))
+        report = analysis.kernel_report(
+            job, top=0, rank=shown, hosts=host_traces(job.paths, job.files)
+        )
+        got = {(f["kind"], f["rank"]): f for f in report.findings or []}
+        # rank 1's own host idle bounds the straggler's recoverable_ms, whichever rank is shown
+        assert got[("straggler", 1)] == whole[("straggler", 1)]
+        assert {r for k, r in got if k != "straggler"} <= {shown}
+        assert set(report.gap_marks) <= {shown}
+    assert ("host_idle", 1) in got

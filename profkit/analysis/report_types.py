@@ -127,6 +127,9 @@ class RankedReport(KernelReport):
     ranks: list[RankEntry] = field(default_factory=list)
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     world_size: int = 0
+    every_rank: list[dict[str, Any]] = field(default_factory=list)
+    """Every rank's info (``rank``, ``pid``, ...), whichever ``--rank`` keeps in ``ranks``:
+    what is found across ranks (a straggler) reads them all."""
     nodes: list[dict[str, Any]] = field(default_factory=list)
     """Several nodes' reports read as one job: each node's file, host, ranks and clock
     (:class:`profkit.analysis.clocks.NodeClock`); empty for one report."""

@@ -39,11 +39,16 @@ def findings_of(
     found: list[Finding] = []
     notes: list[str] = []
     phases = {str(p) for p in report.phases["phase"]} if "phase" in report.phases else set()
+    shown = {int(e.info["rank"]) for e in getattr(report, "ranks", None) or []}
+    every: list[Finding] = []
     for process in _processes(report, files, hosts):
-        found += host_findings(*process, notes, phases)
+        every += host_findings(*process, notes, phases)
+    # --rank R shows rank R's host findings; the straggler's bound is its own host idle,
+    # whichever rank is shown
+    found = [f for f in every if f.rank is None or f.rank in shown]
     found += unfused_optimizer(report)
     found += exposed_comm(report)
-    idle = {f.rank: f.evidence["by_step_ms"] for f in found if f.kind == "host_idle"}
+    idle = {f.rank: f.evidence["by_step_ms"] for f in every if f.kind == "host_idle"}
     found += straggler(report, idle)
     found.sort(key=lambda f: -f.recoverable_ms)
     marks: dict[int | None, list[pd.DataFrame]] = {}
@@ -57,13 +62,14 @@ def findings_of(
 def _processes(
     report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
 ) -> list[tuple[HostTrace, Any, int | None]]:
-    """(host trace, phase ranges, rank) per process: one for one process, one per rank."""
-    ranks = getattr(report, "ranks", None) or []
+    """(host trace, phase ranges, rank) per process: one for one process, one per rank
+    (every rank, whichever ``--rank`` shows)."""
+    ranks = getattr(report, "every_rank", None) or [e.info for e in getattr(report, "ranks", [])]
     if not ranks:
         return [(hosts[0], files[0].ranges, None)]
     out: list[tuple[HostTrace, Any, int | None]] = []
-    for index, entry in enumerate(ranks):
-        pid, rank = entry.info.get("pid"), int(entry.info["rank"])
+    for index, info in enumerate(ranks):
+        pid, rank = info.get("pid"), int(info["rank"])
         if len(hosts) == len(ranks) and len(hosts) > 1:  # per-rank traces: one file each
             out.append((hosts[index], files[index].ranges, rank))
         else:  # one export of several processes, or several nodes' exports
