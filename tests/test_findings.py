@@ -22,7 +22,7 @@ from profkit.traces.job import load
 DATA = Path(__file__).parent / "data"
 FW = DATA / "frameworks"
 KINDS = {"host_idle", "host_sync", "launch_bound", "unfused_optimizer", "exposed_comm",
-         "straggler"}  # fmt: skip
+         "straggler", "fp32_gemm", "pageable_copy"}  # fmt: skip
 runner = CliRunner()
 # "sqlite" rather than "nsys" in the test ids: conftest skips tests marked "nsys" where the
 # nsys program is absent, and these read committed exports only
@@ -172,7 +172,8 @@ def _trace(gpu: list[tuple[int, int]], calls: list[tuple[int, int, str]]) -> Hos
     arr = functools.partial(np.array, dtype=np.int64)
     return HostTrace(
         "synthetic", arr([g[0] for g in gpu]), arr([g[1] for g in gpu]), arr([0] * len(gpu)),
-        np.zeros(len(gpu), bool), arr([c[0] for c in calls]), arr([c[1] for c in calls]),
+        np.zeros(len(gpu), bool), np.full(len(gpu), -1, np.int8), arr([0] * len(gpu)),
+        arr([c[0] for c in calls]), arr([c[1] for c in calls]),
         arr([0] * len(calls)), np.array([call_kind(c[2]) for c in calls], np.int8),
         np.array([c[2] for c in calls], object), bool(calls),
     )  # fmt: skip
@@ -337,8 +338,8 @@ def test_host_calls_are_kept_with_the_cached_columns(
     monkeypatch.setattr(host_calls, "read_host_trace", no_read)
     again = load(paths)  # a repeated query: the columns and the host calls from the cache
     (kept,) = host_traces(again.paths, again.files)
-    for name in ("gpu_start", "gpu_end", "gpu_pid", "gpu_nccl", "call_start", "call_end",
-                 "call_pid", "call_kind", "call_name"):  # fmt: skip
+    for name in ("gpu_start", "gpu_end", "gpu_pid", "gpu_nccl", "gpu_copy", "gpu_bytes",
+                 "call_start", "call_end", "call_pid", "call_kind", "call_name"):  # fmt: skip
         assert np.array_equal(getattr(kept, name), getattr(read, name)), name
     assert (kept.path, kept.has_calls) == (read.path, read.has_calls)
     assert kept.gpu_nccl.dtype == bool and kept.call_kind.dtype == np.int8
@@ -355,6 +356,71 @@ def test_rank_option_keeps_the_straggler_of_all_ranks(backend: str) -> None:
         got = {(f["kind"], f["rank"]): f for f in report.findings or []}
         # rank 1's own host idle bounds the straggler's recoverable_ms, whichever rank is shown
         assert got[("straggler", 1)] == whole[("straggler", 1)]
-        assert {r for k, r in got if k != "straggler"} <= {shown}
+        assert {r for k, r in got if k != "straggler"} - {None} <= {shown}
         assert set(report.gap_marks) <= {shown}
     assert ("host_idle", 1) in got
+
+
+def _gemm_ms(report: analysis.KernelReport) -> float:
+    table = report.overall
+    return float(table.loc[table["category"] == "gemm", "total_ms"].sum())
+
+
+def test_fp32_gemms_on_bf16_tensor_cores() -> None:
+    fp32 = _report(DATA / "nsys-2025.3-h100-small-fp32.sqlite.xz")
+    bf16 = _report(DATA / "nsys-2025.3-h100-small-bf16.sqlite.xz")
+    (found,) = of_kind(fp32.findings or [], "fp32_gemm")
+    assert not of_kind(bf16.findings or [], "fp32_gemm")
+    ev = found["evidence"]
+    assert ev["gpu"] == "NVIDIA H100 80GB HBM3" and ev["kernels"] == 14
+    assert ev["peak_tflops"] == {"fp32": 66.9, "bf16": 989.4}
+    assert found["recoverable_ms"] == pytest.approx(ev["time_ms"] * (1 - 66.9 / 989.4))
+    assert found["phase"] == "backward" and all("f32" in r["name"] or "sgemm" in r["name"]
+                                                for r in ev["rows"])  # fmt: skip
+    # the same model and steps in bf16: its GEMMs took this much less
+    truth = _gemm_ms(fp32) - _gemm_ms(bf16)
+    assert near(found["recoverable_ms"], truth)
+    # torch.profiler names the GPU in its deviceProperties
+    (torch,) = of_kind(
+        _report(DATA / "torch-small-ctx128-train.json.gz").findings or [], "fp32_gemm"
+    )
+    assert torch["evidence"]["kernels"] == 14
+
+
+def test_fp32_gemms_on_an_unknown_gpu_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from profkit.analysis.findings.precision import fp32_gemm
+
+    report = _report(DATA / "nsys-2025.3-h100-small-fp32.sqlite.xz")
+    notes: list[str] = []
+    assert fp32_gemm(report, None, notes) == [] and fp32_gemm(report, "NVIDIA T4", notes) == []
+    assert len(notes) == 2 and "bf16 tensor cores" in notes[0]
+
+
+def test_pageable_copies_inside_the_steps() -> None:
+    # the export's CUPTI_ACTIVITY_KIND_MEMCPY: 3 host-to-device copies from pageable memory
+    # (4 MiB each) and 6 device-to-host copies into it (a 4 MiB and a 4-byte one a step)
+    report = _report(DATA / "nsys-2025.3-h100-cudagraph-node.sqlite.xz")
+    (found,) = of_kind(report.findings or [], "pageable_copy")
+    ev = found["evidence"]
+    assert ev["count"] == 9 and ev["bytes"] == 12_582_912 + 12_582_924
+    assert {d: v["count"] for d, v in ev["by_direction"].items()} == {
+        "host-to-device": 3, "device-to-host": 6}  # fmt: skip
+    assert found["recoverable_ms"] == pytest.approx(ev["time_ms"])
+    assert {r["host_memory"] for r in ev["rows"]} == {"pageable"}
+    # copies of a few bytes (.item()) are below the threshold
+    assert not of_kind(findings("sync", "sqlite"), "pageable_copy")
+
+
+def test_chrome_copies_are_read_by_their_names() -> None:
+    from profkit.traces.host_calls import _chrome_copy
+
+    assert _chrome_copy("Memcpy HtoD (Pageable -> Device)") == 8
+    assert _chrome_copy("Memcpy DtoH (Device -> Pinned)") == 17
+    assert _chrome_copy("Memcpy DtoD (Device -> Device)") == -1
+    # both readers see the same copies of the sync plant (3 to pageable, 3 to pinned)
+    for backend in BACKENDS:
+        job = load(_files("sync", backend))
+        (host,) = host_traces(job.paths, job.files)
+        kept = host.gpu_copy[host.gpu_copy >= 0]
+        assert sorted(kept.tolist()) == [16, 16, 16, 17, 17, 17]
+        assert int(host.gpu_bytes.sum()) == 24

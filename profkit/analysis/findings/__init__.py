@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from profkit.analysis.findings.copies import pageable_copy
 from profkit.analysis.findings.host import host_findings
 from profkit.analysis.findings.model import Finding
 from profkit.analysis.findings.optimizer import unfused_optimizer
+from profkit.analysis.findings.precision import fp32_gemm
 from profkit.analysis.findings.ranks import exposed_comm, straggler
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
@@ -43,10 +45,12 @@ def findings_of(
     every: list[Finding] = []
     for process in _processes(report, files, hosts):
         every += host_findings(*process, notes, phases)
+        every += pageable_copy(*process, phases)
     # --rank R shows rank R's host findings; the straggler's bound is its own host idle,
     # whichever rank is shown
     found = [f for f in every if f.rank is None or f.rank in shown]
     found += unfused_optimizer(report)
+    found += fp32_gemm(report, _gpu_name(report, files), notes)
     found += exposed_comm(report)
     idle = {f.rank: f.evidence["by_step_ms"] for f in every if f.kind == "host_idle"}
     found += straggler(report, idle)
@@ -80,6 +84,15 @@ def _processes(
     return out
 
 
+def _gpu_name(report: KernelReport, files: list[ActivityColumns]) -> str | None:
+    """The GPU's model as the trace names it (nsys: the export's ``gpu``; Chrome: its
+    ``deviceProperties``)."""
+    named = report.source.get("gpu") or next(
+        (g for f in files for g in f.meta.get("gpus") or [] if g), None
+    )
+    return str(named) if named else None
+
+
 def finding_line(finding: dict[str, Any]) -> str:
     """One line: what, where, the milliseconds it would give back, the number that matters."""
     who = "" if finding["rank"] is None else f"rank {finding['rank']}: "
@@ -96,6 +109,8 @@ def finding_line(finding: dict[str, Any]) -> str:
             f"{ev['exposed_ms']:.2f} ms exposed, {ev['wait_ms']:.2f} ms of it waiting"
         ),
         "straggler": lambda: f"last in {ev['count']} of {ev['steps']} steps",
+        "fp32_gemm": lambda: f"{ev['kernels']} fp32 GEMM kernels, {ev['time_ms']:.2f} ms",
+        "pageable_copy": lambda: f"{ev['count']} copies, {ev['bytes'] / 2**20:.1f} MiB",
     }.get(finding["kind"], lambda: "")()
     return (
         f"[{finding['severity']}] {who}{finding['kind']}{where}: "

@@ -61,9 +61,9 @@ def host_findings(
         )
         return []
     gaps = _gaps(host)
-    span = float(host.gpu_end.max() - _span_start(host))
-    steps = _step_starts(ranges)
-    places = _Places(ranges)
+    span = float(host.gpu_end.max() - span_start(host))
+    steps = step_starts(ranges)
+    places = Places(ranges)
     found = [
         _host_sync(host, gaps, span, rank, places),
         _host_idle(gaps, span, rank, places, steps),
@@ -75,7 +75,7 @@ def host_findings(
     return kept
 
 
-def _span_start(host: HostTrace) -> int:
+def span_start(host: HostTrace) -> int:
     """Where the captured span begins: the capture's start (``cudaProfilerStart``) where
     the trace has it and it precedes the first GPU work, else that work's start."""
     first = int(host.gpu_start.min())
@@ -89,7 +89,7 @@ def _gaps(host: HostTrace) -> pd.DataFrame:
     and ``cause`` (``sync``, ``idle``, ``launch``, or ``device``: work already queued)."""
     order = np.argsort(host.gpu_start, kind="stable")
     start, end = host.gpu_start[order], host.gpu_end[order]
-    begin = _span_start(host)  # the GPU idles from the capture's start to its first work
+    begin = span_start(host)  # the GPU idles from the capture's start to its first work
     reach = np.maximum.accumulate(end)
     lo, hi = np.append(begin, reach[:-1]), start
     open_ = hi > lo
@@ -128,7 +128,7 @@ def _gaps(host: HostTrace) -> pd.DataFrame:
     )
 
 
-def _step_starts(ranges: pd.DataFrame) -> np.ndarray:
+def step_starts(ranges: pd.DataFrame) -> np.ndarray:
     """Each step's start: the instances of the first outermost range (``forward`` in an
     annotated trace); none where the trace has no ranges."""
     top = ranges[ranges["depth"] == 0].sort_values("start")
@@ -138,7 +138,7 @@ def _step_starts(ranges: pd.DataFrame) -> np.ndarray:
     return top.loc[top["name"] == first, "start"].to_numpy(np.int64)
 
 
-class _Places:
+class Places:
     """Where the host was at given times: the outermost range open then, or the next one
     to open (one sort of the outermost ranges; look-ups by binary search)."""
 
@@ -165,7 +165,7 @@ class _Places:
 
 
 def _host_idle(
-    gaps: pd.DataFrame, span: float, rank: int | None, places: _Places, steps: np.ndarray
+    gaps: pd.DataFrame, span: float, rank: int | None, places: Places, steps: np.ndarray
 ) -> Finding | None:
     idle = gaps[gaps["cause"] == "idle"]
     if not len(idle):
@@ -206,7 +206,7 @@ def _host_idle(
 
 
 def _host_sync(
-    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None, places: _Places
+    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None, places: Places
 ) -> Finding | None:
     """Blocking syncs made while GPU work was in flight that drained the queue: the GPU
     went idle while the host was in the call and was still idle when it returned, or the
