@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from profkit.analysis.findings.host import MIN_RECOVERABLE_SHARE, Places, span_start, step_starts
+from profkit.analysis.findings.host import (
+    MIN_RECOVERABLE_SHARE,
+    Places,
+    outermost,
+    span_start,
+    step_starts,
+)
 from profkit.analysis.findings.model import Finding, ms
 from profkit.traces.host_calls import COPY_DIRECTIONS, MEM_KINDS
 
@@ -37,7 +43,8 @@ def pageable_copy(
     overlapped with compute, would at best hide."""
     if len(host.gpu_start) < 2:
         return []
-    steps = step_starts(ranges)
+    top = outermost(ranges, phases)
+    steps = step_starts(top)
     copy = host.gpu_copy.astype(np.int64)
     chosen = (copy >= 0) & (copy % 8 == PAGEABLE)
     if len(steps):
@@ -59,7 +66,7 @@ def pageable_copy(
         entry["count"] += 1
         entry["bytes"] += int(b)
         entry["time_ms"] = round(entry["time_ms"] + ms(t), 6)
-    place = Places(ranges).inside(host.gpu_start[at])
+    place = Places(top).inside(host.gpu_start[at])
     step_of = np.searchsorted(steps, host.gpu_start[at], side="right") - 1
     rows = [
         {"direction": direction[i], "host_memory": memory[i], "bytes": int(size[i]),

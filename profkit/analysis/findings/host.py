@@ -62,8 +62,9 @@ def host_findings(
         return []
     gaps = _gaps(host)
     span = float(host.gpu_end.max() - span_start(host))
-    steps = step_starts(ranges)
-    places = Places(ranges)
+    top = outermost(ranges, phases)
+    steps = step_starts(top)
+    places = Places(top)
     found = [
         _host_sync(host, gaps, span, rank, places),
         _host_idle(gaps, span, rank, places, steps),
@@ -95,9 +96,14 @@ def _gaps(host: HostTrace) -> pd.DataFrame:
     open_ = hi > lo
     lo, hi = lo[open_], hi[open_]
     launches = np.sort(host.call_start[host.call_kind == 0])
-    first = np.searchsorted(launches, lo, side="right")
-    launch = np.where(first < len(launches), launches[np.minimum(first, len(launches) - 1)], -1)
-    launch = np.where((launch > 0) & (launch < hi), launch, -1)
+    # The launch of the work that ends the gap: the last launch call begun in the gap (a
+    # launch call that put nothing on the GPU, such as one recorded into a CUDA graph
+    # being captured, does not end it).
+    last = np.searchsorted(launches, hi, side="left") - 1
+    launch = (
+        np.where(last >= 0, launches[np.maximum(last, 0)], -1) if len(launches) else -1 + 0 * lo
+    )
+    launch = np.where((launch > lo) & (launch < hi), launch, -1)
     sync_at = np.flatnonzero(host.call_kind == 1)
     by_end = sync_at[np.argsort(host.call_end[sync_at], kind="stable")]
     ends = host.call_end[by_end]
@@ -128,10 +134,18 @@ def _gaps(host: HostTrace) -> pd.DataFrame:
     )
 
 
-def step_starts(ranges: pd.DataFrame) -> np.ndarray:
-    """Each step's start: the instances of the first outermost range (``forward`` in an
-    annotated trace); none where the trace has no ranges."""
-    top = ranges[ranges["depth"] == 0].sort_values("start")
+def outermost(ranges: pd.DataFrame, phases: set[str]) -> pd.DataFrame:
+    """The ranges that say where the host was: the report's phase ranges where the trace
+    has them (not a library's or a user's other marks, such as a ``mylib`` domain's range
+    or torch.profiler's ``enumerate(DataLoader)``), else the outermost ranges."""
+    named = ranges[ranges["name"].astype(str).isin(phases)] if len(ranges) else ranges
+    top = named if len(named) else ranges[ranges["depth"] == 0]
+    return top.sort_values("start", kind="stable")
+
+
+def step_starts(top: pd.DataFrame) -> np.ndarray:
+    """Each step's start: the instances of the first of the :func:`outermost` ranges
+    (``forward`` in an annotated trace); none where the trace has no ranges."""
     if not len(top):
         return np.zeros(0, np.int64)
     first = str(top["name"].iloc[0])
@@ -139,11 +153,11 @@ def step_starts(ranges: pd.DataFrame) -> np.ndarray:
 
 
 class Places:
-    """Where the host was at given times: the outermost range open then, or the next one
-    to open (one sort of the outermost ranges; look-ups by binary search)."""
+    """Where the host was at given times: the :func:`outermost` range open then, or the
+    next one to open (look-ups by binary search)."""
 
-    def __init__(self, ranges: pd.DataFrame) -> None:
-        top = ranges[ranges["depth"] == 0].sort_values("start", kind="stable")
+    def __init__(self, top: pd.DataFrame) -> None:
+        """``top``: the :func:`outermost` ranges."""
         self.start = top["start"].to_numpy(np.int64)
         self.end = np.maximum.accumulate(top["end"].to_numpy(np.int64)) if len(top) else self.start
         self.name = top["name"].astype(str).to_numpy(dtype=object)
@@ -190,19 +204,30 @@ def _host_idle(
          "idle_ms": ms(idle_ns[i]), "gap_ms": ms(gap_ns[i])}
         for i in np.argsort(-idle_ns, kind="stable")[:10]
     ]  # fmt: skip
-    total = float(idle_ns.sum())
+    total = _recurring(step_of, idle_ns, len(steps))
     where = weight.most_common(1)[0][0]
     phase = where.split(" ", 1)[1]
     return Finding(
         "host_idle", ms(total), total / span,
         {"count": len(idle), "where": where, "per_step_ms": ms(total / n_steps),
-         "by_step_ms": by_step,
+         "by_step_ms": by_step, "one_off_ms": ms(idle_ns.sum() - total),
          "steps": n_steps, "span_ms": ms(span), "rows": rows},
         "The GPU waits while the host launches nothing "
         f"({ms(total / n_steps):.2f} ms a step, {where}): move the host work off the step "
         "(DataLoader workers, pin_memory and non_blocking copies, prefetch the next batch).",
         rank, None if phase == "None" else phase, _marks(idle),
     )  # fmt: skip
+
+
+def _recurring(step_of: np.ndarray, idle_ns: np.ndarray, steps: int) -> float:
+    """The idle that recurs: each step's idle (and the idle before the first step) up to
+    the median step's; the excess of one step over it (a first step's warm-up, a CUDA
+    graph's capture) is a one-off, not what fixing the host work gives back every step."""
+    if not steps:
+        return float(idle_ns.sum())
+    per_key = np.bincount(step_of + 1, weights=idle_ns, minlength=steps + 1)
+    typical = float(np.median(per_key[1:]))
+    return float(np.minimum(per_key, typical).sum())
 
 
 def _host_sync(
