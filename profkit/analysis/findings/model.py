@@ -52,3 +52,19 @@ class Finding:
 
 def ms(ns: float) -> float:
     return round(float(ns) / 1e6, 6)
+
+
+def kernel_evidence(rows: pd.DataFrame, time_ms: float, total_ms: float) -> dict[str, Any]:
+    """The evidence of a rule over rows of the kernel table (``name``, ``instances``,
+    ``total_ms``): launches, kernels, their time and share of the GPU time, the top rows."""
+    return {
+        "count": int(rows["instances"].sum()),
+        "kernels": len(rows),
+        "time_ms": round(time_ms, 6),
+        "share_of_gpu_time": round(time_ms / total_ms, 4),
+        "rows": [
+            {"name": r["name"], "instances": int(r["instances"]),
+             "total_ms": round(float(r["total_ms"]), 6)}
+            for _, r in rows.head(10).iterrows()
+        ],
+    }  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from profkit.analysis.findings.model import Finding
+from profkit.analysis.findings.model import Finding, kernel_evidence
 from profkit.workload.flops import find_peak
 
 if TYPE_CHECKING:
@@ -53,19 +53,9 @@ def fp32_gemm(report: KernelReport, gpu: str | None, notes: list[str]) -> list[F
         return []
     by_phase = report.kernels[report.kernels["name"].astype(str).isin(set(rows["name"]))]
     phase = str(by_phase.groupby("phase")["total_ms"].sum().idxmax()) if len(by_phase) else None
-    evidence = {
-        "count": int(rows["instances"].sum()),
-        "kernels": len(rows),
-        "time_ms": round(time_ms, 6),
-        "share_of_gpu_time": round(time_ms / total_ms, 4),
-        "gpu": gpu,
-        "peak_tflops": {"fp32": peak.fp32, "bf16": peak.bf16},
-        "rows": [
-            {"name": r["name"], "instances": int(r["instances"]),
-             "total_ms": round(float(r["total_ms"]), 6)}
-            for _, r in rows.head(10).iterrows()
-        ],
-    }  # fmt: skip
+    evidence = kernel_evidence(rows, time_ms, total_ms)
+    evidence |= {"gpu": gpu, "peak_tflops": {"fp32": peak.fp32, "bf16": peak.bf16}}
+    evidence["rows"] = evidence.pop("rows")  # last, as in every finding
     return [Finding(
         "fp32_gemm", recoverable, recoverable / total_ms, evidence,
         f"{len(rows)} GEMM kernels ({time_ms:.2f} ms) run in fp32 on the CUDA cores of a "
