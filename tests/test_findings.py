@@ -442,3 +442,20 @@ def test_ddp_transfers_are_short_and_overlapped_so_no_exposed_comm() -> None:
         assert 0 < transfer < 0.03 * steps_ms
         assert comm["overlapped_ms"] > 0  # DDP's bucketed all-reduces overlap the backward
     assert not of_kind(report.findings or [], "exposed_comm")
+
+
+def test_chrome_host_calls_streamed_or_whole_are_the_same(tmp_path: Path) -> None:
+    import gzip
+
+    from profkit.traces.host_calls import read_host_trace
+
+    path = _files("sync", "torch")[0]
+    meta = load([path]).files[0].meta
+    streamed = read_host_trace(path, meta)
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    array = tmp_path / "events-array.json"  # a top-level array: not streamed, read whole
+    array.write_text(json.dumps(doc["traceEvents"]))
+    whole = read_host_trace(array, meta)
+    for name in ("gpu_start", "gpu_end", "gpu_copy", "gpu_bytes", "call_start", "call_kind"):
+        assert np.array_equal(getattr(whole, name), getattr(streamed, name)), name
+    assert len(streamed.call_start) and (streamed.call_kind == 1).sum() >= 6

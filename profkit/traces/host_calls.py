@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,7 @@ _COPY_CODE = (
 )
 _CHROME_COPY = re.compile(r"Memcpy (HtoD|DtoH) \((\w+) -> (\w+)\)")
 _CHROME_KINDS = {"pageable": 0, "pinned": 1, "managed": 4}
+_CHROME_CATEGORIES = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime"))
 
 
 def call_kind(name: str) -> int:
@@ -173,26 +175,12 @@ def _nsys(path: Path) -> HostTrace:
 
 
 def _chrome(path: Path, meta: dict[str, Any]) -> HostTrace:
-    from profkit.traces.chrome import _events_of, _loads_trace
+    """One pass over the events, streamed a batch at a time as the columns' reader does
+    (:func:`~profkit.traces.chrome.over_events`): never the whole document in memory."""
+    from profkit.traces.chrome import over_events
 
     base = int(meta.get("base_time_ns") or 0)
-    _header, events = _events_of(path, _loads_trace(path))
-    gpu: list[tuple[float, float, int, str]] = []
-    calls: list[tuple[float, float, int, str]] = []
-    for ev in events:
-        cat = ev.get("cat") if isinstance(ev, dict) else None
-        if cat not in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime"):
-            continue
-        ts, dur = ev.get("ts"), ev.get("dur", 0)
-        if not _finite(ts) or not _finite(dur) or dur < 0:
-            continue  # what the columns' reader drops with a warning, dropped here silently
-        if cat != "cuda_runtime" and ev.get("ph") == "X":
-            name = str(ev.get("name", "")) if cat != "gpu_memset" else ""
-            args = ev.get("args")
-            size = args.get("bytes") if cat == "gpu_memcpy" and isinstance(args, dict) else 0
-            gpu.append((ts, dur, size if isinstance(size, int) and size > 0 else 0, name))
-        elif cat == "cuda_runtime" and call_kind(str(ev.get("name", ""))) >= 0:
-            calls.append((ts, dur, 0, str(ev["name"])))
+    _header, (gpu, calls) = over_events(path, _chrome_rows)
     pid = int(meta.get("pid") or 0)
     # One file is one process: its activities are that process's (Kineto's GPU events
     # carry the device as their pid).
@@ -203,6 +191,40 @@ def _chrome(path: Path, meta: dict[str, Any]) -> HostTrace:
     return _host_trace(
         str(path), gpu_ns, np.full(len(gpu_ns), pid, np.int64), call_ns, call_pid, bool(calls)
     )
+
+
+_Rows = list[tuple[float, float, int, str]]
+
+
+def _chrome_rows(batches: Iterable[list[Any]]) -> tuple[_Rows, _Rows]:
+    """(ts, dur, bytes, name) of the GPU activities and of the API calls the findings use."""
+    gpu: _Rows = []
+    calls: _Rows = []
+    kinds: dict[str, int] = {}  # a few API names, repeated: their kind found once each
+    for events in batches:
+        for ev in events:
+            cat = ev.get("cat") if isinstance(ev, dict) else None
+            if cat not in _CHROME_CATEGORIES:
+                continue
+            ts, dur = ev.get("ts"), ev.get("dur", 0)
+            if not _finite(ts) or not _finite(dur) or dur < 0:
+                continue  # what the columns' reader drops with a warning, dropped here silently
+            name = str(ev.get("name", ""))
+            if cat != "cuda_runtime":
+                if ev.get("ph") == "X":
+                    args = ev.get("args")
+                    size = (
+                        args.get("bytes") if cat == "gpu_memcpy" and isinstance(args, dict) else 0
+                    )
+                    size = size if isinstance(size, int) and size > 0 else 0
+                    gpu.append((ts, dur, size, name if cat != "gpu_memset" else ""))
+                continue
+            kind = kinds.get(name)
+            if kind is None:
+                kind = kinds[name] = call_kind(name)
+            if kind >= 0:
+                calls.append((ts, dur, 0, name))
+    return gpu, calls
 
 
 def _chrome_copy(name: str) -> int:
