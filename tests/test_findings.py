@@ -459,3 +459,19 @@ def test_chrome_host_calls_streamed_or_whole_are_the_same(tmp_path: Path) -> Non
     for name in ("gpu_start", "gpu_end", "gpu_copy", "gpu_bytes", "call_start", "call_kind"):
         assert np.array_equal(getattr(whole, name), getattr(streamed, name)), name
     assert len(streamed.call_start) and (streamed.call_kind == 1).sum() >= 6
+
+
+def test_copies_without_memory_kinds_say_so_once(tmp_path: Path) -> None:
+    import lzma
+    import sqlite3
+
+    path = tmp_path / "no-kinds.sqlite"
+    path.write_bytes(
+        lzma.decompress((DATA / "nsys-2025.3-h100-cudagraph-node.sqlite.xz").read_bytes())
+    )
+    with sqlite3.connect(path) as conn:  # an export that does not say which memory a copy used
+        conn.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_MEMCPY DROP COLUMN srcKind")
+    report = _report(path)
+    assert not of_kind(report.findings or [], "pageable_copy")
+    said = [n for n in report.notes if "pageable_copy needs" in n]
+    assert len(said) == 1 and "srcKind/dstKind" in said[0]

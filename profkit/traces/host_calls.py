@@ -94,6 +94,9 @@ class HostTrace:
     call_name: np.ndarray
     """Each call's name, as the trace spells it (object array)."""
     has_calls: bool
+    copy_kinds: bool = True
+    """Whether the trace says which host memory its copies used (an nsys export whose
+    copy table lacks ``srcKind``/``dstKind`` does not)."""
 
     def of_process(self, pid: int | None) -> HostTrace:
         """This file's activities and calls of one process (all of them for None)."""
@@ -103,7 +106,7 @@ class HostTrace:
         return HostTrace(
             self.path, self.gpu_start[g], self.gpu_end[g], self.gpu_pid[g], self.gpu_nccl[g],
             self.gpu_copy[g], self.gpu_bytes[g], self.call_start[c], self.call_end[c], self.call_pid[c], self.call_kind[c],
-            self.call_name[c], self.has_calls,
+            self.call_name[c], self.has_calls, self.copy_kinds,
         )  # fmt: skip
 
 
@@ -125,6 +128,7 @@ def _nsys(path: Path) -> HostTrace:
         "start": [], "end": [], "pid": [], "name": [], "copy": [], "bytes": []
     }  # fmt: skip
     call: dict[str, list[np.ndarray]] = {"start": [], "end": [], "pid": [], "name": []}
+    copy_kinds = True
     with opened_export(path) as (conn, plain):
         tables = table_columns(conn)
         names = dict(conn.execute("SELECT id, value FROM StringIds").fetchall())
@@ -138,6 +142,8 @@ def _nsys(path: Path) -> HostTrace:
                          "copy": "-1", "bytes": "0"}  # fmt: skip
                 if {"copyKind", "srcKind", "dstKind", "bytes"} <= set(tables[table]):
                     exprs |= {"copy": _COPY_CODE, "bytes": "bytes"}
+                elif table == "CUPTI_ACTIVITY_KIND_MEMCPY":
+                    copy_kinds = False
                 for chunk in reader.stream(conn, table, exprs):
                     for key in gpu:
                         gpu[key].append(chunk[key])
@@ -171,6 +177,7 @@ def _nsys(path: Path) -> HostTrace:
         id_kinds[index] if len(ids) else np.zeros(0, np.int8),
         id_names[index] if len(ids) else np.zeros(0, object),
         len(c["start"]) > 0,
+        copy_kinds,
     )
 
 
@@ -280,7 +287,7 @@ def _host_trace(
 
 KEPT_AS = "host_calls"
 """The name a file's host trace is kept under with its columns (and so in the cache)."""
-KEPT_VERSION = 2
+KEPT_VERSION = 3
 """Bumped when what :func:`read_host_trace` reads changes: older kept copies are read anew."""
 _INTS = ("gpu_start", "gpu_end", "gpu_pid", "gpu_bytes", "call_start", "call_end", "call_pid")
 
@@ -304,6 +311,7 @@ def _kept_or_read(path: Path, columns: ActivityColumns) -> HostTrace:
             ints["gpu_bytes"], ints["call_start"], ints["call_end"],
             ints["call_pid"], np.asarray(a["call_kind"], np.int8),
             names[np.asarray(a["call_name"], np.int64)], bool(meta["has_calls"]),
+            bool(meta.get("copy_kinds", True)),
         )  # fmt: skip
     host = read_host_trace(path, columns.meta)
     names, codes = np.unique(host.call_name.astype(str), return_inverse=True)
@@ -315,6 +323,7 @@ def _kept_or_read(path: Path, columns: ActivityColumns) -> HostTrace:
         "call_name": codes.reshape(-1).astype(np.int32),
     }
     meta = {"version": KEPT_VERSION, "path": host.path, "has_calls": host.has_calls,
+            "copy_kinds": host.copy_kinds,
             "call_names": [str(n) for n in names]}  # fmt: skip
     columns.remember(KEPT_AS, Derived(arrays, meta))
     return host

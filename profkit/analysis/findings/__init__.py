@@ -45,7 +45,7 @@ def findings_of(
     every: list[Finding] = []
     for process in _processes(report, files, hosts):
         every += host_findings(*process, notes, phases)
-        every += pageable_copy(*process, phases)
+        every += pageable_copy(*process, notes, phases)
     # --rank R shows rank R's host findings; the straggler's bound is its own host idle,
     # whichever rank is shown
     found = [f for f in every if f.rank is None or f.rank in shown]

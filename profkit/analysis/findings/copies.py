@@ -34,7 +34,7 @@ PAGEABLE = 0
 
 
 def pageable_copy(
-    host: HostTrace, ranges: pd.DataFrame, rank: int | None, phases: set[str]
+    host: HostTrace, ranges: pd.DataFrame, rank: int | None, notes: list[str], phases: set[str]
 ) -> list[Finding]:
     """One process's pageable copies that start on the GPU after its first step began
     (a model's weights copied in before training are not the step's).
@@ -42,6 +42,12 @@ def pageable_copy(
     recoverable_ms: the copies' GPU time, what copies from pinned memory on a side stream,
     overlapped with compute, would at best hide."""
     if len(host.gpu_start) < 2:
+        return []
+    if not host.copy_kinds:
+        notes.append(
+            "finding pageable_copy needs the copies' host memory kinds (srcKind/dstKind of "
+            "CUPTI_ACTIVITY_KIND_MEMCPY); this export has none"
+        )
         return []
     top = outermost(ranges, phases)
     steps = step_starts(top)
