@@ -475,3 +475,10 @@ def test_copies_without_memory_kinds_say_so_once(tmp_path: Path) -> None:
     assert not of_kind(report.findings or [], "pageable_copy")
     said = [n for n in report.notes if "pageable_copy needs" in n]
     assert len(said) == 1 and "srcKind/dstKind" in said[0]
+
+
+def test_per_rank_traces_in_any_order_give_each_rank_its_findings() -> None:
+    given = _files("straggler2", "torch")
+    forward = findings("straggler2", "torch")
+    reversed_ = _report(*reversed(given)).findings
+    assert reversed_ == forward  # rank 1's host findings stay rank 1's

@@ -75,7 +75,10 @@ def _processes(
     for index, info in enumerate(ranks):
         pid, rank = info.get("pid"), int(info["rank"])
         if len(hosts) == len(ranks) and len(hosts) > 1:  # per-rank traces: one file each
-            out.append((hosts[index], files[index].ranges, rank))
+            # the ranks come in rank order, the files as given: matched by path
+            paths = [str(f.meta.get("path")) for f in files]
+            at = paths.index(str(info["path"])) if str(info.get("path")) in paths else index
+            out.append((hosts[at], files[at].ranges, rank))
         else:  # one export of several processes, or several nodes' exports
             at = next((i for i, h in enumerate(hosts) if (h.gpu_pid == pid).any()), 0)
             ranges = files[at].ranges
