@@ -80,7 +80,12 @@ def _processes(
             at = paths.index(str(info["path"])) if str(info.get("path")) in paths else index
             out.append((hosts[at], files[at].ranges, rank))
         else:  # one export of several processes, or several nodes' exports
-            at = next((i for i, h in enumerate(hosts) if (h.gpu_pid == pid).any()), 0)
+            # a node's file first where the rank names it (pids of two hosts can be equal)
+            own = [
+                i for i, f in enumerate(files) if str(f.meta.get("path")) == str(info.get("path"))
+            ]
+            seen = [i for i in own + list(range(len(hosts))) if (hosts[i].gpu_pid == pid).any()]
+            at = seen[0] if seen else 0
             ranges = files[at].ranges
             mine = ((ranges["thread"].to_numpy() >> PROCESS_SHIFT) & PROCESS_MASK) == pid
             out.append((hosts[at].of_process(pid), ranges[mine], rank))
