@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from profkit.analysis.findings.copies import pageable_copy
-from profkit.analysis.findings.host import host_findings
+from profkit.analysis.findings.host import host_findings, span_of
 from profkit.analysis.findings.model import Finding
 from profkit.analysis.findings.optimizer import unfused_optimizer
 from profkit.analysis.findings.precision import fp32_gemm
@@ -43,14 +43,20 @@ def findings_of(
     phases = {str(p) for p in report.phases["phase"]} if "phase" in report.phases else set()
     shown = {int(e.info["rank"]) for e in getattr(report, "ranks", None) or []}
     every: list[Finding] = []
-    for process in _processes(report, files, hosts):
+    processes = _processes(report, files, hosts)
+    for process in processes:
         every += host_findings(*process, notes, phases)
         every += pageable_copy(*process, notes, phases)
     # --rank R shows rank R's host findings; the straggler's bound is its own host idle,
     # whichever rank is shown
     found = [f for f in every if f.rank is None or f.rank in shown]
-    found += unfused_optimizer(report)
-    found += fp32_gemm(report, _gpu_name(report, files), notes)
+    gpu_side = unfused_optimizer(report) + fp32_gemm(report, _gpu_name(report, files), notes)
+    span_ns = sum(span_of(p[0]) for p in processes if p[2] is None or p[2] in shown)
+    for f in gpu_side if span_ns else []:
+        # GPU time given back shortens the steps only where the GPU is the bottleneck:
+        # its share is of the captured span (in a launch-bound run, a small one)
+        f.measured_over(span_ns / 1e6)
+    found += gpu_side
     found += exposed_comm(report)
     idle = {f.rank: f.evidence["by_step_ms"] for f in every if f.kind == "host_idle"}
     found += straggler(report, idle)

@@ -18,7 +18,7 @@ from profkit.analysis.findings.host import (
     MIN_RECOVERABLE_SHARE,
     Places,
     outermost,
-    span_start,
+    span_of,
     step_starts,
 )
 from profkit.analysis.findings.model import Finding, ms
@@ -58,7 +58,7 @@ def pageable_copy(
     at = np.flatnonzero(chosen)
     if not len(at):
         return []
-    span = float(host.gpu_end.max() - span_start(host))
+    span = float(span_of(host))
     took = (host.gpu_end[at] - host.gpu_start[at]).astype(np.int64)
     total = float(took.sum())
     if not span or total / span < MIN_RECOVERABLE_SHARE:

@@ -61,7 +61,7 @@ def host_findings(
         )
         return []
     gaps = _gaps(host)
-    span = float(host.gpu_end.max() - span_start(host))
+    span = float(span_of(host))
     top = outermost(ranges, phases)
     steps = step_starts(top)
     places = Places(top)
@@ -74,6 +74,11 @@ def host_findings(
     for f in kept:
         f.phase = f.phase if f.phase in phases else None
     return kept
+
+
+def span_of(host: HostTrace) -> int:
+    """The process's captured span, ns (0 without GPU work)."""
+    return int(host.gpu_end.max() - span_start(host)) if len(host.gpu_start) else 0
 
 
 def span_start(host: HostTrace) -> int:

@@ -37,6 +37,11 @@ class Finding:
             else "low"
         )  # fmt: skip
 
+    def measured_over(self, span_ms: float) -> None:
+        """Take ``share`` (and so ``severity``) over ``span_ms`` instead."""
+        self.share = min(1.0, self.recoverable_ms / span_ms)
+        self.__post_init__()
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
