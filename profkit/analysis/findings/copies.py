@@ -21,7 +21,7 @@ from profkit.analysis.findings.host import (
     span_of,
     step_starts,
 )
-from profkit.analysis.findings.model import Finding, ms
+from profkit.analysis.findings.model import Finding, lacking, ms
 from profkit.traces.host_calls import COPY_DIRECTIONS, MEM_KINDS
 
 if TYPE_CHECKING:
@@ -41,13 +41,11 @@ def pageable_copy(
 
     recoverable_ms: the copies' GPU time, what copies from pinned memory on a side stream,
     overlapped with compute, would at best hide."""
-    if len(host.gpu_start) < 2:
-        return []
-    if not host.copy_kinds:
-        notes.append(
-            "finding pageable_copy needs the copies' host memory kinds (srcKind/dstKind of "
-            "CUPTI_ACTIVITY_KIND_MEMCPY); this export has none"
-        )
+    why = (
+        "finding pageable_copy needs the copies' host memory kinds (srcKind/dstKind of "
+        "CUPTI_ACTIVITY_KIND_MEMCPY); this export has none"
+    )
+    if len(host.gpu_start) < 2 or lacking(host.copy_kinds, notes, why):
         return []
     top = outermost(ranges, phases)
     steps = step_starts(top)

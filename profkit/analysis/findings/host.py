@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.findings.model import Finding, ms
+from profkit.analysis.findings.model import Finding, lacking, ms
 from profkit.traces.host_calls import HostTrace
 
 HOST_IDLE_MIN_MS = 1.0
@@ -52,13 +52,11 @@ def host_findings(
 ) -> list[Finding]:
     """The host-side findings of one process; ``phases``: the report's phase names (a
     finding's ``phase`` is one of them or None)."""
-    if len(host.gpu_start) < 2:
-        return []
-    if not host.has_calls:
-        notes.append(
-            "findings host_idle, host_sync and launch_bound need the CUDA API calls "
-            "(nsys -t cuda; torch.profiler's cuda_runtime events); this trace has none"
-        )
+    why = (
+        "findings host_idle, host_sync and launch_bound need the CUDA API calls "
+        "(nsys -t cuda; torch.profiler's cuda_runtime events); this trace has none"
+    )
+    if len(host.gpu_start) < 2 or lacking(host.has_calls, notes, why):
         return []
     gaps = _gaps(host)
     span = float(span_of(host))

@@ -73,3 +73,11 @@ def kernel_evidence(rows: pd.DataFrame, time_ms: float, total_ms: float) -> dict
             for _, r in rows.head(10).iterrows()
         ],
     }  # fmt: skip
+
+
+def lacking(has: bool, notes: list[str], why: str) -> bool:
+    """Whether a rule lacks what it needs (``has`` False); then ``why`` goes to the notes,
+    which say each line once."""
+    if not has:
+        notes.append(why)
+    return not has
