@@ -41,6 +41,10 @@ LAUNCH_BOUND_MAX_BUSY = 0.5
 """launch_bound needs the GPU busy less than this share of the captured span ..."""
 LAUNCH_BOUND_MIN_GAP_SHARE = 0.25
 """... and the gaps of launch overhead at least this share of it."""
+STEADY_MIN_STEPS = 3
+"""With this many captured steps or more, launch_bound is decided on the steps after the
+first: a first step's warm-up (lazy initialization, autotuning, a graph's capture) and
+what came before it are not the run's rhythm."""
 OUTSIDE_PHASES = "between phases"
 """``by_phase``'s key for calls made outside every outermost range."""
 MIN_RECOVERABLE_SHARE = 0.01
@@ -66,7 +70,7 @@ def host_findings(
     found = [
         _host_sync(host, gaps, span, rank, places),
         _host_idle(gaps, span, rank, places, steps),
-        _launch_bound(host, gaps, span, rank),
+        _launch_bound(host, gaps, span, rank, steps),
     ]
     kept = [f for f in found if f is not None and f.share >= MIN_RECOVERABLE_SHARE]
     for f in kept:
@@ -294,13 +298,22 @@ def _repeats(keys: np.ndarray) -> np.ndarray:
 
 
 def _launch_bound(
-    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None
+    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None, steps: np.ndarray
 ) -> Finding | None:
-    busy = span - float((gaps["end"] - gaps["start"]).sum())
-    small = gaps[gaps["cause"] == "launch"]
-    overhead = float((small["end"] - small["start"]).sum())
-    if busy / span >= LAUNCH_BOUND_MAX_BUSY or overhead / span < LAUNCH_BOUND_MIN_GAP_SHARE:
+    """Decided and measured on the steady steps (from the second, where the capture has
+    at least :data:`STEADY_MIN_STEPS`): recoverable_ms, the launch gaps there."""
+    end = int(host.gpu_end.max())
+    begin = int(steps[1]) if len(steps) >= STEADY_MIN_STEPS else end - int(span)
+    window = float(end - begin)
+    if window <= 0:
         return None
+    part = np.maximum(gaps["end"].to_numpy() - np.maximum(gaps["start"].to_numpy(), begin), 0)
+    busy = window - float(part.sum())
+    launch_part = float(part[(gaps["cause"] == "launch").to_numpy()].sum())
+    if busy / window >= LAUNCH_BOUND_MAX_BUSY or launch_part / window < LAUNCH_BOUND_MIN_GAP_SHARE:
+        return None
+    small = gaps[(gaps["cause"] == "launch").to_numpy() & (part > 0)]
+    overhead = launch_part
     durations = (host.gpu_end - host.gpu_start) / 1e3
     launches = np.sort(host.call_start[host.call_kind == 0])
     cadence = float(np.median(np.diff(launches))) / 1e3 if len(launches) > 1 else 0.0
@@ -309,7 +322,9 @@ def _launch_bound(
         return None
     evidence: dict[str, Any] = {
         "count": len(small),
-        "busy_share": round(busy / span, 4),
+        "busy_share": round(busy / window, 4),
+        "from_step": 1 if len(steps) >= STEADY_MIN_STEPS else None,
+        "window_ms": ms(window),
         "span_ms": ms(span),
         "activities": len(durations),
         "median_launch_interval_us": round(cadence, 3),
@@ -322,8 +337,8 @@ def _launch_bound(
         ],
     }
     return Finding(
-        "launch_bound", ms(overhead), overhead / span, evidence,
-        f"The GPU is busy {busy / span:.0%} of the span: kernels (median {median_us:.1f} µs) "
+        "launch_bound", ms(overhead), overhead / window, evidence,
+        f"The GPU is busy {busy / window:.0%} of the steps: kernels (median {median_us:.1f} µs) "
         f"are shorter than the launch cadence ({cadence:.1f} µs). Capture the step in CUDA "
         'graphs (torch.compile(mode="reduce-overhead")), fuse ops (torch.compile), or give '
         "each launch more work (a larger batch).",
