@@ -22,7 +22,7 @@ from profkit.traces.job import load
 DATA = Path(__file__).parent / "data"
 FW = DATA / "frameworks"
 KINDS = {"host_idle", "host_sync", "launch_bound", "unfused_optimizer", "exposed_comm",
-         "straggler"}  # fmt: skip
+         "straggler", "fp32_gemm", "pageable_copy"}  # fmt: skip
 runner = CliRunner()
 # "sqlite" rather than "nsys" in the test ids: conftest skips tests marked "nsys" where the
 # nsys program is absent, and these read committed exports only
@@ -172,7 +172,8 @@ def _trace(gpu: list[tuple[int, int]], calls: list[tuple[int, int, str]]) -> Hos
     arr = functools.partial(np.array, dtype=np.int64)
     return HostTrace(
         "synthetic", arr([g[0] for g in gpu]), arr([g[1] for g in gpu]), arr([0] * len(gpu)),
-        np.zeros(len(gpu), bool), arr([c[0] for c in calls]), arr([c[1] for c in calls]),
+        np.zeros(len(gpu), bool), np.full(len(gpu), -1, np.int8), arr([0] * len(gpu)),
+        arr([c[0] for c in calls]), arr([c[1] for c in calls]),
         arr([0] * len(calls)), np.array([call_kind(c[2]) for c in calls], np.int8),
         np.array([c[2] for c in calls], object), bool(calls),
     )  # fmt: skip
@@ -279,3 +280,205 @@ def test_a_chrome_trace_without_runtime_events_says_so(tmp_path: Path) -> None:
     assert "host_idle, host_sync and launch_bound need the CUDA API calls" in got.stdout
     assert got.stdout.count("need the CUDA API calls") == 1
     assert "## Findings" in got.stdout and "host_idle" not in got.stdout.split("## Phases")[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lanes_mark_the_gaps_the_findings_attribute(backend: str, tmp_path: Path) -> None:
+    from profkit.report.rank_plots import plot_ranks, step_gaps
+
+    report = _report(*_files("straggler2", backend))
+    found = {(f["kind"], f["rank"]): f for f in report.findings or []}
+    idle = found[("host_idle", 1)]["evidence"]
+    marked = report.gap_marks[1]
+    assert (marked["cause"] == "idle").sum() == idle["count"]
+    if ("launch_bound", 1) in found:  # torch: rank 1's launch gaps are marked too
+        assert (marked["cause"] == "launch").sum() == found[("launch_bound", 1)]["evidence"][
+            "count"
+        ]
+    assert set(report.gap_marks) == {r for _, r in found if r is not None}
+    # per step, the idle the picture shades on rank 1 is the finding's idle of that step
+    # (the sleep before forward: it ends at the step's first kernel, so it is the step's)
+    for step in sorted(set(report.steps["step"])):
+        gaps = step_gaps(report, step)[1]
+        shaded = gaps[gaps["cause"] == "idle"]
+        assert float((shaded["launch"] - shaded["start"]).sum()) / 1e6 == pytest.approx(
+            idle["by_step_ms"][str(step)], abs=1e-6
+        )
+    assert plot_ranks(report, tmp_path / "lanes.png").stat().st_size > 0
+
+
+def test_syncs_in_one_gap_drain_it_once() -> None:
+    # two event syncs while the last kernel runs; the GPU idles 0.35 ms until the next launch
+    gpu = [(0, 1_000_000), (1_350_000, 10_000_000)]
+    calls = [(500_000, 1_000_000, "cudaEventSynchronize"),
+             (995_000, 1_000_000, "cudaEventSynchronize"),
+             (1_300_000, 1_305_000, "cudaLaunchKernel")]  # fmt: skip
+    empty = pd.DataFrame(columns=["name", "start", "end", "thread", "depth", "domain"])
+    (sync,) = host_findings(_trace(gpu, calls), empty, None, [], set())
+    assert sync.kind == "host_sync" and sync.evidence["count"] == 2
+    assert sync.recoverable_ms == pytest.approx(0.35)
+    assert sync.gaps is not None and len(sync.gaps) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_host_calls_are_kept_with_the_cached_columns(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import profkit.traces.host_calls as host_calls
+
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path))
+    paths = _files("sync", backend)
+    job = load(paths)
+    (read,) = host_traces(job.paths, job.files)
+    assert host_calls.KEPT_AS in job.files[0].derived
+
+    def no_read(*_: Any) -> None:
+        raise AssertionError("the trace was read again")
+
+    monkeypatch.setattr(host_calls, "read_host_trace", no_read)
+    again = load(paths)  # a repeated query: the columns and the host calls from the cache
+    (kept,) = host_traces(again.paths, again.files)
+    for name in ("gpu_start", "gpu_end", "gpu_pid", "gpu_nccl", "gpu_copy", "gpu_bytes",
+                 "call_start", "call_end", "call_pid", "call_kind", "call_name"):  # fmt: skip
+        assert np.array_equal(getattr(kept, name), getattr(read, name)), name
+    assert (kept.path, kept.has_calls) == (read.path, read.has_calls)
+    assert kept.gpu_nccl.dtype == bool and kept.call_kind.dtype == np.int8
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rank_option_keeps_the_straggler_of_all_ranks(backend: str) -> None:
+    whole = {(f["kind"], f["rank"]): f for f in findings("straggler2", backend)}
+    for shown in (0, 1):
+        job = load(_files("straggler2", backend))
+        report = analysis.kernel_report(
+            job, top=0, rank=shown, hosts=host_traces(job.paths, job.files)
+        )
+        got = {(f["kind"], f["rank"]): f for f in report.findings or []}
+        # rank 1's own host idle bounds the straggler's recoverable_ms, whichever rank is shown
+        assert got[("straggler", 1)] == whole[("straggler", 1)]
+        assert {r for k, r in got if k != "straggler"} - {None} <= {shown}
+        assert set(report.gap_marks) <= {shown}
+    assert ("host_idle", 1) in got
+
+
+def _gemm_ms(report: analysis.KernelReport) -> float:
+    table = report.overall
+    return float(table.loc[table["category"] == "gemm", "total_ms"].sum())
+
+
+def test_fp32_gemms_on_bf16_tensor_cores() -> None:
+    fp32 = _report(DATA / "nsys-2025.3-h100-small-fp32.sqlite.xz")
+    bf16 = _report(DATA / "nsys-2025.3-h100-small-bf16.sqlite.xz")
+    (found,) = of_kind(fp32.findings or [], "fp32_gemm")
+    assert not of_kind(bf16.findings or [], "fp32_gemm")
+    ev = found["evidence"]
+    assert ev["gpu"] == "NVIDIA H100 80GB HBM3" and ev["kernels"] == 14
+    assert ev["peak_tflops"] == {"fp32": 66.9, "bf16": 989.4}
+    assert found["recoverable_ms"] == pytest.approx(ev["time_ms"] * (1 - 66.9 / 989.4))
+    assert found["phase"] == "backward" and all("f32" in r["name"] or "sgemm" in r["name"]
+                                                for r in ev["rows"])  # fmt: skip
+    # the same model and steps in bf16: its GEMMs took this much less
+    truth = _gemm_ms(fp32) - _gemm_ms(bf16)
+    assert near(found["recoverable_ms"], truth)
+    # torch.profiler names the GPU in its deviceProperties
+    (torch,) = of_kind(
+        _report(DATA / "torch-small-ctx128-train.json.gz").findings or [], "fp32_gemm"
+    )
+    assert torch["evidence"]["kernels"] == 14
+
+
+def test_fp32_gemms_on_an_unknown_gpu_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from profkit.analysis.findings.precision import fp32_gemm
+
+    report = _report(DATA / "nsys-2025.3-h100-small-fp32.sqlite.xz")
+    notes: list[str] = []
+    assert fp32_gemm(report, None, notes) == [] and fp32_gemm(report, "NVIDIA T4", notes) == []
+    assert len(notes) == 2 and "bf16 tensor cores" in notes[0]
+
+
+def test_pageable_copies_inside_the_steps() -> None:
+    # the export's CUPTI_ACTIVITY_KIND_MEMCPY: 3 host-to-device copies from pageable memory
+    # (4 MiB each) and 6 device-to-host copies into it (a 4 MiB and a 4-byte one a step)
+    report = _report(DATA / "nsys-2025.3-h100-cudagraph-node.sqlite.xz")
+    (found,) = of_kind(report.findings or [], "pageable_copy")
+    ev = found["evidence"]
+    assert ev["count"] == 9 and ev["bytes"] == 12_582_912 + 12_582_924
+    assert {d: v["count"] for d, v in ev["by_direction"].items()} == {
+        "host-to-device": 3, "device-to-host": 6}  # fmt: skip
+    assert found["recoverable_ms"] == pytest.approx(ev["time_ms"])
+    assert {r["host_memory"] for r in ev["rows"]} == {"pageable"}
+    # copies of a few bytes (.item()) are below the threshold
+    assert not of_kind(findings("sync", "sqlite"), "pageable_copy")
+
+
+def test_chrome_copies_are_read_by_their_names() -> None:
+    from profkit.traces.host_calls import _chrome_copy
+
+    assert _chrome_copy("Memcpy HtoD (Pageable -> Device)") == 8
+    assert _chrome_copy("Memcpy DtoH (Device -> Pinned)") == 17
+    assert _chrome_copy("Memcpy DtoD (Device -> Device)") == -1
+    # both readers see the same copies of the sync plant (3 to pageable, 3 to pinned)
+    for backend in BACKENDS:
+        job = load(_files("sync", backend))
+        (host,) = host_traces(job.paths, job.files)
+        kept = host.gpu_copy[host.gpu_copy >= 0]
+        assert sorted(kept.tolist()) == [16, 16, 16, 17, 17, 17]
+        assert int(host.gpu_bytes.sum()) == 24
+
+
+def test_ddp_transfers_are_short_and_overlapped_so_no_exposed_comm() -> None:
+    from profkit.analysis.steps import job_summary
+
+    # small (128M parameters) under DDP on 2 H200s over NVLink: each rank's NCCL time is
+    # mostly waiting for the other; the transfer left (NCCL time less the wait, exposed or
+    # not) is 2.6% of the 3 steps at most, under EXPOSED_MIN_SHARE (5%)
+    report = _report(DATA / "nsys-2025.3-h200x2-small-ddp2.sqlite.xz")
+    job = job_summary(report.steps, report.world_size)
+    waits = {int(r["rank"]): r for r in job["ranks"]}
+    for entry in report.ranks:
+        comm, rank = entry.comm.to_json(), int(entry.info["rank"])
+        transfer = comm["time_ms"] - waits[rank]["nccl_wait_ms"]
+        steps_ms = waits[rank]["mean_step_ms"] * len(job["steps"])
+        assert 0 < transfer < 0.03 * steps_ms
+        assert comm["overlapped_ms"] > 0  # DDP's bucketed all-reduces overlap the backward
+    assert not of_kind(report.findings or [], "exposed_comm")
+
+
+def test_chrome_host_calls_streamed_or_whole_are_the_same(tmp_path: Path) -> None:
+    import gzip
+
+    from profkit.traces.host_calls import read_host_trace
+
+    path = _files("sync", "torch")[0]
+    meta = load([path]).files[0].meta
+    streamed = read_host_trace(path, meta)
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    array = tmp_path / "events-array.json"  # a top-level array: not streamed, read whole
+    array.write_text(json.dumps(doc["traceEvents"]))
+    whole = read_host_trace(array, meta)
+    for name in ("gpu_start", "gpu_end", "gpu_copy", "gpu_bytes", "call_start", "call_kind"):
+        assert np.array_equal(getattr(whole, name), getattr(streamed, name)), name
+    assert len(streamed.call_start) and (streamed.call_kind == 1).sum() >= 6
+
+
+def test_copies_without_memory_kinds_say_so_once(tmp_path: Path) -> None:
+    import lzma
+    import sqlite3
+
+    path = tmp_path / "no-kinds.sqlite"
+    path.write_bytes(
+        lzma.decompress((DATA / "nsys-2025.3-h100-cudagraph-node.sqlite.xz").read_bytes())
+    )
+    with sqlite3.connect(path) as conn:  # an export that does not say which memory a copy used
+        conn.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_MEMCPY DROP COLUMN srcKind")
+    report = _report(path)
+    assert not of_kind(report.findings or [], "pageable_copy")
+    said = [n for n in report.notes if "pageable_copy needs" in n]
+    assert len(said) == 1 and "srcKind/dstKind" in said[0]
+
+
+def test_per_rank_traces_in_any_order_give_each_rank_its_findings() -> None:
+    given = _files("straggler2", "torch")
+    forward = findings("straggler2", "torch")
+    reversed_ = _report(*reversed(given)).findings
+    assert reversed_ == forward  # rank 1's host findings stay rank 1's

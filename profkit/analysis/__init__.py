@@ -87,7 +87,7 @@ def kernel_report(
         if hosts is not None:
             from profkit.analysis.findings import findings_of
 
-            report.findings, notes = findings_of(report, [], [], host_found)
+            report.findings, notes, report.gap_marks = findings_of(report, [], [], host_found)
             report.notes.extend(notes)
         return report
     elif job.kind == "nodes":
@@ -101,7 +101,7 @@ def kernel_report(
     if hosts is not None:
         from profkit.analysis.findings import findings_of
 
-        report.findings, notes = findings_of(report, job.files, hosts)
+        report.findings, notes, report.gap_marks = findings_of(report, job.files, hosts)
         report.notes.extend(notes)
     return report
 

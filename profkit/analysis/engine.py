@@ -137,6 +137,7 @@ def analyze_columns(
     report = RankedReport(**{f: getattr(report_of_all, f) for f in fields})
     report.source = {**report_of_all.source, "ranks": len(layout.info), "rank": rank}
     report.ranks = chosen
+    report.every_rank = [dict(info) for info in layout.info]
     report.steps = step_table([e.steps for e in entries])
     report.world_size = max([p.get("world_size") or 0 for p in layout.info] + [len(layout.info)])
     return report

@@ -23,7 +23,7 @@ import numpy as np
 
 from profkit.analysis.comm import is_nccl
 from profkit.analysis.engine import analyze_columns
-from profkit.analysis.findings import Finding, host_part
+from profkit.analysis.findings import HostPart, host_part
 from profkit.analysis.joins import analyze_node_columns, merge_nodes
 from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import PhaseMode
@@ -42,8 +42,7 @@ class NodeRanks:
     the node's clock, no reader of their steps' kernels) and host findings."""
 
     entries: list[RankEntry]
-    findings: list[Finding]
-    notes: list[str]
+    host: HostPart | None
 
 
 @dataclass(frozen=True)
@@ -68,12 +67,12 @@ def node_ranks(cols: ActivityColumns, host: HostTrace | None, options: Options) 
         )  # fmt: skip
     except BadInput:
         return None
-    found, notes = ([], []) if host is None else host_part(report, [cols], [host])
+    found = None if host is None else host_part(report, [cols], [host])
     for entry in report.ranks:
         assert isinstance(entry.steps, ColumnSteps)
         entry.steps = entry.steps.moved(entry.steps.rank, 0)  # its reader reads this node
         entry.tables_json = entry.made_json()  # made here, not on the client, rank by rank
-    return NodeRanks(report.ranks, found, notes)
+    return NodeRanks(report.ranks, found)
 
 
 def join_node_ranks(
@@ -81,7 +80,7 @@ def join_node_ranks(
     parts: list[NodeRanks],
     options: Options,
     rank: int | None = None,
-) -> tuple[RankedReport, tuple[list[Finding], list[str]]]:
+) -> tuple[RankedReport, HostPart]:
     """The reduce: the job's report from its nodes' columns and their :class:`NodeRanks`
     (in the same order), and the ranks' host findings renumbered as the job's ranks.
     The nodes' arrays are given up as they are joined."""
@@ -93,8 +92,7 @@ def join_node_ranks(
     kernel_name = name_codes(cols)[0] == KERNEL
     nccl_name = kernel_name & is_nccl(np.array(cols.names, dtype=object))
     entries: list[RankEntry] = []
-    found: list[Finding] = []
-    notes: list[str] = []
+    found = HostPart([], [], [])
     for part, shift, keys in zip(parts, shifts, trace_keys, strict=True):
         first = len(entries)
         for entry in part.entries:  # what its source says of its node is the job's
@@ -107,10 +105,10 @@ def join_node_ranks(
                 cols, layout.rank, r, steps.starts, kernel_name, nccl_name
             )
             entries.append(replace(entry, steps=steps))
-        found += [
-            replace(f, rank=None if f.rank is None else first + f.rank) for f in part.findings
-        ]
-        notes += part.notes
+        if part.host is not None:
+            mine = part.host.renumbered(first)
+            found = HostPart(found.found + mine.found, found.notes + mine.notes,
+                             found.spans + mine.spans)  # fmt: skip
     if len(entries) != len(layout.info):
         raise ValueError(f"{len(entries)} ranks analysed apart, {len(layout.info)} joined")
     report = analyze_columns(
@@ -118,9 +116,7 @@ def join_node_ranks(
         rank=rank, phase_ranges=options.phase_ranges, entries=entries,
     )  # fmt: skip
     assert isinstance(report, RankedReport)  # a layout gives one
-    if rank is not None:  # as in one process: the host findings of the rank shown
-        found = [f for f in found if f.rank == rank]
     for entry in report.ranks:  # as analyze_node_columns: each rank's real pid, host, GPU
         entry.info.update(real[entry.info["rank"]])
     report.nodes = list(cols.meta["nodes"])
-    return report, (found, notes)
+    return report, found

@@ -64,6 +64,9 @@ class KernelReport:
     findings: list[dict[str, Any]] | None = None
     """What to fix first (:mod:`profkit.analysis.findings`), largest ``recoverable_ms``
     first; None where they were not asked for."""
+    gap_marks: dict[int | None, pd.DataFrame] = field(default_factory=dict)
+    """Per rank (None for one process): the GPU-idle gaps the host findings attribute, by
+    cause (:func:`~profkit.analysis.findings.findings_of`); the lanes picture marks them."""
 
     @property
     def activities(self) -> int:
@@ -132,6 +135,9 @@ class RankedReport(KernelReport):
     ranks: list[RankEntry] = field(default_factory=list)
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     world_size: int = 0
+    every_rank: list[dict[str, Any]] = field(default_factory=list)
+    """Every rank's info (``rank``, ``pid``, ...), whichever ``--rank`` keeps in ``ranks``:
+    what is found across ranks (a straggler) reads them all."""
     nodes: list[dict[str, Any]] = field(default_factory=list)
     """Several nodes' reports read as one job: each node's file, host, ranks and clock
     (:class:`profkit.analysis.clocks.NodeClock`); empty for one report."""

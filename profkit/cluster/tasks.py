@@ -23,7 +23,7 @@ from profkit.analysis.node_parts import NodeRanks, Options, node_ranks
 from profkit.cluster.client import map_files
 from profkit.cores import limited
 from profkit.traces.columns import SHAPE, ActivityColumns, Progress
-from profkit.traces.host_calls import HostTrace, read_host_trace
+from profkit.traces.host_calls import HostTrace, host_traces
 from profkit.traces.job import NSYS_FORMAT, Job, together
 from profkit.traces.load import load_columns, shape_reader
 
@@ -54,7 +54,7 @@ def file_part(
     report asked for (None: columns only); ``findings``: read the API calls too."""
     with limited(1):  # the worker's parallelism is its tasks (profkit.cores)
         cols = load_columns(path, nsys, cache, None, timed=several)
-        host = read_host_trace(Path(path), cols.meta) if findings else None
+        host = host_traces([Path(path)], [cols])[0] if findings else None  # through the cache
         node = None
         if several and options is not None and cols.meta.get("format") == NSYS_FORMAT:
             node = node_ranks(cols, host, options)

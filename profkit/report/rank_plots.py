@@ -8,14 +8,25 @@ pass, the exposed rest, and a rank that arrives late can be seen at a glance.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from profkit.analysis.report_types import RankedReport
 from profkit.errors import BadInput
 from profkit.report.plots import PHASE_COLORS, SERIES_COLORS, pyplot, save_figure
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 COMPUTE_COLOR = "#4e79a7"
 NCCL_COLOR = "#f28e2b"
 NS_PER_MS = 1e6
+GAP_COLORS = {"idle": "#e15759", "sync": "#b07aa1", "launch": "#bab0ac"}
+"""The GPU-idle gaps the findings attribute, by cause (docs/FINDINGS.md)."""
+GAP_LABELS = {
+    "idle": "GPU idle: host launched nothing (host_idle)",
+    "sync": "GPU idle: after a blocking sync (host_sync)",
+    "launch": "GPU idle: launch overhead (launch_bound)",
+}
 
 
 def plot_ranks(report: RankedReport, out: Path, step: int | None = None) -> Path:
@@ -54,10 +65,59 @@ def _lanes(ax: object, report: RankedReport, step: int) -> None:
             ]
             ax.broken_barh(spans, (row + offset, 0.35), facecolors=color)  # type: ignore[attr-defined]
         labels.append((row + 0.375, f"rank {rank}"))
+    gaps = step_gaps(report, step)
+    for row, rank in enumerate(sorted(frames)):
+        _mark_gaps(ax, row, gaps.get(rank), origin)
+    _gap_legend(ax, gaps)
     ax.set_yticks([y for y, _ in labels], [text for _, text in labels])  # type: ignore[attr-defined]
     ax.invert_yaxis()  # type: ignore[attr-defined]
     ax.set_xlabel(f"ms since the step's first kernel (step {step})")  # type: ignore[attr-defined]
     ax.set_title("One step per rank: compute (blue, upper lane) and NCCL (orange, lower lane)")  # type: ignore[attr-defined]
+
+
+def step_gaps(report: RankedReport, step: int) -> dict[int, pd.DataFrame]:
+    """Per rank, the gaps its findings attribute (``report.gap_marks``) that end in this
+    step: after the previous step's last kernel, up to this step's last kernel (an idle
+    before the step's first kernel is the step's: a sleep before forward). The data the
+    lanes picture marks."""
+    out = {}
+    for entry in report.ranks:
+        rank = int(entry.info["rank"])
+        gaps = report.gap_marks.get(rank)
+        frame = entry.steps.kernels_of(step)
+        if gaps is None or not len(frame):
+            continue
+        before = entry.steps.kernels_of(step - 1)
+        after = int(before["end"].max()) if len(before) else -1
+        mine = (gaps["end"] > after) & (gaps["start"] < int(frame["end"].max()))
+        out[rank] = gaps[mine.to_numpy()].reset_index(drop=True)
+    return out
+
+
+def _mark_gaps(ax: object, row: int, gaps: pd.DataFrame | None, origin: float) -> None:
+    """Shade one rank's attributed gaps across its two lanes, a colour a cause."""
+    if gaps is None:
+        return
+    for cause, color in GAP_COLORS.items():
+        part = gaps[gaps["cause"] == cause]
+        spans = [
+            ((s - origin) / NS_PER_MS, (e - s) / NS_PER_MS)
+            for s, e in zip(part["start"], part["end"], strict=True)
+        ]
+        ax.broken_barh(spans, (row - 0.05, 0.85), facecolors=color, alpha=0.45, zorder=0)  # type: ignore[attr-defined]
+
+
+def _gap_legend(ax: object, gaps: dict[int, pd.DataFrame]) -> None:
+    from matplotlib.patches import Patch
+
+    causes = {c for g in gaps.values() for c in g["cause"]}
+    handles = [
+        Patch(color=GAP_COLORS[c], alpha=0.45, label=GAP_LABELS[c])
+        for c in GAP_COLORS
+        if c in causes
+    ]
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # type: ignore[attr-defined]
 
 
 def _phase_bars(ax: object, report: RankedReport) -> None:

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -70,6 +70,8 @@ from profkit.traces.chrome_json import CHUNK_BYTES, BrokenJSON, EventBatches, No
 from profkit.traces.columns import ActivityColumns, Progress
 from profkit.traces.ranks import rank_of_meta
 from profkit.traces.schema import check_span
+
+T = TypeVar("T")
 
 _loads: Callable[[bytes], Any]
 try:  # orjson parses large traces several times faster than json, which is the fallback
@@ -250,19 +252,36 @@ def _read_events(
     chunk_bytes: int | None,
     report: Callable[[int], None] | None,
 ) -> tuple[dict[str, Any], dict[str, Any], ActivityArrays]:
-    """The header keys, what the pass kept, and the GPU activities gathered, streaming the
-    events where the layout allows (:mod:`.chrome_json`), else from the whole parsed
-    document. ``report(position)`` hears where the reading stands in the file on disk
-    after each read."""
+    """The header keys, what the pass kept, and the GPU activities gathered
+    (:func:`over_events`)."""
+
+    def collect(batches: Iterable[list[Any]]) -> tuple[dict[str, Any], ActivityArrays]:
+        activities = ActivityArrays()  # anew for each try: what a failed stream kept is dropped
+        return _collect(batches, activities), activities
+
+    header, (collected, activities) = over_events(p, collect, chunk_bytes, report)
+    return header, collected, activities
+
+
+def over_events(
+    p: Path,
+    collect: Callable[[Iterable[list[Any]]], T],
+    chunk_bytes: int | None = CHUNK_BYTES,
+    report: Callable[[int], None] | None = None,
+) -> tuple[dict[str, Any], T]:
+    """The header keys and ``collect(batches)`` over a Chrome trace's events, a batch at
+    a time, streaming them where the layout allows (:mod:`.chrome_json`), else from the
+    whole parsed document (``collect`` then runs anew; ``chunk_bytes=None``: at once).
+    ``report(position)`` hears where the reading stands in the file on disk after each
+    read."""
     if chunk_bytes is not None:
         try:
             with open_tracked_input(p, "a Chrome trace") as (stream, position), reading(p):
                 errors = (*_DECODE_ERRORS, RecursionError)
                 on_read = None if report is None else lambda: report(position())
                 batches = EventBatches(stream, _loads, errors, chunk_bytes, on_read)
-                activities = ActivityArrays()
-                collected = _collect(batches, activities)
-                return batches.header, collected, activities
+                kept = collect(batches)
+                return batches.header, kept
         except NotStreamable:
             pass  # an odd layout (a top-level array, more after the events): read it whole
         except BrokenJSON as exc:
@@ -272,8 +291,7 @@ def _read_events(
         report(p.stat().st_size)  # read whole: every byte of the file
     header, events = _events_of(p, doc)
     del doc  # the events alone are needed, a batch at a time
-    activities = ActivityArrays()  # anew: what a failed stream kept is dropped
-    return header, _collect(_slices(events), activities), activities
+    return header, collect(_slices(events))
 
 
 def _events_of(p: Path, doc: Any) -> tuple[dict[str, Any], list[Any]]:

@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from profkit.traces.chrome_fields import to_ns
+from profkit.traces.columns import Derived
 from profkit.traces.schema import NCCL_PREFIX, PROCESS_MASK, PROCESS_SHIFT
+
+if TYPE_CHECKING:
+    from profkit.traces.columns import ActivityColumns
 
 CALL_KINDS = ("launch", "sync", "capture")
 """What an API call is to the findings: it puts work on the GPU (kernel launches, async
@@ -40,6 +45,16 @@ _SYNC = re.compile(
 )
 _CAPTURE = re.compile(r"^(cuda|cu)ProfilerStart$")
 _VERSION = re.compile(r"_v\d+$")
+MEM_KINDS = {0: "pageable", 1: "pinned", 4: "managed", 7: "unknown"}
+"""The host memory kinds of copies, numbered as Nsight Systems' ``ENUM_CUDA_MEM_KIND``."""
+COPY_DIRECTIONS = {1: "host-to-device", 2: "device-to-host"}
+"""Numbered as ``ENUM_CUDA_MEMCPY_OPER`` (``copyKind``)."""
+_COPY_CODE = (
+    "CASE WHEN copyKind = 1 THEN 8 + srcKind WHEN copyKind = 2 THEN 16 + dstKind ELSE -1 END"
+)
+_CHROME_COPY = re.compile(r"Memcpy (HtoD|DtoH) \((\w+) -> (\w+)\)")
+_CHROME_KINDS = {"pageable": 0, "pinned": 1, "managed": 4}
+_CHROME_CATEGORIES = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime"))
 
 
 def call_kind(name: str) -> int:
@@ -65,6 +80,12 @@ class HostTrace:
     gpu_pid: np.ndarray
     """The process that launched each activity (its pid)."""
     gpu_nccl: np.ndarray
+    gpu_copy: np.ndarray
+    """Per activity, a host<->device copy's direction and host memory: ``8 × direction
+    (1 host-to-device, 2 device-to-host) + the host side's kind`` (:data:`MEM_KINDS`); -1
+    for other activities (kernels, memsets, device-to-device and peer copies)."""
+    gpu_bytes: np.ndarray
+    """Bytes a copy moved (0 for other activities)."""
     call_start: np.ndarray
     call_end: np.ndarray
     call_pid: np.ndarray
@@ -73,6 +94,9 @@ class HostTrace:
     call_name: np.ndarray
     """Each call's name, as the trace spells it (object array)."""
     has_calls: bool
+    copy_kinds: bool = True
+    """Whether the trace says which host memory its copies used (an nsys export whose
+    copy table lacks ``srcKind``/``dstKind`` does not)."""
 
     def of_process(self, pid: int | None) -> HostTrace:
         """This file's activities and calls of one process (all of them for None)."""
@@ -81,8 +105,8 @@ class HostTrace:
         g, c = self.gpu_pid == pid, self.call_pid == pid
         return HostTrace(
             self.path, self.gpu_start[g], self.gpu_end[g], self.gpu_pid[g], self.gpu_nccl[g],
-            self.call_start[c], self.call_end[c], self.call_pid[c], self.call_kind[c],
-            self.call_name[c], self.has_calls,
+            self.gpu_copy[g], self.gpu_bytes[g], self.call_start[c], self.call_end[c], self.call_pid[c], self.call_kind[c],
+            self.call_name[c], self.has_calls, self.copy_kinds,
         )  # fmt: skip
 
 
@@ -100,8 +124,11 @@ def _nsys(path: Path) -> HostTrace:
     from profkit.traces.nsys_export import opened_export
     from profkit.traces.sqlite_scan import ParallelReader, table_columns
 
-    gpu: dict[str, list[np.ndarray]] = {"start": [], "end": [], "pid": [], "name": []}
+    gpu: dict[str, list[np.ndarray]] = {
+        "start": [], "end": [], "pid": [], "name": [], "copy": [], "bytes": []
+    }  # fmt: skip
     call: dict[str, list[np.ndarray]] = {"start": [], "end": [], "pid": [], "name": []}
+    copy_kinds = True
     with opened_export(path) as (conn, plain):
         tables = table_columns(conn)
         names = dict(conn.execute("SELECT id, value FROM StringIds").fetchall())
@@ -111,7 +138,12 @@ def _nsys(path: Path) -> HostTrace:
                 if table not in tables:
                     continue
                 name = "shortName" if "shortName" in tables[table] else "-1"
-                exprs = {"start": "start", "end": "end", "pid": "globalPid", "name": name}
+                exprs = {"start": "start", "end": "end", "pid": "globalPid", "name": name,
+                         "copy": "-1", "bytes": "0"}  # fmt: skip
+                if {"copyKind", "srcKind", "dstKind", "bytes"} <= set(tables[table]):
+                    exprs |= {"copy": _COPY_CODE, "bytes": "bytes"}
+                elif table == "CUPTI_ACTIVITY_KIND_MEMCPY":
+                    copy_kinds = False
                 for chunk in reader.stream(conn, table, exprs):
                     for key in gpu:
                         gpu[key].append(chunk[key])
@@ -137,44 +169,80 @@ def _nsys(path: Path) -> HostTrace:
         g["end"][g_order],
         (g["pid"][g_order] >> PROCESS_SHIFT) & PROCESS_MASK,
         np.isin(g["name"][g_order], nccl_ids),
+        g["copy"][g_order].astype(np.int8),
+        g["bytes"][g_order],
         c["start"][c_order],
         c["end"][c_order],
         (c["pid"][c_order] >> PROCESS_SHIFT) & PROCESS_MASK,
         id_kinds[index] if len(ids) else np.zeros(0, np.int8),
         id_names[index] if len(ids) else np.zeros(0, object),
         len(c["start"]) > 0,
+        copy_kinds,
     )
 
 
 def _chrome(path: Path, meta: dict[str, Any]) -> HostTrace:
-    from profkit.traces.chrome import _events_of, _loads_trace
+    """One pass over the events, streamed a batch at a time as the columns' reader does
+    (:func:`~profkit.traces.chrome.over_events`): never the whole document in memory."""
+    from profkit.traces.chrome import over_events
 
     base = int(meta.get("base_time_ns") or 0)
-    _header, events = _events_of(path, _loads_trace(path))
-    gpu: list[tuple[float, float, int, str]] = []
-    calls: list[tuple[float, float, int, str]] = []
-    for ev in events:
-        cat = ev.get("cat") if isinstance(ev, dict) else None
-        if cat not in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime"):
-            continue
-        ts, dur = ev.get("ts"), ev.get("dur", 0)
-        if not _finite(ts) or not _finite(dur) or dur < 0:
-            continue  # what the columns' reader drops with a warning, dropped here silently
-        if cat != "cuda_runtime" and ev.get("ph") == "X":
-            name = str(ev.get("name", "")) if cat == "kernel" else ""
-            gpu.append((ts, dur, 0, name))
-        elif cat == "cuda_runtime" and call_kind(str(ev.get("name", ""))) >= 0:
-            calls.append((ts, dur, 0, str(ev["name"])))
+    _header, (gpu, calls) = over_events(path, _chrome_rows)
     pid = int(meta.get("pid") or 0)
     # One file is one process: its activities are that process's (Kineto's GPU events
     # carry the device as their pid).
-    gpu_ns = [(int(s), int(s) + int(d), pid, n) for s, d, _, n in _to_ns(gpu, base)]
+    gpu_ns = [(int(s), int(s) + int(d), size, n) for s, d, size, n in _to_ns(gpu, base)]
     call_ns = [(int(s), int(s) + int(d), pid, n) for s, d, _, n in _to_ns(calls, base)]
     gpu_ns.sort()
     call_pid = np.full(len(call_ns), pid, dtype=np.int64)
     return _host_trace(
         str(path), gpu_ns, np.full(len(gpu_ns), pid, np.int64), call_ns, call_pid, bool(calls)
     )
+
+
+_Rows = list[tuple[float, float, int, str]]
+
+
+def _chrome_rows(batches: Iterable[list[Any]]) -> tuple[_Rows, _Rows]:
+    """(ts, dur, bytes, name) of the GPU activities and of the API calls the findings use."""
+    gpu: _Rows = []
+    calls: _Rows = []
+    kinds: dict[str, int] = {}  # a few API names, repeated: their kind found once each
+    for events in batches:
+        for ev in events:
+            cat = ev.get("cat") if isinstance(ev, dict) else None
+            if cat not in _CHROME_CATEGORIES:
+                continue
+            ts, dur = ev.get("ts"), ev.get("dur", 0)
+            if not _finite(ts) or not _finite(dur) or dur < 0:
+                continue  # what the columns' reader drops with a warning, dropped here silently
+            name = str(ev.get("name", ""))
+            if cat != "cuda_runtime":
+                if ev.get("ph") == "X":
+                    args = ev.get("args")
+                    size = (
+                        args.get("bytes") if cat == "gpu_memcpy" and isinstance(args, dict) else 0
+                    )
+                    size = size if isinstance(size, int) and size > 0 else 0
+                    gpu.append((ts, dur, size, name if cat != "gpu_memset" else ""))
+                continue
+            kind = kinds.get(name)
+            if kind is None:
+                kind = kinds[name] = call_kind(name)
+            if kind >= 0:
+                calls.append((ts, dur, 0, name))
+    return gpu, calls
+
+
+def _chrome_copy(name: str) -> int:
+    """A Kineto copy's code as in :attr:`HostTrace.gpu_copy` (``Memcpy HtoD (Pageable ->
+    Device)``), -1 for anything else."""
+    found = _CHROME_COPY.match(name)
+    if found is None:
+        return -1
+    direction, src, dst = found.groups()
+    host = src if direction == "HtoD" else dst
+    return 8 * (1 if direction == "HtoD" else 2) + _CHROME_KINDS.get(host.lower(), 7)
 
 
 def _finite(value: Any) -> bool:
@@ -206,6 +274,8 @@ def _host_trace(
         np.array([r[1] for r in gpu], dtype=np.int64),
         gpu_pid,
         np.array([bool(NCCL_PREFIX.match(r[3])) for r in gpu], dtype=bool),
+        np.array([_chrome_copy(r[3]) for r in gpu], dtype=np.int8),
+        np.array([r[2] for r in gpu], dtype=np.int64),
         np.array([r[0] for r in calls], dtype=np.int64),
         np.array([r[1] for r in calls], dtype=np.int64),
         call_pid,
@@ -215,6 +285,45 @@ def _host_trace(
     )
 
 
-def host_traces(paths: list[Path], files: list[Any]) -> list[HostTrace]:
-    """The :class:`HostTrace` of each of a job's files (``files``: their columns)."""
-    return [read_host_trace(Path(p), c.meta) for p, c in zip(paths, files, strict=True)]
+KEPT_AS = "host_calls"
+"""The name a file's host trace is kept under with its columns (and so in the cache)."""
+KEPT_VERSION = 3
+"""Bumped when what :func:`read_host_trace` reads changes: older kept copies are read anew."""
+_INTS = ("gpu_start", "gpu_end", "gpu_pid", "gpu_bytes", "call_start", "call_end", "call_pid")
+
+
+def host_traces(paths: list[Path], files: list[ActivityColumns]) -> list[HostTrace]:
+    """The :class:`HostTrace` of each of a job's files (``files``: their columns), read
+    once and kept with the columns: a repeated query of a cached trace reads it from the
+    cache instead of the trace (a Chrome trace's JSON is not parsed again)."""
+    return [_kept_or_read(Path(p), c) for p, c in zip(paths, files, strict=True)]
+
+
+def _kept_or_read(path: Path, columns: ActivityColumns) -> HostTrace:
+    kept = columns.derived.get(KEPT_AS)
+    if kept is not None and kept.meta.get("version") == KEPT_VERSION:
+        a, meta = kept.arrays, kept.meta
+        names = np.array(meta["call_names"] + [""], dtype=object)
+        ints = {k: np.asarray(a[k], np.int64) for k in _INTS}
+        return HostTrace(
+            str(meta["path"]), ints["gpu_start"], ints["gpu_end"], ints["gpu_pid"],
+            np.asarray(a["gpu_nccl"]) != 0, np.asarray(a["gpu_copy"], np.int8),
+            ints["gpu_bytes"], ints["call_start"], ints["call_end"],
+            ints["call_pid"], np.asarray(a["call_kind"], np.int8),
+            names[np.asarray(a["call_name"], np.int64)], bool(meta["has_calls"]),
+            bool(meta.get("copy_kinds", True)),
+        )  # fmt: skip
+    host = read_host_trace(path, columns.meta)
+    names, codes = np.unique(host.call_name.astype(str), return_inverse=True)
+    arrays = {k: np.asarray(getattr(host, k), np.int64) for k in _INTS}
+    arrays |= {
+        "gpu_nccl": host.gpu_nccl.astype(np.uint8),
+        "gpu_copy": host.gpu_copy.astype(np.int8),
+        "call_kind": host.call_kind.astype(np.int8),
+        "call_name": codes.reshape(-1).astype(np.int32),
+    }
+    meta = {"version": KEPT_VERSION, "path": host.path, "has_calls": host.has_calls,
+            "copy_kinds": host.copy_kinds,
+            "call_names": [str(n) for n in names]}  # fmt: skip
+    columns.remember(KEPT_AS, Derived(arrays, meta))
+    return host

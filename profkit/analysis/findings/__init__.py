@@ -9,11 +9,16 @@ lists the rules, their thresholds and how ``recoverable_ms`` is estimated.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from profkit.analysis.findings.host import host_findings
+import pandas as pd
+
+from profkit.analysis.findings.copies import pageable_copy
+from profkit.analysis.findings.host import host_findings, span_of
 from profkit.analysis.findings.model import Finding
 from profkit.analysis.findings.optimizer import unfused_optimizer
+from profkit.analysis.findings.precision import fp32_gemm
 from profkit.analysis.findings.ranks import exposed_comm, straggler
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
@@ -22,7 +27,7 @@ if TYPE_CHECKING:
     from profkit.traces.columns import ActivityColumns
     from profkit.traces.host_calls import HostTrace
 
-__all__ = ["Finding", "finding_line", "findings_markdown", "findings_of", "host_part"]
+__all__ = ["Finding", "HostPart", "finding_line", "findings_markdown", "findings_of", "host_part"]
 TOP_FINDINGS = 5
 """How many findings the terminal and markdown show (JSON has them all)."""
 
@@ -31,51 +36,108 @@ def findings_of(
     report: KernelReport,
     files: list[ActivityColumns],
     hosts: list[HostTrace],
-    host_found: tuple[list[Finding], list[str]] | None = None,
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """The report's findings as JSON objects, largest ``recoverable_ms`` first, and the
-    notes of rules the traces could not feed (each said once). ``host_found``: the
-    host-side findings and notes, found already (:func:`host_part` where each file lies)."""
-    found, notes = host_part(report, files, hosts) if host_found is None else host_found
-    found, notes = list(found), list(notes)
-    found += unfused_optimizer(report)
+    host_found: HostPart | None = None,
+) -> tuple[list[dict[str, Any]], list[str], dict[int | None, pd.DataFrame]]:
+    """The report's findings as JSON objects, largest ``recoverable_ms`` first; the notes
+    of rules the traces could not feed (each said once); per rank (None for one process)
+    the GPU-idle gaps the host findings attribute, by cause (``start``, ``end``,
+    ``launch``, ``cause``: ``idle``, ``sync`` or ``launch``), for the lanes picture.
+    ``host_found``: the host side, found already (:func:`host_part`, where each node's
+    file lies)."""
+    part = host_part(report, files, hosts) if host_found is None else host_found
+    every, notes = list(part.found), list(part.notes)
+    shown = {int(e.info["rank"]) for e in getattr(report, "ranks", None) or []}
+    # --rank R shows rank R's host findings; the straggler's bound is its own host idle,
+    # whichever rank is shown
+    found = [f for f in every if f.rank is None or f.rank in shown]
+    gpu_side = unfused_optimizer(report) + fp32_gemm(report, _gpu_name(report, files), notes)
+    span_ns = sum(span for rank, span in part.spans if rank is None or rank in shown)
+    for f in gpu_side if span_ns else []:
+        # GPU time given back shortens the steps only where the GPU is the bottleneck:
+        # its share is of the captured span (in a launch-bound run, a small one)
+        f.measured_over(span_ns / 1e6)
+    found += gpu_side
     found += exposed_comm(report)
-    idle = {f.rank: f.evidence["by_step_ms"] for f in found if f.kind == "host_idle"}
+    idle = {f.rank: f.evidence["by_step_ms"] for f in every if f.kind == "host_idle"}
     found += straggler(report, idle)
     found.sort(key=lambda f: -f.recoverable_ms)
-    return [f.to_json() for f in found], list(dict.fromkeys(notes))
+    marks: dict[int | None, list[pd.DataFrame]] = {}
+    for f in found:
+        if f.gaps is not None:
+            marks.setdefault(f.rank, []).append(f.gaps)
+    gaps = {r: pd.concat(g).sort_values("start", ignore_index=True) for r, g in marks.items()}
+    return [f.to_json() for f in found], list(dict.fromkeys(notes)), gaps
+
+
+@dataclass
+class HostPart:
+    """The host side of the findings: every process's (rank's) host findings, whichever
+    ``--rank`` is shown, the notes of rules its trace could not feed, and each process's
+    captured span (ns), over which GPU-side findings are measured."""
+
+    found: list[Finding]
+    notes: list[str]
+    spans: list[tuple[int | None, int]]
+
+    def renumbered(self, first: int) -> HostPart:
+        """This part with ranks counted from ``first`` (a node's, in its job)."""
+        return HostPart(
+            [replace(f, rank=None if f.rank is None else first + f.rank) for f in self.found],
+            self.notes,
+            [(None if r is None else first + r, span) for r, span in self.spans],
+        )
 
 
 def host_part(
     report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
-) -> tuple[list[Finding], list[str]]:
-    """The host-side findings of each process (rank) of the report, and their notes."""
+) -> HostPart:
+    """The host side of the findings of every process (rank) of the report."""
     found: list[Finding] = []
     notes: list[str] = []
     phases = {str(p) for p in report.phases["phase"]} if "phase" in report.phases else set()
-    for process in _processes(report, files, hosts):
+    processes = _processes(report, files, hosts)
+    for process in processes:
         found += host_findings(*process, notes, phases)
-    return found, notes
+        found += pageable_copy(*process, notes, phases)
+    return HostPart(found, notes, [(p[2], span_of(p[0])) for p in processes])
 
 
 def _processes(
     report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
 ) -> list[tuple[HostTrace, Any, int | None]]:
-    """(host trace, phase ranges, rank) per process: one for one process, one per rank."""
-    ranks = getattr(report, "ranks", None) or []
+    """(host trace, phase ranges, rank) per process: one for one process, one per rank
+    (every rank, whichever ``--rank`` shows)."""
+    ranks = getattr(report, "every_rank", None) or [e.info for e in getattr(report, "ranks", [])]
     if not ranks:
         return [(hosts[0], files[0].ranges, None)]
     out: list[tuple[HostTrace, Any, int | None]] = []
-    for index, entry in enumerate(ranks):
-        pid, rank = entry.info.get("pid"), int(entry.info["rank"])
+    for index, info in enumerate(ranks):
+        pid, rank = info.get("pid"), int(info["rank"])
         if len(hosts) == len(ranks) and len(hosts) > 1:  # per-rank traces: one file each
-            out.append((hosts[index], files[index].ranges, rank))
+            # the ranks come in rank order, the files as given: matched by path
+            paths = [str(f.meta.get("path")) for f in files]
+            at = paths.index(str(info["path"])) if str(info.get("path")) in paths else index
+            out.append((hosts[at], files[at].ranges, rank))
         else:  # one export of several processes, or several nodes' exports
-            at = next((i for i, h in enumerate(hosts) if (h.gpu_pid == pid).any()), 0)
+            # a node's file first where the rank names it (pids of two hosts can be equal)
+            own = [
+                i for i, f in enumerate(files) if str(f.meta.get("path")) == str(info.get("path"))
+            ]
+            seen = [i for i in own + list(range(len(hosts))) if (hosts[i].gpu_pid == pid).any()]
+            at = seen[0] if seen else 0
             ranges = files[at].ranges
             mine = ((ranges["thread"].to_numpy() >> PROCESS_SHIFT) & PROCESS_MASK) == pid
             out.append((hosts[at].of_process(pid), ranges[mine], rank))
     return out
+
+
+def _gpu_name(report: KernelReport, files: list[ActivityColumns]) -> str | None:
+    """The GPU's model as the trace names it (nsys: the export's ``gpu``; Chrome: its
+    ``deviceProperties``)."""
+    named = report.source.get("gpu") or next(
+        (g for f in files for g in f.meta.get("gpus") or [] if g), None
+    )
+    return str(named) if named else None
 
 
 def finding_line(finding: dict[str, Any]) -> str:
@@ -94,6 +156,8 @@ def finding_line(finding: dict[str, Any]) -> str:
             f"{ev['exposed_ms']:.2f} ms exposed, {ev['wait_ms']:.2f} ms of it waiting"
         ),
         "straggler": lambda: f"last in {ev['count']} of {ev['steps']} steps",
+        "fp32_gemm": lambda: f"{ev['kernels']} fp32 GEMM kernels, {ev['time_ms']:.2f} ms",
+        "pageable_copy": lambda: f"{ev['count']} copies, {ev['bytes'] / 2**20:.1f} MiB",
     }.get(finding["kind"], lambda: "")()
     return (
         f"[{finding['severity']}] {who}{finding['kind']}{where}: "

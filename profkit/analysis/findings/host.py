@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profkit.analysis.findings.model import Finding, ms
+from profkit.analysis.findings.model import Finding, lacking, ms
 from profkit.traces.host_calls import HostTrace
 
 HOST_IDLE_MIN_MS = 1.0
@@ -41,6 +41,10 @@ LAUNCH_BOUND_MAX_BUSY = 0.5
 """launch_bound needs the GPU busy less than this share of the captured span ..."""
 LAUNCH_BOUND_MIN_GAP_SHARE = 0.25
 """... and the gaps of launch overhead at least this share of it."""
+STEADY_MIN_STEPS = 3
+"""With this many captured steps or more, launch_bound is decided on the steps after the
+first: a first step's warm-up (lazy initialization, autotuning, a graph's capture) and
+what came before it are not the run's rhythm."""
 OUTSIDE_PHASES = "between phases"
 """``by_phase``'s key for calls made outside every outermost range."""
 MIN_RECOVERABLE_SHARE = 0.01
@@ -52,22 +56,21 @@ def host_findings(
 ) -> list[Finding]:
     """The host-side findings of one process; ``phases``: the report's phase names (a
     finding's ``phase`` is one of them or None)."""
-    if len(host.gpu_start) < 2:
-        return []
-    if not host.has_calls:
-        notes.append(
-            "findings host_idle, host_sync and launch_bound need the CUDA API calls "
-            "(nsys -t cuda; torch.profiler's cuda_runtime events); this trace has none"
-        )
+    why = (
+        "findings host_idle, host_sync and launch_bound need the CUDA API calls "
+        "(nsys -t cuda; torch.profiler's cuda_runtime events); this trace has none"
+    )
+    if len(host.gpu_start) < 2 or lacking(host.has_calls, notes, why):
         return []
     gaps = _gaps(host)
-    span = float(host.gpu_end.max() - _span_start(host))
-    steps = _step_starts(ranges)
-    places = _Places(ranges)
+    span = float(span_of(host))
+    top = outermost(ranges, phases)
+    steps = step_starts(top)
+    places = Places(top)
     found = [
         _host_sync(host, gaps, span, rank, places),
         _host_idle(gaps, span, rank, places, steps),
-        _launch_bound(host, gaps, span, rank),
+        _launch_bound(host, gaps, span, rank, steps),
     ]
     kept = [f for f in found if f is not None and f.share >= MIN_RECOVERABLE_SHARE]
     for f in kept:
@@ -75,7 +78,12 @@ def host_findings(
     return kept
 
 
-def _span_start(host: HostTrace) -> int:
+def span_of(host: HostTrace) -> int:
+    """The process's captured span, ns (0 without GPU work)."""
+    return int(host.gpu_end.max() - span_start(host)) if len(host.gpu_start) else 0
+
+
+def span_start(host: HostTrace) -> int:
     """Where the captured span begins: the capture's start (``cudaProfilerStart``) where
     the trace has it and it precedes the first GPU work, else that work's start."""
     first = int(host.gpu_start.min())
@@ -89,15 +97,20 @@ def _gaps(host: HostTrace) -> pd.DataFrame:
     and ``cause`` (``sync``, ``idle``, ``launch``, or ``device``: work already queued)."""
     order = np.argsort(host.gpu_start, kind="stable")
     start, end = host.gpu_start[order], host.gpu_end[order]
-    begin = _span_start(host)  # the GPU idles from the capture's start to its first work
+    begin = span_start(host)  # the GPU idles from the capture's start to its first work
     reach = np.maximum.accumulate(end)
     lo, hi = np.append(begin, reach[:-1]), start
     open_ = hi > lo
     lo, hi = lo[open_], hi[open_]
     launches = np.sort(host.call_start[host.call_kind == 0])
-    first = np.searchsorted(launches, lo, side="right")
-    launch = np.where(first < len(launches), launches[np.minimum(first, len(launches) - 1)], -1)
-    launch = np.where((launch > 0) & (launch < hi), launch, -1)
+    # The launch of the work that ends the gap: the last launch call begun in the gap (a
+    # launch call that put nothing on the GPU, such as one recorded into a CUDA graph
+    # being captured, does not end it).
+    last = np.searchsorted(launches, hi, side="left") - 1
+    launch = (
+        np.where(last >= 0, launches[np.maximum(last, 0)], -1) if len(launches) else -1 + 0 * lo
+    )
+    launch = np.where((launch > lo) & (launch < hi), launch, -1)
     sync_at = np.flatnonzero(host.call_kind == 1)
     by_end = sync_at[np.argsort(host.call_end[sync_at], kind="stable")]
     ends = host.call_end[by_end]
@@ -128,22 +141,30 @@ def _gaps(host: HostTrace) -> pd.DataFrame:
     )
 
 
-def _step_starts(ranges: pd.DataFrame) -> np.ndarray:
-    """Each step's start: the instances of the first outermost range (``forward`` in an
-    annotated trace); none where the trace has no ranges."""
-    top = ranges[ranges["depth"] == 0].sort_values("start")
+def outermost(ranges: pd.DataFrame, phases: set[str]) -> pd.DataFrame:
+    """The ranges that say where the host was: the report's phase ranges where the trace
+    has them (not a library's or a user's other marks, such as a ``mylib`` domain's range
+    or torch.profiler's ``enumerate(DataLoader)``), else the outermost ranges."""
+    named = ranges[ranges["name"].astype(str).isin(phases)] if len(ranges) else ranges
+    top = named if len(named) else ranges[ranges["depth"] == 0]
+    return top.sort_values("start", kind="stable")
+
+
+def step_starts(top: pd.DataFrame) -> np.ndarray:
+    """Each step's start: the instances of the first of the :func:`outermost` ranges
+    (``forward`` in an annotated trace); none where the trace has no ranges."""
     if not len(top):
         return np.zeros(0, np.int64)
     first = str(top["name"].iloc[0])
     return top.loc[top["name"] == first, "start"].to_numpy(np.int64)
 
 
-class _Places:
-    """Where the host was at given times: the outermost range open then, or the next one
-    to open (one sort of the outermost ranges; look-ups by binary search)."""
+class Places:
+    """Where the host was at given times: the :func:`outermost` range open then, or the
+    next one to open (look-ups by binary search)."""
 
-    def __init__(self, ranges: pd.DataFrame) -> None:
-        top = ranges[ranges["depth"] == 0].sort_values("start", kind="stable")
+    def __init__(self, top: pd.DataFrame) -> None:
+        """``top``: the :func:`outermost` ranges."""
         self.start = top["start"].to_numpy(np.int64)
         self.end = np.maximum.accumulate(top["end"].to_numpy(np.int64)) if len(top) else self.start
         self.name = top["name"].astype(str).to_numpy(dtype=object)
@@ -165,7 +186,7 @@ class _Places:
 
 
 def _host_idle(
-    gaps: pd.DataFrame, span: float, rank: int | None, places: _Places, steps: np.ndarray
+    gaps: pd.DataFrame, span: float, rank: int | None, places: Places, steps: np.ndarray
 ) -> Finding | None:
     idle = gaps[gaps["cause"] == "idle"]
     if not len(idle):
@@ -190,23 +211,34 @@ def _host_idle(
          "idle_ms": ms(idle_ns[i]), "gap_ms": ms(gap_ns[i])}
         for i in np.argsort(-idle_ns, kind="stable")[:10]
     ]  # fmt: skip
-    total = float(idle_ns.sum())
+    total = _recurring(step_of, idle_ns, len(steps))
     where = weight.most_common(1)[0][0]
     phase = where.split(" ", 1)[1]
     return Finding(
         "host_idle", ms(total), total / span,
         {"count": len(idle), "where": where, "per_step_ms": ms(total / n_steps),
-         "by_step_ms": by_step,
+         "by_step_ms": by_step, "one_off_ms": ms(idle_ns.sum() - total),
          "steps": n_steps, "span_ms": ms(span), "rows": rows},
         "The GPU waits while the host launches nothing "
         f"({ms(total / n_steps):.2f} ms a step, {where}): move the host work off the step "
         "(DataLoader workers, pin_memory and non_blocking copies, prefetch the next batch).",
-        rank, None if phase == "None" else phase,
+        rank, None if phase == "None" else phase, _marks(idle),
     )  # fmt: skip
 
 
+def _recurring(step_of: np.ndarray, idle_ns: np.ndarray, steps: int) -> float:
+    """The idle that recurs: each step's idle (and the idle before the first step) up to
+    the median step's; the excess of one step over it (a first step's warm-up, a CUDA
+    graph's capture) is a one-off, not what fixing the host work gives back every step."""
+    if not steps:
+        return float(idle_ns.sum())
+    per_key = np.bincount(step_of + 1, weights=idle_ns, minlength=steps + 1)
+    typical = float(np.median(per_key[1:]))
+    return float(np.minimum(per_key, typical).sum())
+
+
 def _host_sync(
-    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None, places: _Places
+    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None, places: Places
 ) -> Finding | None:
     """Blocking syncs made while GPU work was in flight that drained the queue: the GPU
     went idle while the host was in the call and was still idle when it returned, or the
@@ -226,8 +258,11 @@ def _host_sync(
     keep = during & (hit | (end >= last))  # else the GPU kept working: it blocked the host only
     # the idle that follows: the whole gap where the sync caused it, else the part of the
     # gap the host spent inside the call
+    # several syncs in one gap (DDP's event syncs come in pairs) drained it once: the
+    # first of them carries its idle
+    counted = hit & ~_repeats(np.where(hit, j, -1))
     idle = np.where(
-        hit, np.where(own[jj] if len(lo) else False, hi[jj] - lo[jj],
+        counted, np.where(own[jj] if len(lo) else False, hi[jj] - lo[jj],
                       np.maximum(0, end - lo[jj]) if len(lo) else 0), 0,
     )[keep]  # fmt: skip
     if not keep.any():
@@ -250,18 +285,35 @@ def _host_sync(
         f"{len(at)} blocking synchronizations drained the GPU queue (.item(), .cpu(), "
         "print(tensor), torch.cuda.synchronize()): keep values on the GPU, log them every N "
         "steps, or copy with non_blocking=True into pinned memory.",
-        rank, phases.most_common(1)[0][0],
+        rank, phases.most_common(1)[0][0], _marks(gaps[own]),
     )  # fmt: skip
 
 
+def _repeats(keys: np.ndarray) -> np.ndarray:
+    """Where a key (not -1) was already seen earlier in the array."""
+    seen = np.zeros(len(keys), bool)
+    _, first = np.unique(keys, return_index=True)
+    seen[first] = True
+    return ~seen & (keys >= 0)
+
+
 def _launch_bound(
-    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None
+    host: HostTrace, gaps: pd.DataFrame, span: float, rank: int | None, steps: np.ndarray
 ) -> Finding | None:
-    busy = span - float((gaps["end"] - gaps["start"]).sum())
-    small = gaps[gaps["cause"] == "launch"]
-    overhead = float((small["end"] - small["start"]).sum())
-    if busy / span >= LAUNCH_BOUND_MAX_BUSY or overhead / span < LAUNCH_BOUND_MIN_GAP_SHARE:
+    """Decided and measured on the steady steps (from the second, where the capture has
+    at least :data:`STEADY_MIN_STEPS`): recoverable_ms, the launch gaps there."""
+    end = int(host.gpu_end.max())
+    begin = int(steps[1]) if len(steps) >= STEADY_MIN_STEPS else end - int(span)
+    window = float(end - begin)
+    if window <= 0:
         return None
+    part = np.maximum(gaps["end"].to_numpy() - np.maximum(gaps["start"].to_numpy(), begin), 0)
+    busy = window - float(part.sum())
+    launch_part = float(part[(gaps["cause"] == "launch").to_numpy()].sum())
+    if busy / window >= LAUNCH_BOUND_MAX_BUSY or launch_part / window < LAUNCH_BOUND_MIN_GAP_SHARE:
+        return None
+    small = gaps[(gaps["cause"] == "launch").to_numpy() & (part > 0)]
+    overhead = launch_part
     durations = (host.gpu_end - host.gpu_start) / 1e3
     launches = np.sort(host.call_start[host.call_kind == 0])
     cadence = float(np.median(np.diff(launches))) / 1e3 if len(launches) > 1 else 0.0
@@ -270,7 +322,9 @@ def _launch_bound(
         return None
     evidence: dict[str, Any] = {
         "count": len(small),
-        "busy_share": round(busy / span, 4),
+        "busy_share": round(busy / window, 4),
+        "from_step": 1 if len(steps) >= STEADY_MIN_STEPS else None,
+        "window_ms": ms(window),
         "span_ms": ms(span),
         "activities": len(durations),
         "median_launch_interval_us": round(cadence, 3),
@@ -283,10 +337,15 @@ def _launch_bound(
         ],
     }
     return Finding(
-        "launch_bound", ms(overhead), overhead / span, evidence,
-        f"The GPU is busy {busy / span:.0%} of the span: kernels (median {median_us:.1f} µs) "
+        "launch_bound", ms(overhead), overhead / window, evidence,
+        f"The GPU is busy {busy / window:.0%} of the steps: kernels (median {median_us:.1f} µs) "
         f"are shorter than the launch cadence ({cadence:.1f} µs). Capture the step in CUDA "
         'graphs (torch.compile(mode="reduce-overhead")), fuse ops (torch.compile), or give '
         "each launch more work (a larger batch).",
-        rank, None,
+        rank, None, _marks(small),
     )  # fmt: skip
+
+
+def _marks(gaps: pd.DataFrame) -> pd.DataFrame:
+    """The gaps a finding attributes, as the lanes picture marks them."""
+    return gaps[["start", "end", "launch", "cause"]].reset_index(drop=True)

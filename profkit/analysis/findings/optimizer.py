@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from profkit.analysis.findings.model import Finding
+from profkit.analysis.findings.model import Finding, kernel_evidence
 
 if TYPE_CHECKING:
     from profkit.analysis.report_types import KernelReport
@@ -48,22 +48,9 @@ def unfused_optimizer(report: KernelReport) -> list[Finding]:
     recoverable = time_ms * max(0.0, 1.0 - FUSED_ADAMW_PASSES / passes)
     if not total_ms or recoverable / total_ms < MIN_SHARE:
         return []
-    evidence = {
-        "count": int(rows["instances"].sum()),
-        "kernels": len(rows),
-        "time_ms": round(time_ms, 6),
-        "share_of_gpu_time": round(time_ms / total_ms, 4),
-        "passes_per_element": passes,
-        "fused_passes": FUSED_ADAMW_PASSES,
-        "rows": [
-            {
-                "name": r["name"],
-                "instances": int(r["instances"]),
-                "total_ms": round(float(r["total_ms"]), 6),
-            }
-            for _, r in rows.head(10).iterrows()
-        ],
-    }
+    evidence = kernel_evidence(rows, time_ms, total_ms)
+    evidence |= {"passes_per_element": passes, "fused_passes": FUSED_ADAMW_PASSES}
+    evidence["rows"] = evidence.pop("rows")  # last, as in every finding
     return [Finding(
         "unfused_optimizer", recoverable, recoverable / total_ms, evidence,
         f"{len(rows)} foreach optimizer kernels take {time_ms:.2f} ms: use the fused "
