@@ -221,26 +221,76 @@ def no_ends() -> tuple[np.ndarray, np.ndarray]:
     return np.zeros(0, dtype=object), np.zeros(0, np.int64)
 
 
-def clock_notes(clocks: list[dict[str, Any]]) -> list[str]:
-    """What the clocks of the nodes (or hosts) after the first showed."""
-    said: list[str] = []
+NOTED_NODES = 8
+"""Above this many nodes of one kind (taken out, ambiguous, unknown), their notes are one."""
+
+
+def clock_notes(clocks: list[dict[str, Any]], noted: int = NOTED_NODES) -> list[str]:
+    """What the clocks of the nodes (or hosts) after the first showed: a note each, or,
+    for more than ``noted`` of a kind, one note for them all."""
     first = clocks[0]["path"]
-    for clock in clocks[1:]:
-        if clock["ambiguous"]:
-            said.append(
-                f"{clock['path']}: its collectives pair with {first}'s equally well at more "
-                "than one offset (too evenly spaced to tell), so its clock offset is unknown: "
-                "times across nodes are as the session starts put them"
-            )
-        elif clock["offset_ms"] is None:
-            said.append(
-                f"{clock['path']}: no run of NCCL kernels pairs with {first}'s, so its clock "
-                "offset is unknown: times across nodes are as the session starts put them"
-            )
-        elif clock["applied"]:
-            said.append(
-                f"{clock['path']}: its clock ran {clock['offset_ms']:+.3f} ms from {first}'s "
-                f"(the ends of {clock['agreeing']} of {clock['pairs']} paired collectives, "
-                f"spread {clock['spread_ms']:.3f} ms): taken out"
-            )
+    later = [(clock, _kind(clock)) for clock in clocks[1:]]
+    of_kind: dict[str, list[dict[str, Any]]] = {}
+    for clock, kind in later:
+        if kind is not None:
+            of_kind.setdefault(kind, []).append(clock)
+    said: list[str] = []
+    for clock, kind in later:  # in node order; a kind said once where it is first met
+        if kind is None:
+            continue
+        if len(of_kind[kind]) <= noted:
+            said.append(_node_note(kind, clock, first))
+        elif clock is of_kind[kind][0]:
+            said.append(_nodes_note(kind, of_kind[kind], first))
     return said
+
+
+def _kind(clock: dict[str, Any]) -> str | None:
+    """What a later node's clock note says: ``ambiguous``, ``unknown``, ``applied`` or none."""
+    if clock["ambiguous"]:
+        return "ambiguous"
+    if clock["offset_ms"] is None:
+        return "unknown"
+    return "applied" if clock["applied"] else None
+
+
+def _node_note(kind: str, clock: dict[str, Any], first: str) -> str:
+    if kind == "ambiguous":
+        return (
+            f"{clock['path']}: its collectives pair with {first}'s equally well at more "
+            "than one offset (too evenly spaced to tell), so its clock offset is unknown: "
+            "times across nodes are as the session starts put them"
+        )
+    if kind == "unknown":
+        return (
+            f"{clock['path']}: no run of NCCL kernels pairs with {first}'s, so its clock "
+            "offset is unknown: times across nodes are as the session starts put them"
+        )
+    return (
+        f"{clock['path']}: its clock ran {clock['offset_ms']:+.3f} ms from {first}'s "
+        f"(the ends of {clock['agreeing']} of {clock['pairs']} paired collectives, "
+        f"spread {clock['spread_ms']:.3f} ms): taken out"
+    )
+
+
+def _nodes_note(kind: str, found: list[dict[str, Any]], first: str) -> str:
+    """One note for many nodes of one kind; the Nodes table has each."""
+    names = ", ".join(c["path"] for c in found[:3])
+    who = f"{len(found):,} nodes ({names}, ...)"
+    each = "each node's is in the Nodes table (JSON: nodes)"
+    if kind == "applied":
+        offsets = [c["offset_ms"] for c in found]
+        return (
+            f"{who}: their clocks ran {min(offsets):+.3f} to {max(offsets):+.3f} ms from "
+            f"{first}'s (median {float(np.median(offsets)):+.3f} ms, from their paired "
+            f"collectives' ends): taken out; {each}"
+        )
+    why = (
+        "their collectives pair with the first's equally well at more than one offset"
+        if kind == "ambiguous"
+        else "no run of their NCCL kernels pairs with the first's"
+    )
+    return (
+        f"{who}: {why}, so their clock offsets are unknown: times across nodes are as the "
+        f"session starts put them; {each}"
+    )

@@ -281,7 +281,7 @@ def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
         phases += [{"rank": who["rank"], **r} for r in table.to_dict(orient="records")]
     tables = [(f"Ranks — world size {report.world_size}", pd.DataFrame(rows))]
     if report.nodes:
-        tables.append(("Nodes — each report's clock against the first's", _node_table(report)))
+        tables.append((NODES_TITLE, node_table(report)))
     if collectives:
         tables.append(("NCCL kernels by collective, per rank", pd.DataFrame(collectives)))
     tables.append(("Phases per rank", pd.DataFrame(phases)))
@@ -291,7 +291,10 @@ def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
     return tables
 
 
-def _node_table(report: RankedReport) -> pd.DataFrame:
+NODES_TITLE = "Nodes — each report's clock against the first's"
+
+
+def node_table(report: RankedReport) -> pd.DataFrame:
     """One row per node: its file, host, ranks and how its clock was aligned."""
     rows = []
     for node in report.nodes:

@@ -178,3 +178,18 @@ def _step_records(steps: pd.DataFrame) -> list[dict[str, Any]]:
         }
         for step, s, f in zip(slowest.index, slow, fast, strict=True)
     ]
+
+
+def last_to_join(job_steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step of :func:`job_summary` whose waits name two ranks or more: the rank that
+    waited least in its collectives (the last to join them: ``last_rank``) and the least
+    any other rank waited (``others_wait_ms``: what every rank's step would give back)."""
+    rows = []
+    for step in job_steps:
+        wait = {int(r): float(w) for r, w in (step.get("nccl_wait_ms") or {}).items()}
+        if len(wait) < 2:
+            continue
+        last = min(wait, key=lambda r: wait[r])
+        others = min(w for r, w in wait.items() if r != last)
+        rows.append({"step": step["step"], "last_rank": last, "others_wait_ms": others})
+    return rows

@@ -141,6 +141,12 @@ def kernels(
     """
     from profkit import analysis
     from profkit.analysis.findings import findings_markdown
+    from profkit.analysis.job_view import (
+        HOW_TO_SEE_ALL,
+        job_tables,
+        many_ranks,
+        one_rank_tables,
+    )
     from profkit.analysis.phase_marks import PhaseRanges
     from profkit.analysis.presentation import rank_tables
     from profkit.analysis.report_types import RankedReport
@@ -213,7 +219,15 @@ def kernels(
             console.print(line, highlight=False, markup=False)
     tables = [] if fmt == "json" else analysis.display_tables(report, as_data=fmt == "csv")
     if isinstance(report, RankedReport) and fmt != "json":
-        tables = rank_tables(report) + tables
+        # A person reads a job of many ranks as distributions; files keep every rank.
+        if fmt == "table" and out is None and many_ranks(report):
+            many = job_tables(report) if rank is None else one_rank_tables(report, rank)
+            tables = many + tables
+            console.print(
+                f"[dim]{report.world_size:,} ranks, shown as one job. {HOW_TO_SEE_ALL}[/]"
+            )
+        else:
+            tables = rank_tables(report) + tables
     emit_tables(tables, fmt, out, json_value=report.to_json())
     if fmt == "table":
         for note in report.notes:

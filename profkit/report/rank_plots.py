@@ -1,4 +1,6 @@
-"""Pictures of a multi-GPU trace: one step per rank as lanes, and per-rank phase bars.
+"""Pictures of a multi-GPU trace: one step per rank as lanes, and per-rank phase bars; of
+a job of many ranks, those of its slowest, a median and its fastest rank, above a heatmap
+of every rank's step times and every rank's exposed NCCL time.
 
 The lanes show, for each rank, its compute kernels and its NCCL kernels on one time
 axis (the ranks share a host clock), so that the all-reduce hidden behind the backward
@@ -7,9 +9,14 @@ pass, the exposed rest, and a rank that arrives late can be seen at a glance.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+
+from profkit.analysis.job_view import lane_ranks, rank_numbers, step_matrix
 from profkit.analysis.report_types import RankedReport
 from profkit.errors import BadInput
 from profkit.report.plots import PHASE_COLORS, SERIES_COLORS, pyplot, save_figure
@@ -37,6 +44,8 @@ def plot_ranks(report: RankedReport, out: Path, step: int | None = None) -> Path
     step = steps[len(steps) // 2] if step is None else step
     if step not in steps:
         raise BadInput(f"no step {step}; steps: {', '.join(map(str, steps))}")
+    if len(lane_ranks(report)) < len(report.ranks):
+        return save_figure(job_figure(report, step), out)
     plt = pyplot()
     fig, (lanes, bars) = plt.subplots(
         2,
@@ -47,9 +56,61 @@ def plot_ranks(report: RankedReport, out: Path, step: int | None = None) -> Path
     )
     _lanes(lanes, report, step)
     _phase_bars(bars, report)
-    names = ", ".join(Path(p).name for p in str(report.source.get("path", "")).split(", "))
-    fig.suptitle(names, fontsize=8)  # file names: a long folder would crowd them out
+    fig.suptitle(_names(report), fontsize=8)  # file names: a long folder would crowd them out
     return save_figure(fig, out)
+
+
+def _names(report: RankedReport) -> str:
+    """The traces' file names; of many, the first two and the last."""
+    names = [Path(p).name for p in str(report.source.get("path", "")).split(", ")]
+    if len(names) > 4:
+        return f"{names[0]}, {names[1]}, ..., {names[-1]} ({len(names):,} files)"
+    return ", ".join(names)
+
+
+def job_figure(report: RankedReport, step: int) -> Any:
+    """A report of many ranks (:func:`profkit.analysis.job_view.lane_ranks`): the lanes and
+    phase bars of its slowest, a median and its fastest rank only, above a heatmap of every
+    rank's step time (ranks × steps) and every rank's exposed NCCL time."""
+    picked = lane_ranks(report)
+    by_rank = {int(e.info["rank"]): e for e in report.ranks}
+    shown = replace(report, ranks=[by_rank[r] for r in sorted(picked)])
+    plt = pyplot()
+    fig, (lanes, bars, heat, exposed) = plt.subplots(
+        4, 1, figsize=(11, 15), height_ratios=[3, 2, 4, 2], layout="constrained"
+    )
+    _lanes(lanes, shown, step)
+    _phase_bars(bars, shown)
+    _step_heatmap(fig, heat, step_matrix(report))
+    _exposed_bars(exposed, rank_numbers(report))
+    said = ", ".join(
+        f"rank {r} ({w})" for r, w in zip(picked, ("slowest", "median", "fastest"), strict=False)
+    )
+    fig.suptitle(
+        f"{_names(report)}\nlanes and phases: {said} of {len(report.ranks):,} ranks, by mean step",
+        fontsize=8,
+    )
+    return fig
+
+
+def _step_heatmap(fig: Any, ax: Any, matrix: pd.DataFrame) -> None:
+    image = ax.imshow(matrix.to_numpy(np.float64), aspect="auto", interpolation="nearest",
+                      cmap="viridis")  # fmt: skip
+    ax.set_xticks(range(matrix.shape[1]), [str(s) for s in matrix.columns])
+    ax.set_xlabel("step")
+    ax.set_ylabel("rank")
+    rows = np.unique(np.linspace(0, len(matrix) - 1, min(len(matrix), 16)).round().astype(int))
+    ax.set_yticks(rows, [str(matrix.index[r]) for r in rows])  # at most 16 rank labels
+    ax.set_title("Step time per rank and step: GPU span, first kernel start to last kernel end")
+    fig.colorbar(image, ax=ax, label="ms")
+
+
+def _exposed_bars(ax: Any, numbers: pd.DataFrame) -> None:
+    ax.bar(numbers["rank"], numbers["nccl_exposed_ms"], width=1.0, color=NCCL_COLOR)
+    ax.set_xlabel("rank")
+    ax.set_ylabel("ms")
+    ax.set_xlim(numbers["rank"].min() - 0.5, numbers["rank"].max() + 0.5)
+    ax.set_title("Exposed NCCL time per rank: NCCL kernels with no compute beside them")
 
 
 def _lanes(ax: object, report: RankedReport, step: int) -> None:

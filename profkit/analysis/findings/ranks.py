@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from profkit.analysis.findings.model import Finding
-from profkit.analysis.steps import job_summary
+from profkit.analysis.steps import job_summary, last_to_join
 
 if TYPE_CHECKING:
     from profkit.analysis.report_types import KernelReport
@@ -38,16 +38,10 @@ def straggler(
     if not ranks or steps is None or not len(steps):
         return []
     job = job_summary(steps, getattr(report, "world_size", len(ranks)))
-    lasts, waits, rows = [], [], []
-    for step in job.get("steps", []):
-        wait = {int(r): float(w) for r, w in (step.get("nccl_wait_ms") or {}).items()}
-        if len(wait) < 2:
-            continue
-        last = min(wait, key=lambda r: wait[r])
-        others = min(w for r, w in wait.items() if r != last)
-        lasts.append(last)
-        waits.append(others)
-        rows.append({"step": step["step"], "last_rank": last, "others_wait_ms": round(others, 6)})
+    joined = last_to_join(job.get("steps", []))
+    lasts = [row["last_rank"] for row in joined]
+    waits = [row["others_wait_ms"] for row in joined]
+    rows = [{**row, "others_wait_ms": round(row["others_wait_ms"], 6)} for row in joined]
     if not lasts:
         return []
     rank = max(set(lasts), key=lasts.count)
