@@ -10,11 +10,12 @@ own inserted in the last captured step (every time from :data:`PAUSE_AT_NS` on m
 later), so that its ranks' step times differ from the other nodes' by a known amount.
 
 Then, with the columnar cache warm (one run first), it times ``profkit kernels NODE...``
-printing to a 200-column pipe, best and median of ``--runs``, and counts its lines; with
-``--before DIR`` (a checkout of older code, e.g. ``git archive 20eca74 | tar -x -C DIR``)
-the same with that code. In this process it also times the rendering alone of the one
-report, as the terminal shows it (the job's tables) and as it showed it before (every rank's
-tables, as ``--format md`` still writes them). Writes ``job_view_scale.json`` under
+printing to a 200-column pipe, the median wall and CPU seconds of ``--runs``, and counts
+its lines; with ``--before DIR`` (a checkout of older code, e.g. ``git archive 20eca74 |
+tar -x -C DIR``) the same with that code, the two alternating. In this process it also
+times the rendering alone of the one report (CPU seconds), as the terminal shows it (the
+job's tables) and as it showed it before (every rank's tables, as ``--format md`` still
+writes them). Writes ``job_view_scale.json`` under
 ``--workdir`` (default ``$OUT`` or a temporary folder).
 
     python benchmarks/job_view_scale.py --nodes 32 --runs 3 --before /tmp/profkit-20eca74
@@ -106,24 +107,27 @@ def main() -> int:
     paths = node_set(workdir / f"nodes{args.nodes}", args.nodes)
     env = {**os.environ, "COLUMNS": "200", "PROFKIT_CACHE_DIR": str(workdir / "cache")}
     result: dict[str, Any] = {"nodes": args.nodes, "ranks": 2 * args.nodes}
-    for label, code in (("after", ROOT), ("before", args.before)):
-        if code is None:
-            continue
-        argv = [sys.executable, "-m", "profkit", "kernels", *map(str, paths)]
-        out = workdir / f"{label}.txt"
-        timed(argv, workdir, {**env, "PYTHONPATH": str(code)}, out)  # fills the cache
-        runs = [timed(argv, workdir, {**env, "PYTHONPATH": str(code)}, out)
-                for _ in range(args.runs)]  # fmt: skip
-        walls = [r["wall_s"] for r in runs]
-        lines = len(out.read_text().splitlines())
-        result[label] = {"lines": lines, "wall_s_best": min(walls),
-                         "wall_s_median": statistics.median(walls)}  # fmt: skip
-        print(f"{label}: {lines:,} lines, {min(walls):.2f} s best, "
-              f"{statistics.median(walls):.2f} s median of {args.runs}")  # fmt: skip
+    codes = {"after": ROOT, **({"before": args.before} if args.before else {})}
+    argv = [sys.executable, "-m", "profkit", "kernels", *map(str, paths)]
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label in codes}
+    for run in range(args.runs + 1):  # the first fills the cache; then the codes alternate
+        for label, code in codes.items():
+            out = workdir / f"{label}.txt"
+            timing = timed(argv, workdir, {**env, "PYTHONPATH": str(code)}, out)
+            if run:
+                runs[label].append(timing)
+    for label in codes:
+        lines = len((workdir / f"{label}.txt").read_text().splitlines())
+        wall = statistics.median(r["wall_s"] for r in runs[label])
+        cpu = statistics.median(r["cpu_s"] for r in runs[label])
+        result[label] = {"lines": lines, "wall_s_median": wall, "cpu_s_median": cpu}
+        print(f"{label}: {lines:,} lines, median of {args.runs}: {wall:.2f} s wall, "
+              f"{cpu:.2f} s CPU")  # fmt: skip
+    result["load_1min"] = os.getloadavg()[0]
     os.environ["PROFKIT_CACHE_DIR"] = env["PROFKIT_CACHE_DIR"]
     result["render"] = _render_times(paths, args.runs)
     for label, found in result["render"].items():
-        print(f"rendering alone, {label}: {found['lines']:,} lines, {found['s_best']:.3f} s")
+        print(f"rendering alone, {label}: {found['lines']:,} lines, {found['s_best']:.3f} s CPU")
     (workdir / "job_view_scale.json").write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
@@ -143,14 +147,14 @@ def _render_times(paths: list[Path], runs: int) -> dict[str, dict[str, float]]:
     found = {}
     for label, tables_of in (("job tables", job_tables), ("every rank's tables", rank_tables)):
         times, text = [], ""
-        for _ in range(runs):
-            started = time.perf_counter()
+        for _ in range(runs):  # CPU time: the shared machine's load leaves it alone
+            started = time.process_time()
             tables = tables_of(report) + analysis.display_tables(report)
             sink = io.StringIO()
             console = Console(file=sink, width=200)
             for title, table in tables:
                 console.print(rich_table(table, title, width=200))
-            times.append(time.perf_counter() - started)
+            times.append(time.process_time() - started)
             text = sink.getvalue()
         found[label] = {"lines": len(text.splitlines()), "s_best": min(times)}
     return found

@@ -38,6 +38,12 @@ def many_ranks(report: RankedReport) -> bool:
     return max(report.world_size, len(report.ranks)) > MANY_RANKS
 
 
+NUMBER_COLUMNS = [
+    "rank", "host", "device", "pid", "mean_step_ms", "slowest_steps",
+    "gpu_time_ms", "nccl_ms", "nccl_exposed_ms", "nccl_wait_ms",
+]  # fmt: skip
+
+
 def rank_numbers(report: RankedReport, job: dict[str, Any] | None = None) -> pd.DataFrame:
     """One row per rank, in rank order: who it is, its mean step (the JSON's
     ``job.ranks[].mean_step_ms``), GPU time, NCCL time, exposed and waiting NCCL time, and
@@ -63,7 +69,7 @@ def rank_numbers(report: RankedReport, job: dict[str, Any] | None = None) -> pd.
                 "nccl_wait_ms": float(steps.get("nccl_wait_ms", 0.0)),
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=NUMBER_COLUMNS)
 
 
 def by_step_time(numbers: pd.DataFrame) -> pd.DataFrame:
@@ -77,7 +83,7 @@ def picks(numbers: pd.DataFrame, shown: int = SHOWN) -> list[tuple[str, int]]:
     time, slowest first; every timed rank where there are no more than that."""
     order = [int(r) for r in by_step_time(numbers)["rank"]]
     if len(order) <= 2 * shown + 1:
-        return [(f"#{i + 1} slowest", r) for i, r in enumerate(order)]
+        return [(f"slowest #{i + 1}", r) for i, r in enumerate(order)]
     middle = len(order) // 2
     return (
         [(f"slowest #{i + 1}", order[i]) for i in range(shown)]
@@ -90,10 +96,10 @@ def lane_ranks(report: RankedReport) -> list[int]:
     """The ranks the lanes picture draws: every rank of the report where it has no more
     than :data:`MANY_RANKS`; else the slowest, a median and the fastest by mean step time."""
     ranks = [int(e.info["rank"]) for e in report.ranks]
-    order = [int(r) for r in by_step_time(rank_numbers(report))["rank"]]
-    if len(ranks) <= MANY_RANKS or len(order) < 3:
+    if len(ranks) <= MANY_RANKS:
         return ranks
-    return [order[0], order[len(order) // 2], order[-1]]
+    order = [int(r) for r in by_step_time(rank_numbers(report))["rank"]]
+    return [order[0], order[len(order) // 2], order[-1]] if len(order) >= 3 else ranks
 
 
 def step_matrix(report: RankedReport) -> pd.DataFrame:

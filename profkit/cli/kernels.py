@@ -80,7 +80,8 @@ RankOpt = Annotated[
     typer.Option(
         "--rank",
         help="Of a multi-rank trace (a multi-process nsys export, or per-rank torch traces "
-        "of one run), show this rank's tables only.",
+        "of one run), show this rank's tables only. Of a job of more than 8 ranks the "
+        "terminal shows distributions across ranks; with --rank, this rank's rows too.",
     ),
 ]
 PlotOpt = Annotated[
@@ -88,7 +89,8 @@ PlotOpt = Annotated[
     typer.Option(
         "--plot",
         help="Of a multi-rank trace: draw one step per rank as lanes (compute vs NCCL) and "
-        "per-rank phase bars into this PNG.",
+        "per-rank phase bars into this PNG; of more than 8 ranks, those of the slowest, a "
+        "median and the fastest rank, and heatmaps of every rank's step time and exposed NCCL.",
     ),
 ]
 WorkersOpt = Annotated[

@@ -96,13 +96,19 @@ def job_figure(report: RankedReport, step: int) -> Any:
 def _step_heatmap(fig: Any, ax: Any, matrix: pd.DataFrame) -> None:
     image = ax.imshow(matrix.to_numpy(np.float64), aspect="auto", interpolation="nearest",
                       cmap="viridis")  # fmt: skip
-    ax.set_xticks(range(matrix.shape[1]), [str(s) for s in matrix.columns])
+    ax.set_xticks(*_ticks(list(matrix.columns)))
     ax.set_xlabel("step")
+    ax.set_yticks(*_ticks(list(matrix.index)))
     ax.set_ylabel("rank")
-    rows = np.unique(np.linspace(0, len(matrix) - 1, min(len(matrix), 16)).round().astype(int))
-    ax.set_yticks(rows, [str(matrix.index[r]) for r in rows])  # at most 16 rank labels
     ax.set_title("Step time per rank and step: GPU span, first kernel start to last kernel end")
     fig.colorbar(image, ax=ax, label="ms")
+
+
+def _ticks(labels: list[Any], at_most: int = 16) -> tuple[list[int], list[str]]:
+    """Positions and labels of at most ``at_most`` evenly spread cells, the first and last
+    among them (a thousand rank labels would be one black smear)."""
+    cells = np.unique(np.linspace(0, len(labels) - 1, min(len(labels), at_most)).round())
+    return [int(c) for c in cells], [str(labels[int(c)]) for c in cells]
 
 
 def _exposed_bars(ax: Any, numbers: pd.DataFrame) -> None:
