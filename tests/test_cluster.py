@@ -120,8 +120,8 @@ def test_real_framework_nodes_on_workers(client: Any, tmp_path: Path) -> None:
     paths = _nodes(unpack(HF, tmp_path), tmp_path, 4)
     expected = _in_process(paths, {})
     assert _on_workers(client, paths, {}) == expected
-    assert expected["findings"], "the HF capture has findings to compare"
-    assert {f["rank"] for f in expected["findings"]} - {None} <= set(range(8))
+    # every rank's host findings, found on the workers, numbered as the job's ranks
+    assert {f["rank"] for f in expected["findings"] if f["kind"] == "launch_bound"} == set(range(8))
 
 
 def test_per_rank_chrome_traces_on_workers(client: Any) -> None:

@@ -482,3 +482,25 @@ def test_per_rank_traces_in_any_order_give_each_rank_its_findings() -> None:
     forward = findings("straggler2", "torch")
     reversed_ = _report(*reversed(given)).findings
     assert reversed_ == forward  # rank 1's host findings stay rank 1's
+
+
+def test_a_node_job_finds_each_ranks_host_findings(tmp_path: Path) -> None:
+    """Two nodes of one job (the HF DDP capture and a copy as another host's): each rank's
+    host findings are its node's alone, numbered as the job's ranks (they once vanished:
+    the job's ranks carried their merged process keys, not their pids)."""
+    from bench_scripts import benchmark
+    from nsys_data import unpack
+
+    (tmp_path / "frameworks").mkdir()
+    node0 = unpack("frameworks/nsys-2025.3-h200x2-hf-ddp2", tmp_path)
+    node1 = benchmark("kernels_scale").another_node(node0, tmp_path / "node1.sqlite")
+
+    def found(paths: list[Path]) -> list[dict[str, Any]]:
+        job = load(paths, cache=False)
+        report = analysis.kernel_report(job, hosts=host_traces(job.paths, job.files))
+        return [f for f in report.findings or [] if f["kind"] == "launch_bound"]
+
+    alone = {f["rank"]: f["recoverable_ms"] for f in found([node0])}
+    job = {f["rank"]: f["recoverable_ms"] for f in found([node0, node1])}
+    assert set(alone) == {0, 1}
+    assert job == {0: alone[0], 1: alone[1], 2: alone[0], 3: alone[1]}

@@ -138,6 +138,7 @@ def analyze_rank_file_columns(
     real = {int(info["rank"]): info for info in cols.meta["ranks"]}
     for entry in report.ranks:  # the layout's pid was the merged key
         entry.info = dict(real[int(entry.info["rank"])])
+    report.every_rank = [dict(real[int(info["rank"])]) for info in report.every_rank]
     report.nodes = list(cols.meta.get("nodes") or [])
     return report
 
@@ -176,6 +177,8 @@ def analyze_node_columns(
     assert isinstance(report, RankedReport)  # a layout gives one
     for entry in report.ranks:  # the merged keys gave the analysis its processes
         entry.info.update(real[entry.info["rank"]])
+    for info in report.every_rank:  # every rank's too, --rank or not: findings read them
+        info.update(real[info["rank"]])
     report.nodes = list(cols.meta["nodes"])
     return report
 

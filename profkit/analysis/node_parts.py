@@ -118,5 +118,7 @@ def join_node_ranks(
     assert isinstance(report, RankedReport)  # a layout gives one
     for entry in report.ranks:  # as analyze_node_columns: each rank's real pid, host, GPU
         entry.info.update(real[entry.info["rank"]])
+    for info in report.every_rank:  # as analyze_node_columns
+        info.update(real[info["rank"]])
     report.nodes = list(cols.meta["nodes"])
     return report, found
