@@ -211,7 +211,7 @@ def _chrome_rows(batches: Iterable[list[Any]]) -> tuple[_Rows, _Rows]:
     for events in batches:
         for ev in events:
             cat = ev.get("cat") if isinstance(ev, dict) else None
-            if cat not in _CHROME_CATEGORIES:
+            if not isinstance(cat, str) or cat not in _CHROME_CATEGORIES:  # a list: malformed
                 continue
             ts, dur = ev.get("ts"), ev.get("dur", 0)
             if not _finite(ts) or not _finite(dur) or dur < 0:
