@@ -391,7 +391,9 @@ def store_derived(entry: Path, expected: dict[str, Any], name: str, derived: Der
         record = {"identity": expected, "meta": derived.meta}
         files.write_arrays(entry / DERIVED.format(name), derived.arrays, record)
     except OSError:
-        pass
+        return
+    # The entry grew after its first trim (sums, host calls): the cap holds for what it is now.
+    cache_size.trim(entry.parent, INDEX, keep=entry)
 
 
 def _read_derived(content: memoryview, expected: dict[str, Any], path: Path) -> Derived | None:
