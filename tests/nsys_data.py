@@ -211,3 +211,29 @@ def sql_kernel_rows(path: Path) -> list[tuple[str, int, int, int, str, str]]:
             " FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName"
             f" LEFT JOIN ({launches}) c ON c.correlationId = k.correlationId ORDER BY k.rowid"
         ).fetchall()
+
+
+def named_steps(path: Path, steps: int, ranks: int = 1) -> Path:
+    """An export of ``steps`` steps, each a distinct outermost range ``load NNNN`` beside its
+    ``forward`` and ``backward`` ranges (as per-step or per-batch names make): ``steps + 2``
+    phases. Step i's kernels take 1 + i % 7 µs (load), 20 µs (forward) and 40 µs
+    (backward), so the phases' GPU times differ and their order is known. ``ranks``: that
+    many processes (pids 100, 101, ...), each on its own GPU, each with every step."""
+    export = Export(path)
+    for rank in range(ranks):
+        pid = PID + rank
+        thread = (1 << 48) | (pid << 24) | 100
+        for i in range(steps):
+            t = i * 100_000
+            for name, offset, duration in (
+                (f"load {i:04d}", 0, 1_000 * (1 + i % 7)),
+                ("forward", 30_000, 20_000),
+                ("backward", 60_000, 40_000),
+            ):
+                at = t + offset
+                export.range(name, at, at + 20_000, thread)
+                kernel = f"{name.split()[0]}_kernel"
+                export.kernel(
+                    kernel, at + 5_000, duration, at + 1_000, thread, pid=pid, device=rank
+                )
+    return export.save()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from profkit.analysis.findings import findings_markdown
@@ -25,40 +26,114 @@ KERNEL_VIEW = [
 ]  # fmt: skip
 
 
-def display_tables(report: KernelReport, as_data: bool = False) -> list[tuple[str, pd.DataFrame]]:
+def display_tables(
+    report: KernelReport, as_data: bool = False, terminal: bool = False
+) -> list[tuple[str, pd.DataFrame]]:
     """Phases, top kernels overall and per phase, ranges, categories: (title, table) pairs.
 
     ``as_data`` (``--format csv``): each top-kernels table also carries its ``phase``
     (``all`` for all phases) and each kernel's full ``name``, which the shortened names of
     a display may not tell apart, and shares are ``share`` fractions as in the JSON (people
-    read ``share %``).
+    read ``share %``). ``terminal``: for a person at a terminal, the phase and range tables
+    keep their :data:`TERMINAL_ROWS` rows with most GPU time and one row for the rest, and
+    the category table the busiest phases' columns (:func:`_busiest`).
     """
     top = f"Top {report.top} by GPU time" if report.top else "All by GPU time"
     top += " (kernels, memcpy, memset)"
+    ranges = _range_view(report)
+    if terminal:
+        ranges = _busiest(ranges, "range")
     if not report.activities:
         # A CPU-only trace: the ranges' CPU times are all there is; empty kernel tables
         # would only hide that (the report's notes say why there are no kernels).
         tables = [("Phases — no GPU activities in this trace", report.phases)]
         if len(report.ranges):
-            tables.append(("Ranges", _range_view(report)))
+            tables.append(("Ranges", ranges))
         return tables
+    phase_table = report.phases if as_data else _percent(report.phases, "share")
+    title = f"Phases{_inferred(report)} — {counts_sentence(report.totals)}"
+    if terminal:
+        phase_table = _busiest(phase_table, "phase")
+        if len(phase_table) < len(report.phases):
+            title += _all_of(report.phases, "phases")
     tables = [
-        (
-            f"Phases{_inferred(report)} — {counts_sentence(report.totals)}",
-            report.phases if as_data else _percent(report.phases, "share"),
-        ),
+        (title, phase_table),
         (f"{top}, {_scope(report)}", _kernel_view(report.top_kernels(), as_data and ALL_PHASES)),
     ]
     phases = [p for p in report.phases["phase"] if p != ALL_PHASES]
     if len(phases) > 1:
         tables += _phase_tables(report, phases, top, as_data)
     if len(report.ranges):
-        tables.append((RANGES_TITLE, _range_view(report)))
-    pivot = category_pivot(report)
+        tables.append(
+            (
+                RANGES_TITLE
+                + (_all_of(report.ranges, "ranges") if len(ranges) < len(report.ranges) else ""),
+                ranges,
+            )
+        )
+    shown = _busiest_phases(report) if terminal else None
+    pivot = category_pivot(report, shown)
     if as_data:
         pivot = pivot.assign(**{SHARE: pivot[SHARE] / 100}).rename(columns={SHARE: "share"})
     tables.append(("GPU time by category (ms, kernels, memcpy and memset)", pivot))
     return tables
+
+
+TERMINAL_ROWS = 20
+"""Phase and range rows a person is shown at most in the terminal: those with most GPU
+time, in their order, then one row that sums the rest (``1,982 more phases``). Markdown,
+csv and json keep every row. A trace whose every step names its own phase has thousands,
+which no one reads and which took a terminal longer to draw than the trace to read."""
+SUMMED = ("instances", "kernels", "memcpy", "memset", "share", SHARE)
+"""The columns, besides every ``*_ms`` one, that the row of the rest sums."""
+
+
+def _busiest(table: pd.DataFrame, key: str) -> pd.DataFrame:
+    """``table``'s :data:`TERMINAL_ROWS` rows with most GPU time, in their order, and one
+    row for the rest (:func:`_fold`); ``table`` itself when that would hide at most one row."""
+    keep = _kept(table)
+    return table if keep is None else _fold(table, keep, key)
+
+
+def _kept(table: pd.DataFrame) -> np.ndarray | None:
+    """Which rows :func:`_busiest` keeps, or None for all."""
+    if len(table) <= TERMINAL_ROWS + 1:
+        return None
+    order = np.argsort(-table["gpu_time_ms"].to_numpy(), kind="stable")
+    keep = np.zeros(len(table), dtype=bool)
+    keep[order[:TERMINAL_ROWS]] = True
+    return keep
+
+
+def _fold(table: pd.DataFrame, keep: np.ndarray, key: str) -> pd.DataFrame:
+    """The rows where ``keep``, then one ``N more {key}s`` row of the others' counts and
+    times summed (none when there are no others)."""
+    rest = table[~keep]
+    if rest.empty:
+        return table
+    summed = {c: rest[c].sum() for c in table.columns if c in SUMMED or c.endswith("_ms")}
+    more = pd.DataFrame([{key: f"{len(rest):,} more {key}s", **summed}], columns=table.columns)
+    return pd.concat([table[keep], more], ignore_index=True)
+
+
+def _all_of(table: pd.DataFrame, what: str) -> str:
+    """The title's note on a cut table: where every row is."""
+    return f" (the {TERMINAL_ROWS} with most GPU time; all {len(table):,} {what}: -f md/csv/json or --out)"
+
+
+TERMINAL_PHASE_COLUMNS = 6
+"""Phase columns of the category table a person is shown at most (those with most GPU
+time), beside one column for the rest: each is a dozen characters wide."""
+
+
+def _busiest_phases(report: KernelReport) -> list[str] | None:
+    """The phases a terminal shows in columns (the :data:`TERMINAL_PHASE_COLUMNS` with most
+    GPU time, in their order), or None for all of them."""
+    phases = report.phases
+    if len(phases) <= TERMINAL_PHASE_COLUMNS + 1:
+        return None
+    busiest = phases.nlargest(TERMINAL_PHASE_COLUMNS, "gpu_time_ms", keep="first")["phase"]
+    return [p for p in phases["phase"] if p in set(busiest)]
 
 
 MAX_PHASE_TABLES = 12
@@ -138,8 +213,9 @@ def _inferred(report: KernelReport) -> str:
     return " (inferred in steps without phase ranges)" if source == "mixed" else ""
 
 
-def category_pivot(report: KernelReport) -> pd.DataFrame:
-    """Categories down, phases across, GPU milliseconds in the cells, then total and %."""
+def category_pivot(report: KernelReport, shown: list[str] | None = None) -> pd.DataFrame:
+    """Categories down, phases across, GPU milliseconds in the cells, then total and %.
+    ``shown``: only these phases' columns, the others' summed in one ``more_phases_ms``."""
     table = report.categories
     if table.empty:
         return pd.DataFrame({"category": [], "total_ms": [], SHARE: []})
@@ -147,8 +223,16 @@ def category_pivot(report: KernelReport) -> pd.DataFrame:
     pivot = table.pivot_table(
         index="category", columns="phase", values="gpu_time_ms", aggfunc="sum", fill_value=0.0
     )[phases]
-    pivot.columns = [f"{p}_ms" for p in phases]
-    pivot["total_ms"] = pivot.sum(axis=1)
+    total_ms = pivot.sum(axis=1)
+    if shown is not None:
+        kept = [p for p in phases if p in set(shown)]
+        rest = pivot.drop(columns=kept).sum(axis=1)
+        pivot = pivot[kept].copy()
+        pivot.columns = [f"{p}_ms" for p in kept]
+        pivot[f"{len(phases) - len(kept):,} more phases_ms"] = rest
+    else:
+        pivot.columns = [f"{p}_ms" for p in phases]
+    pivot["total_ms"] = total_ms
     total = pivot["total_ms"].sum()
     pivot[SHARE] = 100 * pivot["total_ms"] / total if total else 0.0
     return pivot.sort_values("total_ms", ascending=False).reset_index()
@@ -257,9 +341,13 @@ def _range_view(report: KernelReport) -> pd.DataFrame:
     return view
 
 
-def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
-    """Display tables of the ranks: one row per rank, collectives, phases, steps."""
+def rank_tables(report: RankedReport, terminal: bool = False) -> list[tuple[str, pd.DataFrame]]:
+    """Display tables of the ranks: one row per rank, collectives, phases, steps.
+    ``terminal``: each rank's phases are those the job's phase table shows (
+    :func:`_busiest`), then one row for the rest."""
     rows, collectives, phases = [], [], []
+    keep = _kept(report.phases) if terminal else None
+    shown = None if keep is None else set(report.phases["phase"][keep])
     # The host only where ranks span several (several nodes' reports): else one value.
     several_hosts = len({entry.info.get("host") for entry in report.ranks}) > 1
     keys = ("rank", "host", "device", "pid") if several_hosts else ("rank", "device", "pid")
@@ -278,6 +366,8 @@ def rank_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
         )
         collectives += [{"rank": who["rank"], **c} for c in comm.by_collective]
         table = entry.report.phases[["phase", "kernels", "gpu_time_ms"]]
+        if shown is not None:
+            table = _fold(table, table["phase"].isin(shown).to_numpy(), "phase")
         phases += [{"rank": who["rank"], **r} for r in table.to_dict(orient="records")]
     tables = [(f"Ranks — world size {report.world_size}", pd.DataFrame(rows))]
     if report.nodes:

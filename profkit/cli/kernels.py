@@ -219,7 +219,8 @@ def kernels(
         console.print("[bold]Findings[/] (docs/FINDINGS.md; all of them: --findings -f json)")
         for line in findings_markdown(report.findings).splitlines()[2:]:
             console.print(line, highlight=False, markup=False)
-    tables = [] if fmt == "json" else analysis.display_tables(report, as_data=fmt == "csv")
+    terminal = fmt == "table"  # md, csv, json (and --out) keep every row
+    tables = [] if fmt == "json" else analysis.display_tables(report, fmt == "csv", terminal)
     if isinstance(report, RankedReport) and fmt != "json":
         # A person reads a job of many ranks as distributions; files keep every rank.
         if fmt == "table" and out is None and many_ranks(report):
@@ -229,7 +230,7 @@ def kernels(
                 f"[dim]{report.world_size:,} ranks, shown as one job. {HOW_TO_SEE_ALL}[/]"
             )
         else:
-            tables = rank_tables(report) + tables
+            tables = rank_tables(report, terminal) + tables
     emit_tables(tables, fmt, out, json_value=report.to_json())
     if fmt == "table":
         for note in report.notes:

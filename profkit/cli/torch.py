@@ -143,6 +143,7 @@ def _ranks(
     from profkit.analysis.presentation import rank_tables
     from profkit.analysis.report_types import RankedReport
     from profkit.files import output_dirs
+    from profkit.formats import file_format
     from profkit.torchprof import profile as torchprof
     from profkit.torchprof.ranks import profile_ranks, ranks_report_markdown
     from profkit.torchprof.report import title as report_title
@@ -162,9 +163,10 @@ def _ranks(
     markdown = ranks_report_markdown(config, run, kernel_report_markdown(report, title))
     report_path = reports / f"{name}.md"
     torchprof.write_report(report_path, markdown)
-    tables = display_tables(report)
+    terminal = file_format(fmt, out) == "table"
+    tables = display_tables(report, terminal=terminal)
     if isinstance(report, RankedReport):
-        tables = rank_tables(report) + tables
+        tables = rank_tables(report, terminal) + tables
     emit_tables(tables, fmt, out, json_value=report.to_json())
     written = ", ".join(str(p) for p in [*run.traces, report_path])
     err_console.print(f"wrote {written}", highlight=False, soft_wrap=True)
