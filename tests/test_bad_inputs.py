@@ -593,3 +593,34 @@ def test_report_with_a_db_that_is_not_there_is_one_line(tmp_path: Path) -> None:
         "no results database at",
     )  # fmt: skip
     assert not out.parent.exists()
+
+
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+LAST_PROCESS = f"(SELECT max((globalTid >> 24) & 16777215) FROM {RUNTIME})"
+
+
+@pytest.mark.parametrize(
+    ("sql", "blind"),
+    [
+        (f"DROP TABLE {RUNTIME}", "device(s) 0, 1"),
+        (
+            f"DELETE FROM {RUNTIME} WHERE (globalTid >> 24) & 16777215 = {LAST_PROCESS}",
+            "device(s) 1",
+        ),
+    ],
+    ids=["no launch rows", "one rank's launch rows gone"],
+)
+def test_rank_of_a_two_gpu_export_without_launch_rows(tmp_path: Path, sql: str, blind: str) -> None:
+    """The 2-GPU DDP export without (some of) its CUDA API calls: the whole job still reads
+    with every kernel, and --rank says in one line why it cannot tell the ranks apart."""
+    from nsys_data import unpack
+
+    path = unpack("nsys-2025.3-h200x2-small-ddp2", tmp_path)
+    with sqlite3.connect(path) as db:
+        db.execute(sql)
+    _, whole = kernels_json(path)
+    assert whole["totals"]["kernels"] == 12_360
+    assert whole["totals"]["gpu_time_ms"] == pytest.approx(238.164326)
+    for rank in ("0", "1"):
+        one_error(invoke("kernels", path, "--no-cache", "--rank", rank),
+                  "ran on 2 devices", f"those of {blind} have no CUDA API calls")  # fmt: skip

@@ -9,7 +9,7 @@ a run, one file or several), :func:`side_by_side` each file's where they are com
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -123,7 +123,7 @@ def _one_file(
     layout = None if one_process(cols) else ranks_of(cols)
     if layout is None:
         if rank is not None:
-            raise BadInput(_one_rank_message(cols.meta))
+            raise BadInput(_one_rank_message(cols))
         return analyze_columns(
             cols, top=top, phase=phase, range=range, phases=phases, phase_ranges=phase_ranges
         )
@@ -164,16 +164,31 @@ def one_process(columns: ActivityColumns) -> bool:
     return len(np.unique((threads >> PROCESS_SHIFT) & PROCESS_MASK)) <= 1
 
 
-def _one_rank_message(meta: dict[str, Any]) -> str:
+def _one_rank_message(cols: ActivityColumns) -> str:
     """Why ``--rank`` cannot pick from a one-process trace; for one rank's trace of a larger
-    run, how to give every rank's."""
+    run, how to give every rank's; for activities of several GPUs without the API calls
+    that say which process launched each, that."""
+    from profkit.traces.columns import DEVICE
     from profkit.traces.ranks import rank_of_meta
 
+    meta = cols.meta
+    name = Path(str(meta.get("path") or "the trace")).name
+    if DEVICE in cols.arrays:
+        device, launched = cols.arrays[DEVICE], cols.arrays["launch_thread"] >= 0
+        # A device none of whose activities has its launch call: a process whose CUDA API
+        # calls were not traced (one process driving several GPUs has them on every one).
+        blind = np.setdiff1d(device[~launched], device[launched])
+        if len(blind) and len(np.unique(device)) > 1:
+            return (
+                f"--rank: {name}'s GPU activities ran on {len(np.unique(device))} devices, "
+                f"but those of device(s) {', '.join(map(str, blind.tolist()))} have no CUDA "
+                "API calls, which say which process (rank) launched each; capture with the "
+                "CUDA API traced (nsys profile -t cuda), or read the whole job without --rank"
+            )
     info = rank_of_meta(meta)
     world = (info or {}).get("world_size") or 0
     if info is None or world < 2:
         return "--rank needs a multi-rank trace (several processes, or per-rank traces)"
-    name = Path(str(meta.get("path") or "the trace")).name
     return (
         f"{name} is rank {info['rank']} of a {world}-rank run alone: give every rank's trace "
         "(e.g. profkit kernels profiles/NAME-rank*.json.gz) to pick a --rank"
