@@ -267,10 +267,21 @@ CODES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CODES))
-def test_codes_outside_their_tables_are_caught(cache_dir: Path, tmp_path: Path, case: str) -> None:
-    trace = tmp_path / CHROME.name
-    shutil.copy(CHROME, trace)
+@pytest.mark.parametrize(
+    ("case", "source"),
+    [(case, CHROME) for case in CODES]
+    # an export's entry keeps no shapes: they are read from the export by row id
+    + [(case, PROBE) for case in CODES if not case.startswith("shape")],
+    ids=[f"{case}-chrome" for case in CODES]
+    + [f"{case}-export" for case in CODES if not case.startswith("shape")],
+)
+def test_codes_outside_their_tables_are_caught(
+    cache_dir: Path, tmp_path: Path, case: str, source: Path
+) -> None:
+    """A schema-valid entry, resealed, whose codes point past their lookup tables: refused
+    on opening, and the trace read again in the same run (the output the uncached one)."""
+    trace = tmp_path / source.name
+    shutil.copy(source, trace)
     expected = kernels_json(trace)
     entry = cache.entry_dir(trace)
     folder = os.open(entry, os.O_RDONLY)
