@@ -101,6 +101,10 @@ def check_out_dir(path: Path | str, option: str = "--out-dir") -> None:
 # What an existing file holds, told by its first bytes (or, for an nsys report, its name).
 # Outputs of profkit are text, CSV, JSON and pictures: none of these may be overwritten by one.
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+SQLITE_SHORT_PATH = 400
+"""Full paths (bytes) shorter than this SQLite always opens. Its unix VFS opens none longer
+than about 500 bytes (``MAX_PATHNAME``, 512, less room for a journal's suffix): a longer
+one fails as "unable to open database file", which reads like a damaged file."""
 _GZIP_MAGIC = b"\x1f\x8b"
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 _SNIFF_BYTES = 4096

@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -624,3 +625,38 @@ def test_rank_of_a_two_gpu_export_without_launch_rows(tmp_path: Path, sql: str, 
     for rank in ("0", "1"):
         one_error(invoke("kernels", path, "--no-cache", "--rank", rank),
                   "ran on 2 devices", f"those of {blind} have no CUDA API calls")  # fmt: skip
+
+
+def deep_folder(root: Path, length: int) -> Path:
+    """A folder under ``root`` whose full path is ``length`` bytes or a little more."""
+    folder = root
+    while len(os.fsencode(folder)) < length:
+        folder /= "d" * min(200, max(length - len(os.fsencode(folder)), 1))
+    folder.mkdir(parents=True)
+    return folder
+
+
+def test_an_export_with_a_full_path_too_long_for_sqlite_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite opens no path longer than about 500 bytes ("unable to open database file", as
+    if the file were damaged): the export is read through a short hard link, by its full
+    path or a relative one, and the link is gone afterwards."""
+    links = tmp_path / "tmp"
+    links.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(links))
+    _, expected = kernels_json(PROBE)
+    deep = deep_folder(tmp_path / "deep", 620) / "run.sqlite"
+    shutil.copy(PROBE, deep)
+    for given in (deep, Path(os.path.relpath(deep))):
+        _, report = kernels_json(given)
+        assert report["totals"] == expected["totals"]
+        assert report["phases"] == expected["phases"]
+    assert list(links.iterdir()) == []
+    with monkeypatch.context() as patched:  # no file system where a hard link can be made
+        patched.setattr(os, "link", lambda *_: (_ for _ in ()).throw(PermissionError(1, "no")))
+        one_error(invoke("kernels", deep, "--no-cache"),
+                  "its full path is", "longer than SQLite opens", "move it, or link it (ln)")  # fmt: skip
+    db = deep.with_name("results.db")
+    shutil.copy(RESULTS, db)
+    one_error(invoke("compare", "dtype", "--db", db), "longer than SQLite opens (about 500)")

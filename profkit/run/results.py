@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from typing import Any
 import sqlite_utils
 
 from profkit.errors import BadInput, warn
-from profkit.files import DEFAULT_DB, check_readable, check_writable
+from profkit.files import DEFAULT_DB, SQLITE_SHORT_PATH, check_readable, check_writable
 from profkit.workload.config import RUN_FIELDS, WorkloadConfig
 
 __all__ = ["DEFAULT_DB"]  # the results DB's default path, declared in profkit.files
@@ -63,6 +64,13 @@ def open_db(path: Path | str, write: bool = True) -> sqlite_utils.Database:
             raise sqlite3.DatabaseError(check[0] if check else "quick_check failed")
         nsys = db.execute(_NSYS_TABLES).fetchone() is not None
     except sqlite3.DatabaseError as exc:
+        length = len(os.fsencode(path.resolve()))
+        if isinstance(exc, sqlite3.OperationalError) and length >= SQLITE_SHORT_PATH:
+            # A journal beside a hard link would not be the DB's: no short alias here.
+            raise BadInput(
+                f"{path}: its full path is {length:,} bytes, longer than SQLite opens "
+                "(about 500): move the results DB to a shorter path"
+            ) from None
         raise BadInput(f"{path} is not a usable SQLite database: {exc}") from None
     if nsys:  # rows written into a profile would mix with its tables; reading it finds none
         db.conn.close()

@@ -15,6 +15,7 @@ import ctypes
 import functools
 import re
 import sqlite3
+import tempfile
 import threading
 import warnings
 from collections import deque
@@ -28,7 +29,7 @@ import numpy as np
 
 from profkit.cores import cores
 from profkit.errors import BadInput
-from profkit.files import check_readable
+from profkit.files import SQLITE_SHORT_PATH, check_readable
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 INTEGER_TYPES = "('integer', 'null')"  # what typeof() may say of an integer column's cell
@@ -91,11 +92,19 @@ def open_readonly(path: Path, any_thread: bool = False) -> sqlite3.Connection:
     """A read-only connection that never writes beside the file (no journal, no locks).
 
     ``any_thread`` lets another thread than the opener's close it (it is still used by one
-    thread at a time).
+    thread at a time). A file whose full path is too long for SQLite (see
+    :data:`SQLITE_SHORT_PATH`) is opened through a hard link with a short path
+    (:func:`_short_link`), removed once the connection holds the file open.
     """
-    uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
+    resolved = path.resolve()
     try:
-        conn = sqlite3.connect(uri, uri=True, check_same_thread=not any_thread)
+        try:
+            conn = _connect(resolved, any_thread)
+        except sqlite3.OperationalError:
+            if len(os.fsencode(resolved)) < SQLITE_SHORT_PATH:
+                raise
+            with _short_link(path, resolved) as link:
+                conn = _connect(link, any_thread)
         conn.execute("PRAGMA cache_size = -65536")  # 64 MiB: the scans below reread pages
         # Text that is not UTF-8 (a damaged name, NVTX text stored as bytes) reads with
         # replacement characters instead of failing the whole read.
@@ -103,6 +112,45 @@ def open_readonly(path: Path, any_thread: bool = False) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         raise BadInput(f"{path} is corrupt: SQLite cannot read it ({exc})") from None
     return conn
+
+
+def _connect(path: Path, any_thread: bool) -> sqlite3.Connection:
+    uri = path.as_uri() + "?mode=ro&immutable=1"
+    return sqlite3.connect(uri, uri=True, check_same_thread=not any_thread)
+
+
+@contextlib.contextmanager
+def _short_link(path: Path, resolved: Path) -> Iterator[Path]:
+    """A hard link to ``path`` in a fresh folder with a short path on the same file system
+    (the temporary folder, else the deepest short folder above the file), removed with its
+    folder on the way out: SQLite follows symbolic links to the long path, not hard ones,
+    and a connection keeps the file it opened. One line when no such link can be made."""
+    device = os.stat(path).st_dev
+    short = [p for p in resolved.parents if len(os.fsencode(p)) < SQLITE_SHORT_PATH // 2]
+    for folder in [Path(tempfile.gettempdir()), *short]:
+        try:
+            if os.stat(folder).st_dev != device:
+                continue
+            aside = Path(tempfile.mkdtemp(prefix=".profkit-link-", dir=folder))
+        except OSError:
+            continue
+        link = aside / "trace.sqlite"
+        try:
+            os.link(path, link)
+        except OSError:
+            os.rmdir(aside)
+            continue
+        try:
+            yield link
+        finally:
+            link.unlink()
+            os.rmdir(aside)
+        return
+    raise BadInput(
+        f"{path}: its full path is {len(os.fsencode(resolved)):,} bytes, longer than SQLite "
+        "opens (about 500), and no hard link with a shorter one could be made on its file "
+        "system: move it, or link it (ln) to a shorter path"
+    )
 
 
 def _decode(raw: bytes) -> str:
