@@ -105,3 +105,33 @@ def test_a_kept_export_damaged_later_is_exported_again(tmp_path: Path) -> None:
     missing = kernels(tmp_path, tmp_path / "no-nsys-here")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
     assert "its export run.sqlite is damaged" in missing.stderr
+
+
+def test_a_relative_nsys_path_runs_that_file(tmp_path: Path) -> None:
+    """``--nsys ./tools/nsys`` (and ``tools/nsys``) is the file there: ``Path("./nsys")``
+    prints as ``nsys``, which exec looked up on PATH (a traceback: no such file)."""
+    (tmp_path / "tools").mkdir()
+    fake_nsys(tmp_path / "tools", "nsys", GOOD)
+    for given in ("./tools/nsys", "tools/nsys"):
+        (tmp_path / "run.nsys-rep").write_bytes(b"a report")
+        (tmp_path / "run.sqlite").unlink(missing_ok=True)
+        result = _run(tmp_path, given)
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / "run.sqlite").read_bytes() == PROBE.read_bytes()
+
+
+def _run(tmp: Path, nsys: str) -> subprocess.CompletedProcess[str]:
+    """``kernels`` with ``--nsys`` exactly as typed (a Path would drop a leading ``./``)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "profkit", "kernels", "run.nsys-rep", "--nsys", nsys]
+    return subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_an_nsys_that_cannot_be_run_by_export_is_one_line(tmp_path: Path) -> None:
+    """Executable bit, no format: exec fails, as it did with a traceback before."""
+    (tmp_path / "run.nsys-rep").write_bytes(b"a report")
+    broken = fake_nsys(tmp_path, "nsys", "not a program at all\n")
+    result = _run(tmp_path, str(broken))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: reading run.nsys-rep needs Nsight Systems")
+    assert f"cannot run {broken}: Exec format error" in result.stderr

@@ -234,6 +234,22 @@ def test_nsys_discovery_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         find_nsys(None)
 
 
+def test_a_relative_nsys_is_made_absolute_and_a_bare_name_is_a_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``./nsys`` as a Path prints ``nsys``, which exec would look up on PATH instead."""
+    here = _executable(tmp_path / "nsys", "#!/bin/sh\n")
+    (tmp_path / "bin").mkdir()
+    other = _executable(tmp_path / "bin" / "nsys-2025.3", "#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.delenv("PROFKIT_NSYS", raising=False)
+    assert find_nsys("./nsys") == here and find_nsys(Path("./nsys")) == here
+    assert find_nsys("nsys-2025.3") == other
+    with pytest.raises(MissingTool, match="--nsys points to bin/nsys, which is not an"):
+        find_nsys("bin/nsys")
+
+
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_a_non_executable_nsys_exits_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str

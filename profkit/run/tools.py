@@ -30,7 +30,11 @@ def find_nsys(explicit: str | os.PathLike[str] | None = None) -> Path:
         if candidate:
             path = Path(candidate)
             if path.is_file() and os.access(path, os.X_OK):
-                return path
+                # Absolute: ``Path("./nsys")`` prints as ``nsys``, which exec looks up on PATH.
+                return path.absolute()
+            found = None if os.sep in str(candidate) else shutil.which(str(candidate))
+            if found:  # a command name, as on a command line (--nsys nsys-2025.3)
+                return Path(found)
             raise MissingTool(f"{origin} points to {path}, which is not an executable file")
     found = shutil.which("nsys")
     if found:
@@ -72,9 +76,12 @@ def export_sqlite(
         "--output", str(partial), str(report),
     ]  # fmt: skip
     try:
-        proc = subprocess.run(  # an nsys that fails may print bytes of any encoding
-            argv, capture_output=True, text=True, errors="replace", preexec_fn=die_with_parent()
-        )
+        try:
+            proc = subprocess.run(  # an nsys that fails may print bytes of any encoding
+                argv, capture_output=True, text=True, errors="replace", preexec_fn=die_with_parent()
+            )
+        except OSError as exc:  # not a program (no format, gone since it was found)
+            raise MissingTool(f"cannot run {exe}: {exc.strerror or exc}") from None
         if proc.returncode != 0 or not _is_sqlite(partial):
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise BadInput(f"nsys export of {report} failed ({proc.returncode}): {tail[0]}")
