@@ -65,6 +65,12 @@ def check_writable(path: Path | str) -> None:
     path = Path(path)
     if path.is_dir():
         raise BadInput(f"cannot write {path}: it is a directory")
+    if path.exists() and not path.is_file():
+        # A device or FIFO (/dev/null, a shell's >(...)) is written in place, and opening a
+        # FIFO to try would wait for its reader, then hand it an end of file.
+        if not os.access(path, os.W_OK):
+            raise BadInput(f"cannot write {path}: permission denied")
+        return
     ancestor = next(p for p in (path.parent, *path.parent.parents) if _exists(p))
     if not ancestor.is_dir():
         raise BadInput(f"cannot write {path}: its parent {ancestor} is a file, not a directory")
@@ -221,7 +227,19 @@ def written(path: Path) -> Iterator[Path]:
     """Where to write ``path``'s new content: a temporary file beside it, renamed over
     ``path`` once the block ends, removed if it fails. A full disk, an interrupt or a
     writer's error leaves ``path`` as it was (its old content, or no file); only a
-    finished file ever bears the name. An unwritable place is one :class:`BadInput` line."""
+    finished file ever bears the name. An unwritable place is one :class:`BadInput` line.
+
+    A symbolic link is kept: the file it points to is replaced. A device, FIFO or socket
+    (``/dev/null``, ``/dev/stdout``, a shell's ``>(...)``) is written in place: it has no
+    content to keep, and a rename would put a plain file where the device was (as root,
+    in ``/dev`` itself)."""
+    if path.exists() and not path.is_file() and not path.is_dir():  # through links
+        try:
+            yield path
+        except OSError as exc:  # /dev/full: no space left
+            raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from None
+        return
+    path = _real(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
@@ -243,6 +261,16 @@ def written(path: Path) -> Iterator[Path]:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def _real(path: Path) -> Path:
+    """``path``, or where its symbolic link(s) lead (a dangling link: where it would)."""
+    if not path.is_symlink():
+        return path
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a loop: the rename below then says so
+        return path
 
 
 def _umask() -> int:

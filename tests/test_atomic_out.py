@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,51 @@ def test_an_unwritable_place_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="cannot write") as caught:
         write_text(tmp_path / "file" / "out.md", "x")
     assert "\n" not in str(caught.value)
+
+
+def test_a_fifo_or_device_is_written_in_place_never_replaced(tmp_path: Path) -> None:
+    """``--out /dev/null`` replaced the device node with a plain file (as root; others got
+    "permission denied" for a temporary file in /dev). A FIFO stands in for the device
+    here: its reader gets the whole report, and the FIFO is still a FIFO."""
+    expected = tmp_path / "report.md"
+    assert runner.invoke(app, ["kernels", str(TRACE), "--out", str(expected)]).exit_code == 0
+    fifo = tmp_path / "pipe.md"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    result = runner.invoke(app, ["kernels", str(TRACE), "--out", str(fifo)])
+    reader.join(timeout=60)
+    assert result.exit_code == 0, result.output
+    assert got == [expected.read_bytes()]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.md", "report.md"]
+
+
+def test_a_symlink_is_kept_and_its_target_replaced(tmp_path: Path) -> None:
+    (tmp_path / "kept").mkdir()
+    target = tmp_path / "kept" / "table.csv"
+    target.write_text("old\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(Path("kept") / "table.csv")
+    write_text(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    dangling = tmp_path / "dangling.csv"
+    dangling.symlink_to(Path("kept") / "new.csv")
+    write_text(dangling, "made\n")
+    assert dangling.is_symlink() and (tmp_path / "kept" / "new.csv").read_text() == "made\n"
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["new.csv", "table.csv"]
+
+
+def test_a_device_that_fails_the_write_is_one_line(tmp_path: Path) -> None:
+    """A FIFO whose reader left at once stands for a device that refuses the write
+    (``/dev/full``): one line, no file made beside it."""
+    fifo = tmp_path / "gone.md"
+    os.mkfifo(fifo)
+    opener = threading.Thread(target=lambda: os.close(os.open(fifo, os.O_RDONLY)))
+    opener.start()
+    with pytest.raises(BadInput, match=f"cannot write {fifo}: Broken pipe"), written(fifo) as place:
+        assert place == fifo
+        place.write_text("x" * 1_000_000)  # more than a pipe holds: the reader has left
+    opener.join()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gone.md"]
