@@ -195,6 +195,8 @@ def test_interrupted_sweep_keeps_finished_rows(tmp_path: Path) -> None:
         (["--size", "tiny", "--ctx", "100000000"], "--ctx must be between 1 and"),
         (["--size", "tiny", "--steps", "0"], "--steps must be at least 1"),
         (["--size", "tiny", "--warmup", "-1"], "--warmup must be 0 or more"),
+        (["--size", "tiny", "--steps", str(10**20)], "--steps must be at most 1,000,000"),
+        (["--size", "tiny", "--warmup", "1000001"], "--warmup must be at most 1,000,000"),
         (["--size", "tiny", "--mode", "inference"], "unknown --mode 'inference'"),
         (["--size", "tiny", "--compile", "maybe"], "unknown --compile 'maybe'"),
         (["--size", "tiny", "--format", "xml"], "unknown --format 'xml'"),

@@ -40,7 +40,14 @@ from profkit.studies.attention_memory import (
     peak_estimate_bytes,
     sdpa_backend,
 )
-from profkit.workload.config import DEVICES, DTYPES, resolve_device
+from profkit.workload.config import (
+    DEVICES,
+    DTYPES,
+    MAX_BATCH,
+    MAX_CTX,
+    MAX_STEPS,
+    resolve_device,
+)
 from profkit.workload.model import naive_attention
 from profkit.workload.step import synchronize
 
@@ -105,8 +112,8 @@ class AttentionSettings:
     the allocation and its OOM killer would then end the whole run, not one cell."""
 
     def __post_init__(self) -> None:
-        _check_positive("--d-head", self.d_heads)
-        _check_positive("--seq", self.seqs)
+        _check_positive("--d-head", self.d_heads, MAX_CTX)
+        _check_positive("--seq", self.seqs, MAX_CTX)
         _check_choices("--impl", self.impls, IMPLS)
         _check_choices("--dtype", self.dtypes, DTYPES)
         _check_choices("--isolate", (self.isolate,), ISOLATIONS)
@@ -120,6 +127,9 @@ class AttentionSettings:
             raise BadInput(f"--iters must be at least 1, got {self.iters}")
         if self.warmup < 0:
             raise BadInput(f"--warmup must be 0 or more, got {self.warmup}")
+        _check_at_most("--batch", self.batch, MAX_BATCH)
+        _check_at_most("--iters", self.iters, MAX_STEPS)
+        _check_at_most("--warmup", self.warmup, MAX_STEPS)
         if self.threads is not None and self.threads < 1:
             raise BadInput(f"--threads must be at least 1, got {self.threads}")
 
@@ -165,12 +175,19 @@ class AttentionSettings:
         return cls(**fields)
 
 
-def _check_positive(option: str, values: tuple[int, ...]) -> None:
+def _check_positive(option: str, values: tuple[int, ...], most: int) -> None:
     if not values:
         raise BadInput(f"{option} needs at least one value")
     bad = [v for v in values if v < 1]
     if bad:
         raise BadInput(f"{option} values must be positive, got {bad[0]}")
+    _check_at_most(option, max(values), most)
+
+
+def _check_at_most(option: str, value: int, most: int) -> None:
+    """Larger values are typos, and past 64 bits the results DB cannot store them."""
+    if value > most:
+        raise BadInput(f"{option} must be at most {most:,}, got {value:,}")
 
 
 def _check_choices(option: str, values: tuple[str, ...], choices: tuple[str, ...]) -> None:

@@ -35,6 +35,9 @@ MULTICAST_OFF = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 MAX_THREADS = 1_024
+# A run of more steps than this is a typo; far larger ones (10**20) cannot even be stored
+# in the results DB's 64-bit integers.
+MAX_STEPS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,9 @@ class WorkloadConfig:
             raise BadInput(f"--warmup must be 0 or more, got {self.warmup}")
         if self.steps < 1:
             raise BadInput(f"--steps must be at least 1, got {self.steps}")
+        for option, value in (("--warmup", self.warmup), ("--steps", self.steps)):
+            if value > MAX_STEPS:
+                raise BadInput(f"{option} must be at most {MAX_STEPS:,}, got {value:,}")
         _check_choice("parallel", self.parallel, PARALLELS)
         if not 1 <= self.nproc <= MAX_NPROC:
             raise BadInput(f"--nproc must be between 1 and {MAX_NPROC}, got {self.nproc}")
