@@ -150,15 +150,16 @@ def file_kind(path: Path) -> str | None:
     return None
 
 
-def check_not_written(path: Path, written: Iterable[Path], option: str = "--out") -> None:
+def check_not_written(
+    path: Path, written: Iterable[Path], option: str = "--out", what: str = "a file this run writes"
+) -> None:
     """Refuse (:class:`BadInput`) an output path that is one of the files the command is
-    about to write itself (a trace, a snapshot, a report): the output would replace it."""
+    about to write itself (a trace, a snapshot, a report, another output): the output would
+    replace it, or it the output."""
     for target in written:
         if _same_file(Path(path), Path(target)):
             alias = "" if str(path) == str(target) else f" ({target})"
-            raise BadInput(
-                f"{option} {path} is a file this run writes{alias}: give {option} another file"
-            )
+            raise BadInput(f"{option} {path} is {what}{alias}: give {option} another file")
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -181,3 +181,14 @@ def test_a_several_rank_capture_writes_one_snapshot_per_rank() -> None:
         "memory-tiny-ctx16-train-fp32-ddp2-rank1.pickle",
         "memory-tiny-ctx16-train-fp32-ddp2-rank1.profkit.json",
     ]
+
+
+def test_two_outputs_into_one_file_are_refused_before_work(tmp_path: Path) -> None:
+    """``kernels --plot o.png --out o.png`` drew the picture, then wrote the markdown over it."""
+    from nsys_data import unpack
+
+    export = unpack("nsys-2025.3-h200x2-small-ddp2", tmp_path)
+    result = profkit("kernels", str(export), "--plot", "o.png", "--out", "./sub/../o.png",
+                     cwd=tmp_path)  # fmt: skip
+    refused(result, "--plot o.png is where --out writes too (sub/../o.png)")
+    assert not (tmp_path / "o.png").exists()

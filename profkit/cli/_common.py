@@ -27,7 +27,7 @@ from rich.markup import escape
 
 from profkit.cli.render import err_console
 from profkit.errors import BadInput, ProfkitError, ProfkitWarning
-from profkit.files import check_out_dir, check_output
+from profkit.files import check_not_written, check_out_dir, check_output
 from profkit.run.proc import check_timeout
 from profkit.workload.config import ATTENTIONS, DEVICES, DTYPES, MODES, PARALLELS, WorkloadConfig
 from profkit.workload.specs import SIZES
@@ -208,13 +208,20 @@ def _check_shared_options(kw: dict[str, Any], outputs: tuple[str, ...]) -> None:
     ``--db``): an output never overwrites what the command reads. An ``--out-dir`` must be a folder
     that can be written in (or made).
     """
-    for output in outputs:
-        if isinstance(kw.get(output), Path):
-            flag = "--" + output.replace("_", "-")
-            check_output(kw[output], _input_paths(kw, outputs), flag)
+    given = [output for output in outputs if isinstance(kw.get(output), Path)]
+    for index, output in enumerate(given):
+        flag = _flag(output)
+        check_output(kw[output], _input_paths(kw, outputs), flag)
+        # Two outputs into one file (--out o.png --plot o.png): the second replaced the first.
+        for other in given[:index]:
+            check_not_written(kw[output], [kw[other]], flag, f"where {_flag(other)} writes too")
     if isinstance(kw.get("out_dir"), Path):
         check_out_dir(kw["out_dir"])
     check_timeout(kw.get("timeout"))
+
+
+def _flag(parameter: str) -> str:
+    return "--" + parameter.replace("_", "-")
 
 
 # What writing to stdout fails with: the disk is full, stdout was closed, the device failed
