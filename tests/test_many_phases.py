@@ -105,3 +105,26 @@ def test_each_rank_shows_the_jobs_busiest_phases(tmp_path: Path) -> None:
         assert rows["kernels"].iloc[-1] == 12
         assert rows["gpu_time_ms"].iloc[-1] == pytest.approx(0.021)
     assert len(dict(rank_tables(ranked))["Phases per rank"]) == 2 * (STEPS + 2)
+
+
+def test_diff_in_the_terminal_shows_the_busiest_phases_then_the_rest_then_the_total(
+    steps: Path, tmp_path: Path
+) -> None:
+    from profkit.analysis.diff import diff
+    from profkit.traces.job import load
+
+    result = diff(load([steps, steps], cache=False, side_by_side=True))
+    (title, phases), *_ = result.display_tables(terminal=True)
+    assert title.endswith("(the 20 with most GPU time; all 32 phases: -f md/csv/json or --out)")
+    assert phases["phase"].tolist()[-2:] == ["12 more phases", "total"]
+    assert len(phases) == TERMINAL_ROWS + 2
+    rest = phases.iloc[-2]
+    assert (rest["A kernels"], rest["B kernels"]) == (12, 12)  # each load runs once a capture
+    assert rest["A ms"] == pytest.approx(0.021) and rest["Δ ms"] == 0 and rest["Δ %"] == 0
+    assert phases.iloc[-1]["A ms"] == pytest.approx(0.06 + 0.115)  # forward, backward per step
+    (_, every), *_ = result.display_tables()
+    assert len(every) == STEPS + 3  # md: every phase and the total
+    out = tmp_path / "diff.md"
+    args = ["diff", str(steps), str(steps), "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    assert all(f"| load {i:04d} " in out.read_text() for i in range(STEPS))

@@ -33,6 +33,7 @@ import pandas as pd
 from profkit.analysis import crosscheck
 from profkit.analysis.names import short_kernel_name
 from profkit.analysis.phase_marks import PhaseRanges
+from profkit.analysis.presentation import TERMINAL_ROWS, fold_rest, terminal_rows
 from profkit.analysis.report_types import KernelReport
 from profkit.errors import BadInput
 from profkit.formats import plural
@@ -169,14 +170,28 @@ class ProfileDiff:
             out.append((title, table))
         return out
 
-    def display_tables(self) -> list[tuple[str, pd.DataFrame]]:
-        """(title, table) pairs for people: short names, A/B headers, empty groups left out."""
+    def display_tables(self, terminal: bool = False) -> list[tuple[str, pd.DataFrame]]:
+        """(title, table) pairs for people: short names, A/B headers, empty groups left out.
+        ``terminal``: the phases busiest in A or B and one row for the rest
+        (:func:`~profkit.analysis.presentation.terminal_rows`)."""
         unit = "per step" if self.per_step else "total"
+        title = f"Phases — kernel launches; GPU ms {unit} (kernels, memcpy, memset)"
+        phases = self.phases
+        each = phases[phases["phase"] != "total"]  # the total row stays, last
+        keep = terminal_rows(each[["a_ms", "b_ms"]].max(axis=1).to_numpy()) if terminal else None
+        if keep is not None:
+            folded = fold_rest(each, keep, "phase", ("a_kernels", "b_kernels"))
+            rest = folded.iloc[-1]
+            folded.loc[len(folded) - 1, "delta_pct"] = (
+                100.0 * rest["delta_ms"] / rest["a_ms"] if rest["a_ms"] > 0 else np.nan
+            )
+            phases = pd.concat([folded, phases[phases["phase"] == "total"]], ignore_index=True)
+            title += (
+                f" (the {TERMINAL_ROWS} with most GPU time; all {len(each):,} phases: "
+                "-f md/csv/json or --out)"
+            )
         tables = [
-            (
-                f"Phases — kernel launches; GPU ms {unit} (kernels, memcpy, memset)",
-                _view(self.phases),
-            ),
+            (title, _view(phases)),
             (
                 f"Categories — kernel launches; GPU ms {unit} (kernels, memcpy, memset), all phases",
                 _view(self.categories),

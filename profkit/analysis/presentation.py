@@ -90,29 +90,33 @@ SUMMED = ("instances", "kernels", "memcpy", "memset", "share", SHARE)
 
 def _busiest(table: pd.DataFrame, key: str) -> pd.DataFrame:
     """``table``'s :data:`TERMINAL_ROWS` rows with most GPU time, in their order, and one
-    row for the rest (:func:`_fold`); ``table`` itself when that would hide at most one row."""
-    keep = _kept(table)
-    return table if keep is None else _fold(table, keep, key)
+    row for the rest (:func:`fold_rest`); ``table`` itself when that would hide at most one
+    row."""
+    keep = terminal_rows(table["gpu_time_ms"].to_numpy())
+    return table if keep is None else fold_rest(table, keep, key)
 
 
-def _kept(table: pd.DataFrame) -> np.ndarray | None:
-    """Which rows :func:`_busiest` keeps, or None for all."""
-    if len(table) <= TERMINAL_ROWS + 1:
+def terminal_rows(time_ms: np.ndarray) -> np.ndarray | None:
+    """Which rows a terminal shows: the :data:`TERMINAL_ROWS` with most ``time_ms``, or
+    None for all of them (when the rest would be one row or none)."""
+    if len(time_ms) <= TERMINAL_ROWS + 1:
         return None
-    order = np.argsort(-table["gpu_time_ms"].to_numpy(), kind="stable")
-    keep = np.zeros(len(table), dtype=bool)
+    order = np.argsort(-time_ms, kind="stable")
+    keep = np.zeros(len(time_ms), dtype=bool)
     keep[order[:TERMINAL_ROWS]] = True
     return keep
 
 
-def _fold(table: pd.DataFrame, keep: np.ndarray, key: str) -> pd.DataFrame:
-    """The rows where ``keep``, then one ``N more {key}s`` row of the others' counts and
-    times summed (none when there are no others)."""
+def fold_rest(
+    table: pd.DataFrame, keep: np.ndarray, key: str, summed: tuple[str, ...] = SUMMED
+) -> pd.DataFrame:
+    """The rows where ``keep``, then one ``N more {key}s`` row of the others' ``summed``
+    columns and ``*_ms`` times summed (none when there are no others)."""
     rest = table[~keep]
     if rest.empty:
         return table
-    summed = {c: rest[c].sum() for c in table.columns if c in SUMMED or c.endswith("_ms")}
-    more = pd.DataFrame([{key: f"{len(rest):,} more {key}s", **summed}], columns=table.columns)
+    sums = {c: rest[c].sum() for c in table.columns if c in summed or c.endswith("_ms")}
+    more = pd.DataFrame([{key: f"{len(rest):,} more {key}s", **sums}], columns=table.columns)
     return pd.concat([table[keep], more], ignore_index=True)
 
 
@@ -346,7 +350,7 @@ def rank_tables(report: RankedReport, terminal: bool = False) -> list[tuple[str,
     ``terminal``: each rank's phases are those the job's phase table shows (
     :func:`_busiest`), then one row for the rest."""
     rows, collectives, phases = [], [], []
-    keep = _kept(report.phases) if terminal else None
+    keep = terminal_rows(report.phases["gpu_time_ms"].to_numpy()) if terminal else None
     shown = None if keep is None else set(report.phases["phase"][keep])
     # The host only where ranks span several (several nodes' reports): else one value.
     several_hosts = len({entry.info.get("host") for entry in report.ranks}) > 1
@@ -367,7 +371,7 @@ def rank_tables(report: RankedReport, terminal: bool = False) -> list[tuple[str,
         collectives += [{"rank": who["rank"], **c} for c in comm.by_collective]
         table = entry.report.phases[["phase", "kernels", "gpu_time_ms"]]
         if shown is not None:
-            table = _fold(table, table["phase"].isin(shown).to_numpy(), "phase")
+            table = fold_rest(table, table["phase"].isin(shown).to_numpy(), "phase")
         phases += [{"rank": who["rank"], **r} for r in table.to_dict(orient="records")]
     tables = [(f"Ranks — world size {report.world_size}", pd.DataFrame(rows))]
     if report.nodes:

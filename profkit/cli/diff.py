@@ -75,7 +75,7 @@ def diff(
         job = load(paths, nsys, progress=progress, side_by_side=True)
     result = diff_lib.diff(job, per_step, top, noise, marks)
     fmt = file_format(fmt, out)
-    tables = result.data_tables() if fmt == "csv" else result.display_tables()
+    tables = result.data_tables() if fmt == "csv" else result.display_tables(fmt == "table")
     if fmt == "md":
         text = "\n\n".join(
             ["# profkit diff", "\n".join(f"- {line}" for line in result.lines())]
