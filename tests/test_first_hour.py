@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from cli_run import profkit
-from nsys_data import SMALL_FP32, unpack
+from nsys_data import PROBE, SMALL_FP32, unpack
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -309,3 +309,26 @@ def test_a_snapshot_of_older_code_says_its_sites_moved() -> None:
     assert "profkit/model.py, profkit/workload.py are not in this installation" in " ".join(
         result.stderr.split()
     )
+
+
+def test_clearing_or_trimming_the_cache_never_removes_a_users_own_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PROFKIT_CACHE_DIR pointed at a project that has a ``columns/`` folder of its own:
+    `cache clear` listed its subfolders as traces ("?") and removed them, and trimming
+    to the cap would have too. Only folders named as entries are the cache's."""
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PROFKIT_CACHE", raising=False)
+    mine = tmp_path / "columns" / "mydata"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("precious\n")
+    assert json.loads(invoke("cache", "info", "-f", "json"))["entries"] == 0
+    trace = tmp_path / "t.sqlite"
+    trace.write_bytes(PROBE.read_bytes())
+    monkeypatch.setenv("PROFKIT_CACHE_MAX_MB", "0.000001")  # every older entry goes
+    invoke("kernels", trace, "-n", "1")
+    held = json.loads(invoke("cache", "info", "-f", "json"))
+    assert [t["trace"] for t in held["traces"]] == [str(trace)]
+    cleared = runner.invoke(app, ["cache", "clear", "--yes"])
+    assert cleared.exit_code == 0 and "removed 1 cached trace(s)" in cleared.stderr
+    assert (mine / "notes.txt").read_text() == "precious\n"

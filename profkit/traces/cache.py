@@ -109,7 +109,7 @@ def entry_dir(trace: Path, variant: str = "") -> Path:
     """The entry's folder: named by a hash of the resolved path's bytes (any bytes: a path
     that is not UTF-8 has one too), and of the ``variant`` of the read it keeps, if any."""
     key = os.fsencode(trace.resolve()) + (b"\0" + variant.encode() if variant else b"")
-    digest = hashlib.sha256(key).hexdigest()[:24]
+    digest = hashlib.sha256(key).hexdigest()[: cache_size.NAME_LENGTH]
     return entries_dir() / digest
 
 

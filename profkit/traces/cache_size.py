@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -49,13 +50,20 @@ def max_bytes() -> int:
     return int(value * (1 << 20))
 
 
+NAME_LENGTH = 24
+"""An entry's folder is named by this many hex digits (of a hash of its trace's path)."""
+_ENTRY_NAME = re.compile(f"[0-9a-f]{{{NAME_LENGTH}}}")
+
+
 def entries(root: Path, index: str) -> list[Entry]:
     """Every entry under ``root`` (the cache's folder of entries; each entry's ``index``
-    file names its trace), most recently used first."""
+    file names its trace), most recently used first. Only folders named as entries are:
+    ``PROFKIT_CACHE_DIR`` may point into a user's own files, which clearing and trimming
+    must never remove."""
     found = []
     with contextlib.suppress(OSError):
         for child in os.scandir(root):
-            if child.name.startswith(".") or not child.is_dir(follow_symlinks=False):
+            if not _ENTRY_NAME.fullmatch(child.name) or not child.is_dir(follow_symlinks=False):
                 continue
             folder = Path(child.path)
             found.append(Entry(_trace_of(folder / index), folder, _size(folder), _used_at(folder)))
