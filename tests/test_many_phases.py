@@ -128,3 +128,24 @@ def test_diff_in_the_terminal_shows_the_busiest_phases_then_the_rest_then_the_to
     args = ["diff", str(steps), str(steps), "--out", str(out)]
     assert runner.invoke(app, args).exit_code == 0
     assert all(f"| load {i:04d} " in out.read_text() for i in range(STEPS))
+
+
+def test_compare_in_the_terminal_shows_the_busiest_phases_then_the_rest_then_the_total(
+    steps: Path, tmp_path: Path
+) -> None:
+    from profkit.analysis import side_by_side
+    from profkit.traces.job import load
+
+    fewer = named_steps(tmp_path / "fewer.sqlite", STEPS - 7)  # loads 0023-0029 missing
+    compared = side_by_side(load([steps, fewer], cache=False, side_by_side=True), tolerance=5.0)
+    table, cut = compared.terminal_table()
+    assert cut and len(compared.table) == STEPS + 3
+    assert table["phase"].tolist()[-2:] == ["12 more phases", "total"]
+    rest = table.iloc[-2]
+    # The 12 of A (21 µs) hold loads 0023, 0028 and 0029 (3, 1, 2 µs) that B lacks.
+    assert (rest["nsys#1 kernels"], rest["nsys#2 kernels"]) == (12, 9)
+    assert rest["nsys#1 gpu_time_ms"] == pytest.approx(0.021)
+    assert rest["nsys#2 gpu_time_ms"] == pytest.approx(0.015)
+    assert rest["nsys#2 vs nsys#1 %"] == pytest.approx(-600 / 21)
+    assert not rest["nsys#2 within 5%"]
+    assert table.iloc[-1].equals(compared.table.iloc[-1])  # the total as it was

@@ -35,6 +35,31 @@ class SideBySide:
 
     labels: list[str]
     table: pd.DataFrame
+    tolerance_pct: float = 5.0
+
+    def terminal_table(self) -> tuple[pd.DataFrame, bool]:
+        """The table for a terminal, and whether it was cut: the phases busiest in any
+        trace, one row for the others (their sums, compared as a phase is), then the total
+        (:func:`~profkit.analysis.presentation.terminal_rows`)."""
+        from profkit.analysis.presentation import fold_rest, terminal_rows
+
+        table, ref = self.table, self.labels[0]
+        each = table[table["phase"] != TOTAL]
+        times = each[[f"{label} gpu_time_ms" for label in self.labels]].max(axis=1)
+        keep = terminal_rows(times.to_numpy())
+        if keep is None:
+            return table, False
+        kernels = tuple(f"{label} kernels" for label in self.labels)
+        folded = fold_rest(each, keep, "phase", kernels)
+        last = len(folded) - 1
+        ref_ms = folded.at[last, f"{ref} gpu_time_ms"]
+        for label in self.labels[1:]:
+            diff = folded.at[last, f"{label} − {ref} gpu_time_ms"]
+            pct = 100.0 * diff / ref_ms if ref_ms != 0 else np.nan
+            folded.at[last, f"{label} vs {ref} %"] = pct
+            within = bool(abs(pct) <= self.tolerance_pct or diff == 0)
+            folded.at[last, f"{label} within {self.tolerance_pct:g}%"] = within
+        return pd.concat([folded, table[table["phase"] == TOTAL]], ignore_index=True), True
 
 
 def compare_reports(
@@ -50,7 +75,7 @@ def compare_reports(
         f"{x}#{labels[:i].count(x) + 1}" if labels.count(x) > 1 else x for i, x in enumerate(labels)
     ]
     steps = [(label, per_step(r.phases)) for label, r in zip(labels, reports, strict=True)]
-    return SideBySide(labels, compare_phases(steps, tolerance_pct=tolerance_pct))
+    return SideBySide(labels, compare_phases(steps, tolerance_pct=tolerance_pct), tolerance_pct)
 
 
 def compare_phases(

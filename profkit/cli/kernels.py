@@ -283,6 +283,8 @@ def _compare(
 ) -> None:
     """Traces side by side: their phases per step, each against the first."""
     from profkit import analysis
+    from profkit.analysis.presentation import TERMINAL_ROWS
+    from profkit.formats import file_format
 
     if job.why_apart is not None:
         err_console.print(
@@ -300,7 +302,14 @@ def _compare(
         "Per step: kernel launches and GPU ms (kernels, memcpy, memset) of each phase, "
         f"each trace against {compared.labels[0]}"
     )
-    emit_tables([(title, compared.table)], fmt, out, json_value=compared.table)
+    table = compared.table
+    if file_format(fmt, out) == "table":  # md, csv, json keep every phase
+        table, cut = compared.terminal_table()
+        if cut:
+            title += (
+                f" (the {TERMINAL_ROWS} phases with most GPU time; all: -f md/csv/json or --out)"
+            )
+    emit_tables([(title, table)], fmt, out, json_value=compared.table)
 
 
 def _mode(phases: str) -> PhaseMode:
