@@ -13,7 +13,7 @@ from rich.markup import escape
 from profkit.cli._common import PhaseRangesOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import err_console, progress_bar
-from profkit.errors import BadInput, warn
+from profkit.errors import BadInput
 from profkit.files import PROFILES_DIR, check_output
 
 if TYPE_CHECKING:
@@ -88,8 +88,8 @@ def report(
         raise BadInput("--plan chooses what --run measures; add --run")
     if not run and db is not None and not db.exists():  # a typo, not an empty DB
         raise BadInput(f"no results database at {db} (--db; --run makes one)")
-    if not run and profiles_given is not None and not profiles.exists():  # a typo, likely
-        warn(f"no folder at {profiles} (--profiles): the report has no trace sections")
+    if not run and profiles_given is not None and not profiles.exists():  # a typo too
+        raise BadInput(f"no folder at {profiles} (--profiles; --run makes one)")
     if run:
         _run(profiles, db_path, out.parent, plan)
     with err_console.status("writing the report") as status:
