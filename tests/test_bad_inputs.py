@@ -660,14 +660,3 @@ def test_an_export_with_a_full_path_too_long_for_sqlite_is_read(
     db = deep.with_name("results.db")
     shutil.copy(RESULTS, db)
     one_error(invoke("compare", "dtype", "--db", db), "longer than SQLite opens (about 500)")
-
-
-def test_report_with_a_profiles_folder_that_is_not_there_is_one_line(tmp_path: Path) -> None:
-    """An explicit --profiles that does not exist is a typo too: the report would be the
-    results DB's alone, every trace section skipped, exit 0."""
-    out = tmp_path / "r" / "R.md"
-    one_error(
-        invoke("report", "--db", RESULTS, "--profiles", tmp_path / "profiels", "--out", out),
-        f"no folder at {tmp_path / 'profiels'} (--profiles; --run makes one)",
-    )
-    assert not out.parent.exists()

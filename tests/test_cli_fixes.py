@@ -227,7 +227,7 @@ def file_digest(path: Path) -> str:
         ["bench", "--size", "tiny", "--ctx", "16", "--steps", "1", "--device", "cpu"],
         ["attention", "--d-head", "4", "--seq", "8", "--iters", "1", "--device", "cpu"],
         ["compare", "dtype"],
-        ["report", "--profiles", str(Path(__file__).parent)],  # a folder with no traces
+        ["report", "--profiles", "none"],
     ],
     ids=lambda args: args[0],
 )

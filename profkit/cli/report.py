@@ -14,19 +14,14 @@ from profkit.cli._common import PhaseRangesOpt, command
 from profkit.cli.app import app
 from profkit.cli.render import err_console, progress_bar
 from profkit.errors import BadInput
-from profkit.files import PROFILES_DIR, check_output
+from profkit.files import check_output
 
 if TYPE_CHECKING:
     from profkit.report.plan import Piece
     from profkit.report.run import Hooks, Outcome
 
 ProfilesOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--profiles",
-        help="Where traces (.sqlite, .json.gz) and snapshots are (default: profiles).",
-        show_default=False,
-    ),
+    Path, typer.Option("--profiles", help="Where traces (.sqlite, .json.gz) and snapshots are.")
 ]
 ReportDbOpt = Annotated[
     Path | None,
@@ -59,7 +54,7 @@ STATUS_STYLE = {"ran": "green", "present": "dim", "skipped": "yellow", "failed":
 
 @command(app)
 def report(
-    profiles_given: ProfilesOpt = None,
+    profiles: ProfilesOpt = Path("profiles"),
     db: ReportDbOpt = None,
     out: ReportOutOpt = Path("reports/REPORT.md"),
     run: RunOpt = False,
@@ -81,15 +76,12 @@ def report(
     # Traces without the marks are read as without the option (a report reads every trace).
     marks = PhaseRanges.parse(phase_ranges, strict=False)
 
-    profiles = profiles_given if profiles_given is not None else PROFILES_DIR
     db_path = db if db is not None else profiles / "results.db"
     check_output(out, [db_path])
     if plan != "auto" and not run:
         raise BadInput("--plan chooses what --run measures; add --run")
     if not run and db is not None and not db.exists():  # a typo, not an empty DB
         raise BadInput(f"no results database at {db} (--db; --run makes one)")
-    if not run and profiles_given is not None and not profiles.exists():  # a typo too
-        raise BadInput(f"no folder at {profiles} (--profiles; --run makes one)")
     if run:
         _run(profiles, db_path, out.parent, plan)
     with err_console.status("writing the report") as status:
