@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 import re
 import sqlite3
 import tempfile
