@@ -274,8 +274,8 @@ def test_compiled_next_to_eager_on_cpu() -> None:
         (["--iters", "0"], "--iters must be at least 1, got 0"),
         (["--warmup", "-1"], "--warmup must be 0 or more, got -1"),
         # past 64 bits: an OverflowError storing the row, before
-        (["--iters", str(10**20)], "--iters must be at most 1,000,000, got 100,000,000,"),
-        (["--seq", "8", str(10**20)], "--seq must be at most 65,536, got 100,000,000,"),
+        (["--iters", str(10**20)], "--iters must be at most 2,147,483,647, got 100,000,000,"),
+        (["--seq", "8", str(10**20)], "--seq must be at most 2,147,483,647, got 100,000,000,"),
         (["--batch", "5000"], "--batch must be at most 4,096, got 5,000"),
         (["--batch", "0"], "--batch must be at least 1, got 0"),
         (["--device", "tpu"], "unknown --device 'tpu'"),

@@ -44,7 +44,6 @@ from profkit.workload.config import (
     DEVICES,
     DTYPES,
     MAX_BATCH,
-    MAX_CTX,
     MAX_STEPS,
     resolve_device,
 )
@@ -112,8 +111,10 @@ class AttentionSettings:
     the allocation and its OOM killer would then end the whole run, not one cell."""
 
     def __post_init__(self) -> None:
-        _check_positive("--d-head", self.d_heads, MAX_CTX)
-        _check_positive("--seq", self.seqs, MAX_CTX)
+        # Past 32 bits a size overflows what is stored; below, a cell too large for the
+        # device is an OOM row or a skipped cell, as the grid promises.
+        _check_positive("--d-head", self.d_heads, MAX_SIZE)
+        _check_positive("--seq", self.seqs, MAX_SIZE)
         _check_choices("--impl", self.impls, IMPLS)
         _check_choices("--dtype", self.dtypes, DTYPES)
         _check_choices("--isolate", (self.isolate,), ISOLATIONS)
@@ -182,6 +183,9 @@ def _check_positive(option: str, values: tuple[int, ...], most: int) -> None:
     if bad:
         raise BadInput(f"{option} values must be positive, got {bad[0]}")
     _check_at_most(option, max(values), most)
+
+
+MAX_SIZE = 2**31 - 1
 
 
 def _check_at_most(option: str, value: int, most: int) -> None:
