@@ -13,9 +13,11 @@ from profkit.cli.render import console, emit_tables, err_console, read_progress
 from profkit.errors import BadInput
 
 if TYPE_CHECKING:  # the rest is imported where used: `--help` does not import pandas
+    from profkit.analysis.node_parts import NodeRanks, Options
     from profkit.analysis.phase_marks import PhaseRanges
     from profkit.analysis.phase_ranges import PhaseMode
     from profkit.analysis.report_types import KernelReport
+    from profkit.traces.host_calls import HostTrace
     from profkit.traces.job import Job
 
 PathArg = Annotated[
@@ -173,18 +175,9 @@ def kernels(
         nodes, hosts = None, None
     else:
         from profkit.analysis.node_parts import Options
-        from profkit.cluster.client import dask_client
-        from profkit.cluster.tasks import load_on
 
         options = Options(top, phase, range_, mode, marks)
-        with dask_client(workers, scheduler) as client, read_progress(label) as progress:
-            job, parts = load_on(client, paths, nsys, cache, progress, side_by_side=compare,
-                                 options=options, findings=True)  # fmt: skip
-        nodes = [p.node for p in parts]
-        if job.kind == "nodes" and all(n is not None for n in nodes):
-            hosts = []  # each node's host findings came with its ranks
-        elif all(p.host is not None for p in parts):
-            hosts = [p.host for p in parts if p.host is not None]
+        job, nodes, hosts = _read_on_dask(workers, scheduler, paths, nsys, cache, compare, options)
     if compare or job.kind == "side_by_side":
         if rank is not None:
             raise BadInput(f"--rank picks a rank of one job's traces; {_apart(job)}")
@@ -235,6 +228,33 @@ def kernels(
     if fmt == "table":
         for note in report.notes:
             console.print(f"[dim]• {note}[/]", highlight=False)
+
+
+def _read_on_dask(
+    workers: int | None,
+    scheduler: str | None,
+    paths: list[Path],
+    nsys: str | None,
+    cache: bool | None,
+    compare: bool,
+    options: Options,
+) -> tuple[Job, list[NodeRanks | None], list[HostTrace] | None]:
+    """``--workers``/``--scheduler``: the job read on Dask workers, each node's ranks
+    analysed where its file lies, and the host traces its findings need (an empty list
+    where the nodes brought their host findings; None: read them here, as in one
+    process, where a file's part lacks them)."""
+    from profkit.cluster.client import dask_client
+    from profkit.cluster.tasks import load_on
+
+    label = paths[0].name if len(paths) == 1 else f"{len(paths)} traces"
+    with dask_client(workers, scheduler) as client, read_progress(label) as progress:
+        job, parts = load_on(client, paths, nsys, cache, progress, side_by_side=compare,
+                             options=options, findings=True)  # fmt: skip
+    nodes = [p.node for p in parts]
+    if job.kind == "nodes" and all(n is not None for n in nodes):
+        return job, nodes, []  # each node's host findings came with its ranks
+    hosts = [p.host for p in parts if p.host is not None]
+    return job, nodes, hosts if len(hosts) == len(parts) else None
 
 
 def _findings_only(report: KernelReport, fmt: str, out: Path | None) -> None:
