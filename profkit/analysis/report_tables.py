@@ -154,10 +154,7 @@ def scope_report(
     by_phase = scope.by_phase_category.reshape(n, len(CATEGORIES), -1).sum(axis=1)
     sidecar = cols.meta.get("sidecar") or {}
     config = run_config(sidecar, cols.meta)
-    source = {
-        **source_of(cols.meta, phase, range_, top, config),
-        "phase_source": scope.phase_source,
-    }
+    source = {**query_source(cols.meta, phase, range_, top), "phase_source": scope.phase_source}
     instances, wall = range_spans(phase_ranges_of(scope))
     extra = pd.DataFrame.from_dict(scope.inferred_spans, orient="index",
                                    columns=["instances", "wall"])  # fmt: skip
