@@ -87,14 +87,27 @@ def table_id(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", head.lower()).strip("_") or "table"
 
 
-def to_jsonable(value: Any) -> Any:
-    """Plain JSON types: NaN becomes null, numpy scalars become Python numbers."""
+class Encoded(str):
+    """A value's JSON text, made already by :func:`dumps` (where it was cheaper: a node's
+    ranks on the worker that analysed them). :func:`dumps` writes it in as that value, at
+    its depth, as if it had encoded the value itself."""
+
+
+def to_jsonable(value: Any, encoded: list[Encoded] | None = None) -> Any:
+    """Plain JSON types: NaN becomes null, numpy scalars become Python numbers.
+    ``encoded``: where :class:`Encoded` texts are collected, each replaced by a mark
+    (:func:`dumps` puts the texts back); without it they are parsed again."""
+    if isinstance(value, Encoded):
+        if encoded is None:
+            return json.loads(value)
+        encoded.append(value)
+        return f"{_MARK}{len(encoded) - 1}"
     if isinstance(value, pd.DataFrame):
-        return [to_jsonable(r) for r in value.to_dict(orient="records")]
+        return [to_jsonable(r, encoded) for r in value.to_dict(orient="records")]
     if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
+        return {str(k): to_jsonable(v, encoded) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [to_jsonable(v) for v in value]
+        return [to_jsonable(v, encoded) for v in value]
     if hasattr(value, "item") and not isinstance(value, str | bytes):
         value = value.item()
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
@@ -102,8 +115,36 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+_MARK = "\x00profkit-encoded:"
+"""Where an :class:`Encoded` text goes, until it is put back (a NUL: no trace's name has one)."""
+_INDENT = re.compile(" *")
+_MARKED = re.compile(r'"\\u0000profkit-encoded:(\d+)"')
+
+
 def dumps(value: Any) -> str:
-    return json.dumps(to_jsonable(value), indent=2)
+    """``value`` as JSON, two spaces an indent level."""
+    encoded: list[Encoded] = []
+    text = json.dumps(to_jsonable(value, encoded), indent=2)
+    if not encoded:
+        return text
+
+    def put_back(mark: re.Match[str]) -> str:
+        line = text.rfind("\n", 0, mark.start()) + 1
+        indent = _INDENT.match(text, line)  # the line's indent: the value's depth
+        assert indent is not None  # it matches the empty string
+        return encoded[int(mark[1])].replace("\n", "\n" + indent[0])
+
+    return _MARKED.sub(put_back, text)
+
+
+def encoded_object(head: dict[str, Any], tail: Encoded) -> Encoded:
+    """The object of ``head``'s keys then those of ``tail`` (an object's text), encoded."""
+    if tail == "{}":
+        return Encoded(dumps(head))
+    first = dumps(head)
+    if first == "{}":
+        return tail
+    return Encoded(first[: -len("\n}")] + ",\n" + tail[len("{\n") :])
 
 
 def write_text(path: Path, text: str) -> None:

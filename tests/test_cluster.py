@@ -28,6 +28,7 @@ from nsys_data import unpack
 from profkit import analysis
 from profkit.analysis.node_parts import Options
 from profkit.cluster.tasks import load_on
+from profkit.formats import dumps
 from profkit.traces.host_calls import host_traces
 from profkit.traces.job import load
 
@@ -83,7 +84,7 @@ def _in_process(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
     job = load(paths, cache=False)
     hosts = host_traces(job.paths, job.files)
     report = analysis.kernel_report(job, consume=True, hosts=hosts, **options)
-    return json.loads(json.dumps(report.to_json(), default=str))
+    return json.loads(dumps(report.to_json()))  # as the command writes it
 
 
 def _on_workers(client: Any, paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
@@ -95,7 +96,7 @@ def _on_workers(client: Any, paths: list[Path], options: dict[str, Any]) -> dict
     report = analysis.kernel_report(
         job, consume=True, hosts=[], nodes=nodes, rank=options.get("rank"), **opts
     )
-    return json.loads(json.dumps(report.to_json(), default=str))
+    return json.loads(dumps(report.to_json()))  # as the command writes it
 
 
 @pytest.mark.parametrize(

@@ -240,7 +240,13 @@ def _ranked(waits: list[list[float]], exposed: list[float]) -> Any:
         SimpleNamespace(info={"rank": r}, comm=SimpleNamespace(to_json=lambda c=c: c))
         for r, c in enumerate(comm)
     ]
-    return SimpleNamespace(ranks=ranks, steps=pd.DataFrame(rows), world_size=len(exposed))
+    from profkit.analysis.report_types import RankedReport
+
+    empty = pd.DataFrame()
+    return RankedReport(
+        {}, {}, empty, empty, empty, empty, empty, ranks=ranks,  # type: ignore[arg-type]
+        steps=pd.DataFrame(rows), world_size=len(exposed),
+    )  # fmt: skip
 
 
 def test_straggler_needs_the_same_rank_step_after_step() -> None:

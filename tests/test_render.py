@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from profkit.analysis.crosscheck import compare_phases
-from profkit.formats import markdown_table
+from profkit.formats import Encoded, dumps, encoded_object, markdown_table
 
 
 def test_markdown_shows_kernel_names_as_code_and_escapes_pipes() -> None:
@@ -138,3 +139,31 @@ def test_fit_names_keeps_different_names_different() -> None:
     assert fit_names([reduce], 90) == [
         "reduce_kernel<512, 1, ReduceOp<float, func_wrapper_t<float, sum_functor<float>>, float>>"
     ]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": 1, "ranks": [{"x": [1, 2, {"y": None}], "z": "é\u0000"}, {}, []], "b": 2.5},
+        [[{"deep": {"er": [float("nan"), 3]}}]],
+        {"only": {}},
+    ],
+)
+def test_encoded_json_is_written_in_as_its_value(value: object) -> None:
+    """JSON text made already (a node's ranks, on its worker) gives the text ``dumps``
+    gives of the value itself, at any depth, in objects and lists, empty or not."""
+
+    def encoded(v: object) -> object:  # every container below the top made already
+        if isinstance(v, dict):
+            return {k: Encoded(dumps(x)) if isinstance(x, dict | list) else x for k, x in v.items()}
+        if isinstance(v, list):
+            return [Encoded(dumps(x)) if isinstance(x, dict | list) else x for x in v]
+        return v
+
+    assert dumps(encoded(value)) == dumps(value)
+    head, tail = {"rank": 3, "host": "n1"}, {"kernels": 5, "phases": [{"p": 1}]}
+    joined = encoded_object(head, Encoded(dumps(tail)))
+    assert joined == dumps({**head, **tail})
+    assert dumps({"ranks": [joined]}) == dumps({"ranks": [{**head, **tail}]})
+    assert encoded_object({}, Encoded(dumps(tail))) == dumps(tail)
+    assert encoded_object(head, Encoded("{}")) == dumps(head)

@@ -27,8 +27,10 @@ temporaries.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from profkit.analysis import chunked
 from profkit.analysis.attribution import Plan, attributed, plan_of
@@ -50,7 +52,13 @@ from profkit.analysis.rank_layout import (
     RankView,
     rank_views,
 )
-from profkit.analysis.report_tables import Scope, rank_scope, scope_report, whole_scope
+from profkit.analysis.report_tables import (
+    Scope,
+    rank_scope,
+    scope_phases,
+    scope_report,
+    whole_scope,
+)
 from profkit.analysis.report_types import KernelReport, RankedReport, RankEntry
 from profkit.analysis.selection import Selection, check_options, no_range, phase_index, range_labels
 from profkit.analysis.steps import step_starts, step_table
@@ -89,6 +97,76 @@ def analyze_columns(
     if layout is not None and rank is not None and rank not in [p["rank"] for p in layout.info]:
         known = ", ".join(str(p["rank"]) for p in layout.info) or "none"
         raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
+    summed = _summed(cols, top, phase, range, phase_domain, phases, layout, phase_ranges)
+    if layout is None:
+        return scope_report(cols, summed.whole(), summed.categories, top, phase, range)
+    if entries is None:
+        entries = _rank_entries(summed, layout, top, phase, range)
+    else:
+        for entry, info in zip(entries, layout.info, strict=True):
+            entry.info = info
+    chosen = [e for e in entries if rank is None or e.info["rank"] == rank]
+    if rank is not None:
+        report_of_all = chosen[0].report
+    else:
+        report_of_all = scope_report(cols, summed.whole(), summed.categories, top, phase, range)
+    fields = KernelReport.__dataclass_fields__
+    report = RankedReport(**{f: getattr(report_of_all, f) for f in fields})
+    report.source = {**report_of_all.source, "ranks": len(layout.info), "rank": rank}
+    report.ranks = chosen
+    report.every_rank = [dict(info) for info in layout.info]
+    report.steps = step_table([e.steps for e in entries])
+    report.world_size = max([p.get("world_size") or 0 for p in layout.info] + [len(layout.info)])
+    return report
+
+
+def rank_entries(
+    cols: ActivityColumns,
+    layout: Layout,
+    top: int = 20,
+    phase: str | None = None,
+    range: str | None = None,
+    phases: PhaseMode = "auto",
+    phase_ranges: PhaseRanges | None = None,
+) -> tuple[list[RankEntry], pd.DataFrame]:
+    """The ranks' entries of :func:`analyze_columns` and the whole trace's phase table,
+    without the whole trace's other tables and steps: what a node of a job analysed alone
+    gives (:mod:`.node_parts`; the job's own tables are made from every node's)."""
+    summed = _summed(cols, top, phase, range, None, phases, layout, phase_ranges)
+    entries = _rank_entries(summed, layout, top, phase, range)
+    return entries, scope_phases(cols, summed.whole(), phase)
+
+
+@dataclass
+class _Summed:
+    """The columns' sums as a query (its phase, range) keeps them, by rank."""
+
+    cols: ActivityColumns
+    plan: Plan
+    views: list[RankView]
+    att: _Attribution
+    labels: np.ndarray
+    selection: Selection
+    sums: Sums
+    by_range: np.ndarray
+    categories: np.ndarray
+
+    def whole(self) -> Scope:
+        return whole_scope(self.cols, self.plan, self.sums, self.by_range, self.labels)
+
+
+def _summed(
+    cols: ActivityColumns,
+    top: int,
+    phase: str | None,
+    range: str | None,
+    phase_domain: str | None,
+    phases: PhaseMode,
+    layout: Layout | None,
+    phase_ranges: PhaseRanges | None,
+) -> _Summed:
+    """The plan, the ranks' views and the sums of what ``phase``/``range`` keep, each
+    refusal one line."""
     check_options(top, phases)
     plan = plan_of(cols, phase_domain, phases, phase_ranges)
     views = [RankView.whole(cols, plan)] if layout is None else rank_views(cols, plan, layout)
@@ -117,30 +195,7 @@ def analyze_columns(
             raise RanksUntold(f"rank {r}: {ACTIVITY_ELSEWHERE} ({name!r})")
     by_range = sums.by_range(plan)
     categories = name_codes(cols)[1]
-    if layout is None:
-        scope = whole_scope(cols, plan, sums, by_range, labels)
-        return scope_report(cols, scope, categories, top, phase, range)
-    if entries is None:
-        scopes = [rank_scope(cols, plan, sums, v, r, by_range, labels) for r, v in enumerate(views)]
-        reports = [scope_report(cols, s, categories, top, phase, range) for s in scopes]
-        entries = _rank_entries(cols, layout, att, selection, sums, scopes, reports)
-    else:
-        for entry, info in zip(entries, layout.info, strict=True):
-            entry.info = info
-    chosen = [e for e in entries if rank is None or e.info["rank"] == rank]
-    if rank is not None:
-        report_of_all = chosen[0].report
-    else:
-        scope = whole_scope(cols, plan, sums, by_range, labels)
-        report_of_all = scope_report(cols, scope, categories, top, phase, range)
-    fields = KernelReport.__dataclass_fields__
-    report = RankedReport(**{f: getattr(report_of_all, f) for f in fields})
-    report.source = {**report_of_all.source, "ranks": len(layout.info), "rank": rank}
-    report.ranks = chosen
-    report.every_rank = [dict(info) for info in layout.info]
-    report.steps = step_table([e.steps for e in entries])
-    report.world_size = max([p.get("world_size") or 0 for p in layout.info] + [len(layout.info)])
-    return report
+    return _Summed(cols, plan, views, att, labels, selection, sums, by_range, categories)
 
 
 class _Attribution:
@@ -222,23 +277,23 @@ def _seen(
 
 
 def _rank_entries(
-    cols: ActivityColumns,
-    layout: Layout,
-    att: _Attribution,
-    selection: Selection,
-    sums: Sums,
-    scopes: list[Scope],
-    reports: list[KernelReport],
+    summed: _Summed, layout: Layout, top: int, phase: str | None, range_: str | None
 ) -> list[RankEntry]:
     """Each rank's entry: its report, its NCCL overlap and its steps (the second pass)."""
+    cols, plan, sums = summed.cols, summed.plan, summed.sums
+    scopes = [
+        rank_scope(cols, plan, sums, v, r, summed.by_range, summed.labels)
+        for r, v in enumerate(summed.views)
+    ]
+    reports = [scope_report(cols, s, summed.categories, top, phase, range_) for s in scopes]
     kernel_name = name_codes(cols)[0] == KERNEL
     names = np.array(cols.names, dtype=object)
     nccl_name = kernel_name & is_nccl(names)
     starts = [_first_steps(s, rep) for s, rep in zip(scopes, reports, strict=True)]
-    arrays = {} if selection.everything else att.arrays
+    arrays = {} if summed.selection.everything else summed.att.arrays
     unions = nccl_unions(sums.nccl)
     found = second_pass(
-        cols, layout.rank, arrays, selection, kernel_name & ~nccl_name, unions, starts
+        cols, layout.rank, arrays, summed.selection, kernel_name & ~nccl_name, unions, starts
     )
     entries = []
     for r, (info, report) in enumerate(zip(layout.info, reports, strict=True)):

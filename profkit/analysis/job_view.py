@@ -17,7 +17,7 @@ import pandas as pd
 
 from profkit.analysis.presentation import NODES_TITLE, node_table, rank_tables
 from profkit.analysis.report_types import RankedReport
-from profkit.analysis.steps import job_summary, last_to_join
+from profkit.analysis.steps import last_to_join
 
 MANY_RANKS = 8
 """Above this many ranks the terminal shows the job, not every rank: one node of 8 GPUs
@@ -48,7 +48,7 @@ def rank_numbers(report: RankedReport, job: dict[str, Any] | None = None) -> pd.
     """One row per rank, in rank order: who it is, its mean step (the JSON's
     ``job.ranks[].mean_step_ms``), GPU time, NCCL time, exposed and waiting NCCL time, and
     in how many steps it was the slowest."""
-    job = job_summary(report.steps, report.world_size) if job is None else job
+    job = report.job() if job is None else job
     per_rank = {int(r["rank"]): r for r in job["ranks"]}
     slowest = pd.Series([s["slowest_rank"] for s in job["steps"]], dtype="int64").value_counts()
     rows = []
@@ -218,7 +218,7 @@ def nodes_summary(report: RankedReport, many: int = MANY_NODES) -> list[tuple[st
 
 def job_tables(report: RankedReport) -> list[tuple[str, pd.DataFrame]]:
     """The job of many ranks as a few short tables, titled."""
-    job = job_summary(report.steps, report.world_size)
+    job = report.job()
     numbers = rank_numbers(report, job)
     steps = len(job["steps"])
     hosts = len({e.info.get("host") for e in report.ranks})

@@ -290,7 +290,9 @@ def joined_columns(
     kinds: list[str] = []
     threads: list[np.ndarray] = []
     ranges: list[pd.DataFrame] = []
-    at = 0
+    range_shift: list[np.ndarray] = []
+    range_thread: list[np.ndarray] = []
+    at = before = 0  # activities, launching threads of the traces before
     for node, (cols, rekey, shift) in enumerate(zip(nodes, rekeys, shifts, strict=True)):
         code = np.array([names.setdefault(n, len(names)) for n in cols.names], dtype=np.int32)
         known = len(kinds)  # the names first seen in this node, in their order
@@ -301,25 +303,30 @@ def joined_columns(
         arrays["name"][rows] = code[a["name"]]
         arrays["duration"][rows] = a["duration"]
         arrays["launch_start"][rows] = np.where(launch >= 0, launch + shift, launch)
-        before = sum(len(t) for t in threads)  # launch threads coded after the nodes before
         arrays["launch_thread"][rows] = np.where(thread >= 0, thread + before, thread)
         arrays[START][rows] = a[START] + shift
         arrays[DEVICE][rows] = a[DEVICE].astype(np.int32) + node * stride  # GPUs apart
         at += len(cols)
         threads.append(rekey(np.asarray(cols.threads, dtype=np.int64)))
-        moved = cols.ranges.copy()
-        moved["start"], moved["end"] = moved["start"] + shift, moved["end"] + shift
-        moved["thread"] = rekey(moved["thread"].to_numpy(np.int64))
-        ranges.append(moved)
+        before += len(threads[-1])
+        ranges.append(cols.ranges)  # moved and rekeyed once joined: a frame's edits cost ms
+        range_shift.append(np.full(len(cols.ranges), shift, dtype=np.int64))
+        range_thread.append(rekey(cols.ranges["thread"].to_numpy(np.int64)))
         if consume:  # copied: free the node's arrays (what reads its shapes stays)
             cols.arrays = {SHAPE: a[SHAPE]} if SHAPE in a else {}
+    joined = pd.concat(ranges, ignore_index=True)
+    if len(joined):
+        moved = np.concatenate(range_shift)
+        joined["start"] = joined["start"].to_numpy() + moved
+        joined["end"] = joined["end"].to_numpy() + moved
+        joined["thread"] = np.concatenate(range_thread)
     return ActivityColumns(
         arrays=arrays,
         names=list(names),
         kinds=kinds,
         shapes=[],
         threads=np.concatenate(threads),
-        ranges=pd.concat(ranges, ignore_index=True),
+        ranges=joined,
     )
 
 

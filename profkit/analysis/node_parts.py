@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from profkit.analysis.comm import is_nccl
-from profkit.analysis.engine import analyze_columns
-from profkit.analysis.findings import HostPart, host_part
-from profkit.analysis.joins import analyze_node_columns, merge_nodes
+from profkit.analysis.engine import analyze_columns, rank_entries
+from profkit.analysis.findings import HostPart, host_side
+from profkit.analysis.joins import merge_node_columns, merge_nodes
 from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import PhaseMode
 from profkit.analysis.rank_comm import ColumnSteps, kernels_reader
@@ -61,18 +61,22 @@ def node_ranks(cols: ActivityColumns, host: HostTrace | None, options: Options) 
     None where it cannot be a node of a job (the client's join says why, from every file).
     ``host``: its API calls, for the host-side findings (None: no findings asked)."""
     try:
-        report = analyze_node_columns(
-            [cols], options.top, options.phase, options.range, None, False, options.phases,
+        merged, layout, real = merge_node_columns([cols])
+        entries, phases = rank_entries(
+            merged, layout, options.top, options.phase, options.range, options.phases,
             options.phase_ranges,
         )  # fmt: skip
     except BadInput:
         return None
-    found = None if host is None else host_part(report, [cols], [host])
-    for entry in report.ranks:
+    for entry in entries:  # as analyze_node_columns: each rank's real pid, host, GPU
+        entry.info.update(real[entry.info["rank"]])
+    every_rank = [{**info, **real[info["rank"]]} for info in layout.info]
+    found = None if host is None else host_side(phases, every_rank, [cols], [host])
+    for entry in entries:
         assert isinstance(entry.steps, ColumnSteps)
         entry.steps = entry.steps.moved(entry.steps.rank, 0)  # its reader reads this node
-        entry.tables_json = entry.made_json()  # made here, not on the client, rank by rank
-    return NodeRanks(report.ranks, found)
+        entry.encode()  # its JSON made here, not on the client, rank by rank
+    return NodeRanks(entries, found)
 
 
 def join_node_ranks(

@@ -116,7 +116,7 @@ def ordered_phase_names(annotated: list[str], inferred: np.ndarray) -> tuple[lis
     names = list(annotated)
     lowered = {name.lower(): i for i, name in enumerate(names)}
     remap = np.full(len(PHASES) + 1, -1, dtype=np.int64)  # the last slot maps NO_PHASE
-    present = set(np.unique(inferred).tolist())
+    present = set(inferred.tolist())  # a rank's steps: few (np.unique costs more)
     for code, phase in enumerate(PHASES):
         if code in present:
             if phase not in lowered:

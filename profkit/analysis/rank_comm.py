@@ -44,7 +44,9 @@ class ColumnSteps(RankSteps):
     """A rank's steps: ``step`` ... ``is_kernel`` hold its NCCL kernels only (what
     :func:`.steps.nccl_waits` reads); the step table is made already."""
 
-    made: pd.DataFrame = field(default_factory=pd.DataFrame)
+    made: dict[str, np.ndarray] = field(default_factory=dict)
+    """Its step table's columns (``step``, ``start``, ``end``, ``nccl_ms``), as arrays: a
+    frame a rank costs ms each, which 1,024 ranks feel."""
     read_kernels: Callable[[int], pd.DataFrame] | None = None
     starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """Its steps' starts (:func:`.steps.step_starts`): what reads a step's kernels again."""
@@ -52,19 +54,15 @@ class ColumnSteps(RankSteps):
     def moved(self, rank: int, shift: int) -> ColumnSteps:
         """These steps as rank ``rank``'s, ``shift`` ns later (a node analysed alone, put
         on its job's clock), without their reader (``read_kernels``: the job's columns')."""
-        m = self.made  # built from arrays: pandas' column edits cost ms a rank
-        made = pd.DataFrame(
-            {"step": m["step"].to_numpy(), "start": m["start"].to_numpy() + shift,
-             "end": m["end"].to_numpy() + shift, "nccl_ms": m["nccl_ms"].to_numpy(),
-             "rank": np.full(len(m), rank, dtype=np.int64)},
-        )  # fmt: skip
+        m = self.made
+        made = {**m, "start": m["start"] + shift, "end": m["end"] + shift}
         return ColumnSteps(
             rank, self.step, self.start + shift, self.end + shift, self.nccl, self.is_kernel,
             made, None, self.starts + shift,
         )  # fmt: skip
 
-    def table(self) -> pd.DataFrame:
-        return self.made
+    def table_columns(self) -> dict[str, np.ndarray]:
+        return {**self.made, "rank": np.full(len(self.made["step"]), self.rank, np.int64)}
 
     def kernels_of(self, step: int) -> pd.DataFrame:
         if self.read_kernels is None:
@@ -212,14 +210,12 @@ def rank_steps(
     step = np.searchsorted(starts[r], np.where(launch >= 0, launch, start), side="right") - 1
     present = np.flatnonzero(found.count[cells] > 0)
     nccl_ns = np.bincount(step[step >= 0], weights=duration[step >= 0], minlength=len(starts[r]))
-    made = pd.DataFrame(
-        {
-            "step": present.astype(np.int64),
-            "start": found.span_start[cells][present],
-            "end": found.span_end[cells][present],
-            "nccl_ms": nccl_ns[present].astype(np.int64) / NS_PER_MS,
-        }
-    ).assign(rank=r)
+    made = {
+        "step": present.astype(np.int64),
+        "start": found.span_start[cells][present],
+        "end": found.span_end[cells][present],
+        "nccl_ms": nccl_ns[present].astype(np.int64) / NS_PER_MS,
+    }
     every = np.ones(len(step), dtype=bool)
     return ColumnSteps(
         r, step, start, start + duration, every, every, made, read_kernels, starts[r]

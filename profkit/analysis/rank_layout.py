@@ -156,13 +156,22 @@ def rank_views(cols: ActivityColumns, plan: Plan, layout: Layout) -> list[RankVi
     thread_pid = (np.asarray(cols.threads, dtype=np.int64) >> PROCESS_SHIFT) & PROCESS_MASK
     step_phases = plan.step_phases
     step_pid = _step_processes(plan, step_phases[:, 0]) & PROCESS_MASK
+    n = len(layout.info)
+    # Each rank's rows, grouped once: a comparison a rank over every row is n^2 at 1,024
+    range_rows_of = _rows_of(layout.range_rank, n)
+    phases_of = _rows_of(_rank_of_pid(phase_pid, layout), n)
+    threads_of = _rows_of(_rank_of_pid(thread_pid, layout), n)
+    steps_of = _rows_of(_rank_of_pid(step_pid, layout), n)
+    owners_of: dict[int, dict[int, int]] = {}
+    for p, t in plan.owners.items():
+        owners_of.setdefault(p & PROCESS_MASK, {})[p] = t
     views = []
     for r, info in enumerate(layout.info):
         pid = info["pid"]
-        range_rows = np.flatnonzero(layout.range_rank == r)
-        mine = np.flatnonzero(phase_pid == pid)
+        range_rows = range_rows_of[r]
+        mine = phases_of[r]
         annotated = list(dict.fromkeys(plan.phase_names[c] for c in plan.phase_code[mine].tolist()))
-        own_steps = step_phases[step_pid == pid]
+        own_steps = step_phases[steps_of[r]]
         uses = np.isin(own_steps[:, 0], plan.inferred_steps)
         names, remap = ordered_phase_names(annotated, own_steps[uses, 1])
         local = {name: i for i, name in enumerate(names[:-1])}
@@ -175,11 +184,29 @@ def rank_views(cols: ActivityColumns, plan: Plan, layout: Layout) -> list[RankVi
         spans = {}
         if plan.inference is not None and uses.any():
             spans = plan.inference.spans.per_phase(np.unique(own_steps[uses, 0]), inferred_names)
-        owners = {p: t for p, t in plan.owners.items() if p & PROCESS_MASK == pid}
+        owners = owners_of.get(pid, {})
         source = phase_source(uses, bool(annotated), plan.mode)
-        views.append(RankView(range_rows, names, to_local, thread_pid == pid, owners, source,
-                              spans))  # fmt: skip
+        threads = np.zeros(len(thread_pid), dtype=bool)
+        threads[threads_of[r]] = True
+        views.append(RankView(range_rows, names, to_local, threads, owners, source, spans))
     return views
+
+
+def _rank_of_pid(pids: np.ndarray, layout: Layout) -> np.ndarray:
+    """The rank of each process key (-1: none of the layout's ranks)."""
+    known = np.array([info["pid"] for info in layout.info], dtype=np.int64)
+    order = np.argsort(known, kind="stable")
+    at = np.searchsorted(known[order], pids).clip(max=max(len(known) - 1, 0))
+    if not len(known):
+        return np.full(len(pids), -1, dtype=np.int64)
+    return np.where(known[order][at] == pids, order[at], -1)
+
+
+def _rows_of(rank: np.ndarray, n: int) -> list[np.ndarray]:
+    """Per rank 0..n-1, the rows whose ``rank`` it is, in row order."""
+    order = np.argsort(rank, kind="stable")
+    bounds = np.searchsorted(rank[order], np.arange(n + 1))
+    return [order[bounds[r] : bounds[r + 1]] for r in range(n)]
 
 
 def _step_processes(plan: Plan, steps: np.ndarray) -> np.ndarray:

@@ -150,23 +150,15 @@ def scope_report(
 ) -> KernelReport:
     """Every table and note of a scope's report (``categories``: per name code, the index
     of its category, :func:`.sums.name_codes`)."""
-    n = len(scope.names)
-    by_phase = scope.by_phase_category.reshape(n, len(CATEGORIES), -1).sum(axis=1)
+    by_phase = _by_phase(scope)
     sidecar = cols.meta.get("sidecar") or {}
     config = run_config(sidecar, cols.meta)
     source = {**query_source(cols.meta, phase, range_, top), "phase_source": scope.phase_source}
-    instances, wall = range_spans(phase_ranges_of(scope))
-    extra = pd.DataFrame.from_dict(scope.inferred_spans, orient="index",
-                                   columns=["instances", "wall"])  # fmt: skip
-    spans = (
-        instances.add(extra["instances"], fill_value=0).astype(np.int64),
-        wall.add(extra["wall"], fill_value=0),
-    )
     per_phase, overall = kernel_tables(scope.stats, cols, categories, scope.names)
     report = KernelReport(
         source=source,
         totals=totals_of(scope.by_phase_category),
-        phases=phase_table(by_phase, scope.names, spans, sidecar, phase is not None),
+        phases=scope_phases(cols, scope, phase, by_phase),
         ranges=range_table(scope.by_range, scope.ranges, scope.labels, config, range_ or phase),
         kernels=per_phase,
         overall=overall,
@@ -187,6 +179,28 @@ def scope_report(
     said = [] if scope.phase_source == "inferred" else [story.phases_from]  # else: notes' own
     report.notes = [*said, *story.notes, *report.notes]
     return report
+
+
+def scope_phases(
+    cols: ActivityColumns, scope: Scope, phase: str | None, by_phase: np.ndarray | None = None
+) -> pd.DataFrame:
+    """The scope's phase table alone (:func:`scope_report`'s ``phases``)."""
+    by_phase = _by_phase(scope) if by_phase is None else by_phase
+    instances, wall = range_spans(phase_ranges_of(scope))
+    extra = pd.DataFrame.from_dict(scope.inferred_spans, orient="index",
+                                   columns=["instances", "wall"])  # fmt: skip
+    spans = (
+        instances.add(extra["instances"], fill_value=0).astype(np.int64),
+        wall.add(extra["wall"], fill_value=0),
+    )
+    sidecar = cols.meta.get("sidecar") or {}
+    return phase_table(by_phase, scope.names, spans, sidecar, phase is not None)
+
+
+def _by_phase(scope: Scope) -> np.ndarray:
+    """(phase, QUANTITIES): the scope's sums over categories."""
+    n = len(scope.names)
+    return scope.by_phase_category.reshape(n, len(CATEGORIES), -1).sum(axis=1)
 
 
 def query_source(

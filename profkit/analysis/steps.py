@@ -60,6 +60,10 @@ class RankSteps:
 
     def table(self) -> pd.DataFrame:
         """Per step: GPU span start/end and NCCL time."""
+        return pd.DataFrame(self.table_columns())
+
+    def table_columns(self) -> dict[str, np.ndarray]:
+        """:meth:`table`'s columns (``step``, ``start``, ``end``, ``nccl_ms``, ``rank``)."""
         inside = self.step >= 0
         frame = pd.DataFrame(
             {
@@ -73,7 +77,8 @@ class RankSteps:
             start=("start", "min"), end=("end", "max"), nccl_ns=("nccl_ns", "sum")
         )
         out["nccl_ms"] = out.pop("nccl_ns") / NS_PER_MS
-        return out.reset_index().assign(rank=self.rank)
+        out = out.reset_index().assign(rank=self.rank)
+        return {c: out[c].to_numpy() for c in out.columns}
 
 
 def step_starts(ranges: pd.DataFrame, first_phase: str) -> np.ndarray:
@@ -121,10 +126,11 @@ def nccl_waits(ranks: list[RankSteps]) -> pd.DataFrame:
 
 def step_table(ranks: list[RankSteps]) -> pd.DataFrame:
     """One row per (step, rank): ``step_ms`` (GPU span), ``nccl_ms``, ``nccl_wait_ms``."""
-    frames = [t for t in (r.table() for r in ranks) if not t.empty]
-    if not frames:
+    # One frame from every rank's columns (a frame per rank costs ms each: 1,024 ranks)
+    parts = [c for c in (r.table_columns() for r in ranks) if len(c["step"])]
+    if not parts:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    table = pd.concat(frames, ignore_index=True)
+    table = pd.DataFrame({c: np.concatenate([p[c] for p in parts]) for c in parts[0]})
     table["step_ms"] = (table["end"] - table["start"]) / NS_PER_MS
     table = table.merge(nccl_waits(ranks), on=["step", "rank"], how="left")
     table["nccl_wait_ms"] = table.pop("wait_ms").fillna(0.0).astype(float)

@@ -224,7 +224,7 @@ def kernels(
             )
         else:
             tables = rank_tables(report, terminal) + tables
-    emit_tables(tables, fmt, out, json_value=report.to_json())
+    emit_tables(tables, fmt, out, json_value=report.to_json() if fmt == "json" else None)
     if fmt == "table":
         for note in report.notes:
             console.print(f"[dim]• {note}[/]", highlight=False)

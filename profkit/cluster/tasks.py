@@ -13,7 +13,7 @@ workers are; paths are the workers' (a shared filesystem, as on a cluster).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import numpy as np
 from profkit.analysis.node_parts import NodeRanks, Options, node_ranks
 from profkit.cluster.client import map_files
 from profkit.cores import limited
-from profkit.traces.columns import SHAPE, ActivityColumns, Progress
+from profkit.traces.columns import SHAPE, ActivityColumns, Progress, ShapeReader
 from profkit.traces.host_calls import HostTrace, host_traces
 from profkit.traces.job import NSYS_FORMAT, Job, together
 from profkit.traces.load import load_columns, shape_reader
@@ -39,6 +39,10 @@ class FilePart:
     columns: ActivityColumns
     node: NodeRanks | None
     host: HostTrace | None
+    shapes: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """The launch shapes the node's analysis read, by row: the rows the job's tables ask
+    for are among them (each rank's longest kernel of a name and phase), so the client
+    reads no file for them."""
 
 
 def file_part(
@@ -55,10 +59,39 @@ def file_part(
     with limited(1):  # the worker's parallelism is its tasks (profkit.cores)
         cols = load_columns(path, nsys, cache, None, timed=several)
         host = host_traces([Path(path)], [cols])[0] if findings else None  # through the cache
-        node = None
+        node, read = None, _Recorded(cols.read_shapes)
         if several and options is not None and cols.meta.get("format") == NSYS_FORMAT:
-            node = node_ranks(cols, host, options)
-        return FilePart(_portable(cols), node, None if node is not None else host)
+            kept, cols.read_shapes = cols.read_shapes, read if cols.read_shapes else None
+            try:
+                node = node_ranks(cols, host, options)
+            finally:
+                cols.read_shapes = kept
+        return FilePart(_portable(cols), node, None if node is not None else host, read.known)
+
+
+class _Recorded:
+    """A shape reader that keeps what it read."""
+
+    def __init__(self, read: ShapeReader | None) -> None:
+        self.read, self.known = read, dict[int, tuple[str, str]]()
+
+    def __call__(self, rows: np.ndarray) -> list[tuple[str, str]]:
+        assert self.read is not None
+        shapes = self.read(rows)
+        self.known.update(zip(rows.tolist(), shapes, strict=True))
+        return shapes
+
+
+def _known_first(known: dict[int, tuple[str, str]], read: ShapeReader) -> ShapeReader:
+    """A shape reader that reads the file only for rows not in ``known``."""
+
+    def read_rows(rows: np.ndarray) -> list[tuple[str, str]]:
+        missing = [r for r in rows.tolist() if r not in known]
+        if missing:
+            known.update(zip(missing, read(np.array(missing, dtype=np.int64)), strict=True))
+        return [known[r] for r in rows.tolist()]
+
+    return read_rows
 
 
 def _portable(cols: ActivityColumns) -> ActivityColumns:
@@ -101,6 +134,7 @@ def load_on(
     for part in parts:
         cols = part.columns
         if cols.kernel_rows is not None and SHAPE not in cols.arrays:
-            cols.read_shapes = shape_reader(Path(str(cols.meta.get("path"))), cols.kernel_rows)
+            read = shape_reader(Path(str(cols.meta.get("path"))), cols.kernel_rows)
+            cols.read_shapes = _known_first(part.shapes, read)
     job = together(list(paths), [p.columns for p in parts], side_by_side)
     return job, parts

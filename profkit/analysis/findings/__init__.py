@@ -9,6 +9,7 @@ lists the rules, their thresholds and how ``recoverable_ms`` is estimated.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,15 @@ if TYPE_CHECKING:
     from profkit.traces.columns import ActivityColumns
     from profkit.traces.host_calls import HostTrace
 
-__all__ = ["Finding", "HostPart", "finding_line", "findings_markdown", "findings_of", "host_part"]
+__all__ = [
+    "Finding",
+    "HostPart",
+    "finding_line",
+    "findings_markdown",
+    "findings_of",
+    "host_part",
+    "host_side",
+]
 TOP_FINDINGS = 5
 """How many findings the terminal and markdown show (JSON has them all)."""
 
@@ -37,7 +46,7 @@ def findings_of(
     files: list[ActivityColumns],
     hosts: list[HostTrace],
     host_found: HostPart | None = None,
-) -> tuple[list[dict[str, Any]], list[str], dict[int | None, pd.DataFrame]]:
+) -> tuple[list[dict[str, Any]], list[str], GapMarks]:
     """The report's findings as JSON objects, largest ``recoverable_ms`` first; the notes
     of rules the traces could not feed (each said once); per rank (None for one process)
     the GPU-idle gaps the host findings attribute, by cause (``start``, ``end``,
@@ -65,8 +74,28 @@ def findings_of(
     for f in found:
         if f.gaps is not None:
             marks.setdefault(f.rank, []).append(f.gaps)
-    gaps = {r: pd.concat(g).sort_values("start", ignore_index=True) for r, g in marks.items()}
-    return [f.to_json() for f in found], list(dict.fromkeys(notes)), gaps
+    return [f.to_json() for f in found], list(dict.fromkeys(notes)), GapMarks(marks)
+
+
+class GapMarks(Mapping[int | None, pd.DataFrame]):
+    """Per rank (None: one process), the gaps its findings attribute, in start order:
+    made when a picture asks for a rank's (a frame a rank costs ms, 1,024 ranks a second)."""
+
+    def __init__(self, parts: dict[int | None, list[pd.DataFrame]]) -> None:
+        self._parts: dict[int | None, list[pd.DataFrame]] = parts
+        self._made: dict[int | None, pd.DataFrame] = {}
+
+    def __getitem__(self, rank: int | None) -> pd.DataFrame:
+        if rank not in self._made:
+            gaps = pd.concat(self._parts[rank]).sort_values("start", ignore_index=True)
+            self._made[rank] = gaps
+        return self._made[rank]
+
+    def __iter__(self) -> Iterator[int | None]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
 
 
 @dataclass
@@ -92,10 +121,22 @@ def host_part(
     report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
 ) -> HostPart:
     """The host side of the findings of every process (rank) of the report."""
+    ranks = getattr(report, "every_rank", None) or [e.info for e in getattr(report, "ranks", [])]
+    return host_side(report.phases, ranks, files, hosts)
+
+
+def host_side(
+    phase_table: pd.DataFrame,
+    ranks: list[dict[str, Any]],
+    files: list[ActivityColumns],
+    hosts: list[HostTrace],
+) -> HostPart:
+    """:func:`host_part` of a report whose phase table and ranks' infos (none: one
+    process) are these."""
     found: list[Finding] = []
     notes: list[str] = []
-    phases = {str(p) for p in report.phases["phase"]} if "phase" in report.phases else set()
-    processes = _processes(report, files, hosts)
+    phases = {str(p) for p in phase_table["phase"]} if "phase" in phase_table else set()
+    processes = _processes(ranks, files, hosts)
     for process in processes:
         found += host_findings(*process, notes, phases)
         found += pageable_copy(*process, notes, phases)
@@ -103,11 +144,10 @@ def host_part(
 
 
 def _processes(
-    report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
+    ranks: list[dict[str, Any]], files: list[ActivityColumns], hosts: list[HostTrace]
 ) -> list[tuple[HostTrace, Any, int | None]]:
     """(host trace, phase ranges, rank) per process: one for one process, one per rank
     (every rank, whichever ``--rank`` shows)."""
-    ranks = getattr(report, "every_rank", None) or [e.info for e in getattr(report, "ranks", [])]
     if not ranks:
         return [(hosts[0], files[0].ranges, None)]
     out: list[tuple[HostTrace, Any, int | None]] = []

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from profkit.analysis.findings.model import Finding
-from profkit.analysis.steps import job_summary, last_to_join
+from profkit.analysis.report_types import RankedReport
+from profkit.analysis.steps import last_to_join
 
 if TYPE_CHECKING:
     from profkit.analysis.report_types import KernelReport
@@ -33,11 +34,9 @@ def straggler(
     by the straggler's own host idle in that step where it has a ``host_idle`` finding
     (``idle``: rank -> step -> ms): that is the part its own fix gives back; the rest of
     the wait is the ranks' ordinary skew."""
-    ranks = getattr(report, "ranks", None)
-    steps = getattr(report, "steps", None)
-    if not ranks or steps is None or not len(steps):
+    if not isinstance(report, RankedReport) or not report.ranks or not len(report.steps):
         return []
-    job = job_summary(steps, getattr(report, "world_size", len(ranks)))
+    job = report.job()
     joined = last_to_join(job.get("steps", []))
     lasts = [row["last_rank"] for row in joined]
     waits = [row["others_wait_ms"] for row in joined]
@@ -73,11 +72,9 @@ def straggler(
 def exposed_comm(report: KernelReport) -> list[Finding]:
     """Per rank, NCCL time no compute overlaps, less the time spent waiting for the last
     rank (that is the straggler's): the transfer that overlap could hide."""
-    ranks = getattr(report, "ranks", None)
-    steps = getattr(report, "steps", None)
-    if not ranks or steps is None:
+    if not isinstance(report, RankedReport) or not report.ranks:
         return []
-    job = job_summary(steps, getattr(report, "world_size", len(ranks)))
+    ranks, job = report.ranks, report.job()
     per_rank = {int(r["rank"]): r for r in job.get("ranks", [])}
     found = []
     for entry in ranks:
