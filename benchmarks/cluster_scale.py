@@ -105,7 +105,8 @@ def stages(paths: list[Path], workers: int) -> dict[str, float]:
     """Where the client's time goes with ``--workers N``, stage by stage, timed in this
     process (the library calls the command makes): the local cluster's start, the map (the
     workers read and analyse the nodes, the parts come back), the reduce (the job's own
-    tables), the JSON."""
+    tables), the JSON; then one node's task timed alone, and the map's efficiency (the
+    tasks' time alone over the workers' time)."""
     import distributed
 
     from profkit import analysis
@@ -125,7 +126,23 @@ def stages(paths: list[Path], workers: int) -> dict[str, float]:
     dumps(report.to_json())
     marks["json"] = time.perf_counter()
     names = list(marks)
-    return {n: round(marks[n] - marks[p], 2) for p, n in itertools.pairwise(names)}
+    found: dict[str, float] = {
+        n: round(marks[n] - marks[p], 2) for p, n in itertools.pairwise(names)
+    }
+    # One node's task alone in this process (no Dask, no other task beside it), on a
+    # sample: what the map's tasks would cost with a core each and nothing shared.
+    from profkit.cluster.tasks import file_part
+
+    sample = paths[: min(len(paths), 64)]
+    started = time.perf_counter()
+    for path in sample:
+        file_part(str(path), None, False, True, Options(), True)
+    task = (time.perf_counter() - started) / len(sample)
+    found["task_alone_s"] = round(task, 4)
+    # 1.0: the workers ran the tasks as fast as one alone does; less: sharing the host
+    # (cores, memory bandwidth, clocks), Dask's own work, the client's receiving
+    found["map_efficiency"] = round(task * len(paths) / (found["map"] * workers), 3)
+    return found
 
 
 def main() -> int:

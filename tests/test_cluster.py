@@ -89,7 +89,7 @@ def _in_process(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
 
 def _on_workers(client: Any, paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
     opts = {k: v for k, v in options.items() if k != "rank"}
-    wanted = Options(**opts)
+    wanted = Options(**opts, rank_tables="rank" in options)
     job, parts = load_on(client, paths, cache=False, options=wanted, findings=True)
     nodes = [p.node for p in parts]
     assert job.kind == "nodes" and all(n is not None for n in nodes)  # analysed where read

@@ -54,6 +54,9 @@ class Options:
     range: str | None = None
     phases: PhaseMode = "auto"
     phase_ranges: PhaseRanges | None = None
+    rank_tables: bool = False
+    """Each rank's whole report comes back (``--rank``: the job's tables are that rank's);
+    else its phase table alone, its other tables being in its JSON text."""
 
 
 def node_ranks(cols: ActivityColumns, host: HostTrace | None, options: Options) -> NodeRanks | None:
@@ -75,7 +78,7 @@ def node_ranks(cols: ActivityColumns, host: HostTrace | None, options: Options) 
     for entry in entries:
         assert isinstance(entry.steps, ColumnSteps)
         entry.steps = entry.steps.moved(entry.steps.rank, 0)  # its reader reads this node
-        entry.encode()  # its JSON made here, not on the client, rank by rank
+        entry.encode(options.rank_tables)  # its JSON made here, not on the client
     return NodeRanks(entries, found)
 
 
@@ -91,6 +94,8 @@ def join_node_ranks(
     trace_keys = [
         set(query_source(n.meta, options.phase, options.range, options.top)) for n in nodes
     ]
+    if rank is not None and not all(e.tables_kept for p in parts for e in p.entries):
+        raise ValueError("--rank needs each rank's tables: Options(rank_tables=True)")
     cols, layout, real, shifts = merge_nodes(nodes, consume=True)
     job_source = query_source(cols.meta, options.phase, options.range, options.top)
     kernel_name = name_codes(cols)[0] == KERNEL

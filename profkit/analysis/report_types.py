@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -110,6 +110,8 @@ class RankEntry:
     # No copy of the rank's trace is kept: the copies of every rank would double the peak.
     tables_text: Encoded | None = None
     """Its tables as JSON text, made already (where a node was analysed: :meth:`encode`)."""
+    tables_kept: bool = True
+    """False: its report's tables other than its phases were given up (:meth:`encode`)."""
 
     def to_json(self) -> dict[str, Any] | Encoded:
         who = {key: self.info.get(key) for key in RANK_FIELDS}
@@ -117,10 +119,19 @@ class RankEntry:
             return encoded_object(who, self.tables_text)
         return {**who, **self.made_json()}
 
-    def encode(self) -> None:
+    def encode(self, keep_tables: bool = True) -> None:
         """Make its tables' JSON text now (on the worker that analysed its node: the
-        client then only writes it in)."""
+        client then only writes it in). ``keep_tables`` False: its report then keeps only
+        its source, totals, notes and phase table (what the job's views read of a rank;
+        its other tables are in the text), which is most of what a worker sends."""
         self.tables_text = Encoded(dumps(self.made_json()))
+        if not keep_tables:
+            r = self.report
+            self.report = replace(
+                r, ranges=r.ranges.iloc[:0], kernels=r.kernels.iloc[:0],
+                overall=r.overall.iloc[:0], categories=r.categories.iloc[:0], selected=None,
+            )  # fmt: skip
+            self.tables_kept = False
 
     def made_json(self) -> dict[str, Any]:
         """Its totals and tables as JSON (what does not depend on who it is in the job)."""

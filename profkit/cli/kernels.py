@@ -176,7 +176,7 @@ def kernels(
     else:
         from profkit.analysis.node_parts import Options
 
-        options = Options(top, phase, range_, mode, marks)
+        options = Options(top, phase, range_, mode, marks, rank_tables=rank is not None)
         job, nodes, hosts = _read_on_dask(workers, scheduler, paths, nsys, cache, compare, options)
     if compare or job.kind == "side_by_side":
         if rank is not None:
