@@ -234,6 +234,31 @@ def test_a_worker_killed_mid_run(scheduler: dict[str, Any], tmp_path: Path) -> N
     assert out.read_bytes() == expected.read_bytes()
 
 
+def test_a_task_whose_workers_keep_dying(nodes: list[Path], tmp_path: Path) -> None:
+    """A file whose task takes its worker down each time it runs (real worker processes,
+    each exiting mid-task): Dask tries it again on a fresh worker, then after the allowed
+    failures the job stops with one line naming the file (no part of it is reported)."""
+    from profkit.cluster.client import ALLOWED_FAILURES, dask_client, map_files
+    from profkit.errors import BadInput
+
+    deaths = tmp_path / "deaths"
+
+    def dies(path: str) -> None:  # run on a worker: the process ends, as an OOM kill would
+        if path.endswith(nodes[1].name):
+            with deaths.open("a") as f:
+                f.write("died\n")
+            os._exit(1)
+
+    with dask_client(2, None) as c, pytest.raises(BadInput) as said:
+        map_files(c, dies, nodes)
+    lost = len(deaths.read_text().splitlines())
+    assert lost == ALLOWED_FAILURES + 1  # the first run, then the allowed retries
+    assert str(said.value) == (
+        f"{nodes[1]}: its read lost {lost} Dask workers in a row (out of memory, or "
+        "killed); nothing of a partial job is reported"
+    )
+
+
 def test_a_file_missing_on_the_workers(
     scheduler: dict[str, Any], nodes: list[Path], tmp_path: Path
 ) -> None:

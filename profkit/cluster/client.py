@@ -116,7 +116,7 @@ def map_files(
             except KilledWorker:
                 name = paths[index[future.key]]
                 raise BadInput(
-                    f"{name}: its read lost {ALLOWED_FAILURES} Dask workers in a row (out of "
+                    f"{name}: its read lost {ALLOWED_FAILURES + 1} Dask workers in a row (out of "
                     "memory, or killed); nothing of a partial job is reported"
                 ) from None
             except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
