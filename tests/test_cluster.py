@@ -73,7 +73,11 @@ def client() -> Iterator[Any]:
     """A local cluster of two worker processes, shared by the module's library tests."""
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": ":0"},
         ) as cluster,
         distributed.Client(cluster) as c,
     ):

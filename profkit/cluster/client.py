@@ -57,9 +57,12 @@ def dask_client(workers: int | None, scheduler: str | None) -> Iterator[Any]:
     try:
         with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
             if scheduler is None:
+                # No dashboard; its HTTP server (always started) on a free port, not on
+                # 8787, which another cluster may hold (Dask then warns)
                 cluster = distributed.LocalCluster(
                     n_workers=workers, threads_per_worker=1, processes=True,
-                    dashboard_address=None, silence_logs=logging.ERROR,
+                    dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
+                    silence_logs=logging.ERROR,
                 )  # fmt: skip
                 with cluster, distributed.Client(cluster) as client:
                     yield client
@@ -109,20 +112,28 @@ def map_files(
                for i, p in enumerate(paths)]  # fmt: skip
     index = {f.key: i for i, f in enumerate(futures)}
     results: list[Any] = [None] * len(futures)
+    # Each result is fetched and unpickled as its task ends, beside the others (not one
+    # round trip after another on this thread)
+    arriving = as_completed(futures, with_results=True, raise_errors=False)
     try:
-        for finished, future in enumerate(as_completed(futures), start=1):
-            try:
-                results[index[future.key]] = future.result()
-            except KilledWorker:
-                name = paths[index[future.key]]
+        for finished, (future, result) in enumerate(arriving, start=1):
+            path = paths[index[future.key]]
+            if future.status == "error":
+                _, exc, traceback = result
+                if isinstance(exc, KilledWorker):
+                    raise BadInput(
+                        f"{path}: its read lost {ALLOWED_FAILURES + 1} Dask workers in a row "
+                        "(out of memory, or killed); nothing of a partial job is reported"
+                    ) from None
+                if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
+                    raise BadInput(f"{path}: a worker cannot read it: {exc}") from None
+                raise exc.with_traceback(traceback)
+            if future.status != "finished":  # cancelled on the cluster (its client, a restart)
                 raise BadInput(
-                    f"{name}: its read lost {ALLOWED_FAILURES + 1} Dask workers in a row (out of "
-                    "memory, or killed); nothing of a partial job is reported"
-                ) from None
-            except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-                raise BadInput(
-                    f"{paths[index[future.key]]}: a worker cannot read it: {exc}"
-                ) from None
+                    f"{path}: its task was {future.status} on the Dask cluster; nothing of "
+                    "a partial job is reported"
+                )
+            results[index[future.key]] = result
             if done is not None:
                 done(finished, len(futures))
     finally:
