@@ -105,8 +105,8 @@ def stages(paths: list[Path], workers: int) -> dict[str, float]:
     """Where the client's time goes with ``--workers N``, stage by stage, timed in this
     process (the library calls the command makes): the local cluster's start, the map (the
     workers read and analyse the nodes, the parts come back), the reduce (the job's own
-    tables), the JSON; then one node's task timed alone, and the map's efficiency (the
-    tasks' time alone over the workers' time)."""
+    tables), the JSON; then one node's task timed alone, the map's efficiency (the tasks'
+    time alone over the workers' time) and the same tasks' on as many plain processes."""
     import distributed
 
     from profkit import analysis
@@ -142,7 +142,25 @@ def stages(paths: list[Path], workers: int) -> dict[str, float]:
     # 1.0: the workers ran the tasks as fast as one alone does; less: sharing the host
     # (cores, memory bandwidth, clocks), Dask's own work, the client's receiving
     found["map_efficiency"] = round(task * len(paths) / (found["map"] * workers), 3)
+    # The same tasks on as many plain processes, no Dask: what the host alone allows
+    import multiprocessing
+
+    each = 8
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pool.map(_task, [str(sample[0])] * workers)  # started and warm
+        started = time.perf_counter()
+        pool.map(_task, [str(p) for p in (sample * workers)[: each * workers]], chunksize=each)
+        wall = time.perf_counter() - started
+    found["pool_efficiency"] = round(task * each / wall, 3)
     return found
+
+
+def _task(path: str) -> None:
+    """One node's task, as a worker runs it (for a plain process pool)."""
+    from profkit.analysis.node_parts import Options
+    from profkit.cluster.tasks import file_part
+
+    file_part(path, None, False, True, Options(), True)
 
 
 def main() -> int:
