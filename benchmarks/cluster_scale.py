@@ -34,17 +34,23 @@ from pathlib import Path
 from typing import Any
 
 from kernels_scale import PID_STEP, ROOT, another_node, stamp
+from kernels_scale import build as scale_build
 
 SOURCE = ROOT / "tests" / "data" / "frameworks" / "nsys-2025.3-h200x2-hf-ddp2.sqlite.xz"
 GIB = 1 << 30
 
 
-def build(folder: Path, count: int) -> list[Path]:
-    """``count`` nodes of one job from the HF capture (see the module doc)."""
+def build(folder: Path, count: int, copies: int = 1) -> list[Path]:
+    """``count`` nodes of one job from the HF capture (see the module doc); ``copies`` > 1:
+    each node's activities, API calls and marks repeated that many times, one after the
+    other (``kernels_scale.build``: a node of as many times the steps)."""
     folder.mkdir(parents=True, exist_ok=True)
     node0 = folder / "node0000.sqlite"
-    with lzma.open(SOURCE) as src, node0.open("wb") as dst:
-        shutil.copyfileobj(src, dst)
+    if copies > 1:
+        scale_build(SOURCE, copies, node0)
+    else:
+        with lzma.open(SOURCE) as src, node0.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
     paths = [node0]
     for i in range(1, count):
         shift = (i % 7) * 1_000_000
@@ -107,19 +113,18 @@ def stages(paths: list[Path], workers: int) -> dict[str, float]:
     workers read and analyse the nodes, the parts come back), the reduce (the job's own
     tables), the JSON; then one node's task timed alone, the map's efficiency (the tasks'
     time alone over the workers' time) and the same tasks' on as many plain processes."""
-    import distributed
-
     from profkit import analysis
     from profkit.analysis.node_parts import Options
+    from profkit.cluster.client import dask_client
     from profkit.cluster.tasks import load_on
     from profkit.formats import dumps
 
     marks = {"start": time.perf_counter()}
-    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:  # fmt: skip
+    with dask_client(workers, None) as client:  # as the command starts and closes it
         marks["cluster started"] = time.perf_counter()
         job, parts = load_on(client, paths, cache=False, options=Options(), findings=True)
         marks["map"] = time.perf_counter()
+    marks["cluster closing"] = time.perf_counter()  # in the background, beside the reduce
     nodes = [p.node for p in parts]
     report = analysis.kernel_report(job, consume=True, hosts=[], nodes=nodes)
     marks["reduce"] = time.perf_counter()
@@ -129,6 +134,9 @@ def stages(paths: list[Path], workers: int) -> dict[str, float]:
     found: dict[str, float] = {
         n: round(marks[n] - marks[p], 2) for p, n in itertools.pairwise(names)
     }
+    for thread in threading.enumerate():  # the cluster's close, done before anything is timed
+        if thread.name == "profkit-dask-close":
+            thread.join()
     # One node's task alone in this process (no Dask, no other task beside it), on a
     # sample: what the map's tasks would cost with a core each and nothing shared.
     from profkit.cluster.tasks import file_part
@@ -166,6 +174,9 @@ def _task(path: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=512, help="node exports of 2 ranks each")
+    parser.add_argument(
+        "--copies", type=int, default=1, help="each node's steps repeated (heavier nodes)"
+    )
     parser.add_argument("--workers", type=int, nargs="*", default=[4, 15])
     parser.add_argument("--cluster-workers", type=int, default=15, help="0: no --scheduler run")
     parser.add_argument("--skip-in-process", action="store_true")
@@ -176,14 +187,14 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="cluster-nodes-"))
     started = time.perf_counter()
-    paths = build(scratch / "nodes", args.nodes)
+    paths = build(scratch / "nodes", args.nodes, args.copies)
     print(
         f"built {len(paths)} nodes ({2 * len(paths)} ranks) in {time.perf_counter() - started:.1f} s"
     )
     base = [sys.executable, "-m", "profkit", "kernels", *map(str, paths), "--no-cache",
             "--format", "json"]  # fmt: skip
     result: dict[str, Any] = {**stamp(os.getloadavg()), "nodes": len(paths), "ranks": 2 * len(paths),
-                              "runs": {}}  # fmt: skip
+                              "copies": args.copies, "runs": {}}  # fmt: skip
     if args.stages:
         result["stages"] = stages(paths, args.stages)
         print(f"stages with {args.stages} workers: {result['stages']}", flush=True)

@@ -13,6 +13,7 @@ line naming its file, as does a file a worker cannot read. Dask is an optional e
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,6 +55,7 @@ def dask_client(workers: int | None, scheduler: str | None) -> Iterator[Any]:
     quiet = logging.getLogger("distributed")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # a worker lost and restarted is said by the result
+    closing = None
     try:
         with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
             if scheduler is None:
@@ -64,11 +66,29 @@ def dask_client(workers: int | None, scheduler: str | None) -> Iterator[Any]:
                     dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
                     silence_logs=logging.ERROR,
                 )  # fmt: skip
-                with cluster, distributed.Client(cluster) as client:
-                    yield client
+                try:
+                    with distributed.Client(cluster) as client:
+                        yield client
+                finally:
+                    # The workers' processes take seconds to end (15 of them: several);
+                    # the client's own work goes on meanwhile, and the interpreter waits
+                    # for them before it exits (the thread is not a daemon)
+                    closing = threading.Thread(
+                        target=_close, args=(cluster, quiet, level), name="profkit-dask-close"
+                    )
+                    closing.start()
             else:
                 with _connected(distributed, scheduler) as client:
                     yield client
+    finally:
+        if closing is None:
+            quiet.setLevel(level)
+
+
+def _close(cluster: Any, quiet: logging.Logger, level: int) -> None:
+    """Close a local cluster (its workers' processes with it), then let Dask speak again."""
+    try:
+        cluster.close()
     finally:
         quiet.setLevel(level)
 
