@@ -118,6 +118,32 @@ def test_nodes_on_workers_equal_in_process(
     assert [n["offset_ms"] for n in got["nodes"]] == [n["offset_ms"] for n in expected["nodes"]]
 
 
+def test_the_client_reads_no_node_file(client: Any, nodes: list[Path], tmp_path: Path) -> None:
+    """Once the workers' parts are back the client needs no node's file (the launch shapes
+    its tables show came with the parts): the files moved away, the report is the same."""
+    expected = _in_process(nodes, {})
+    copies = [tmp_path / p.name for p in nodes]
+    for src, dst in zip(nodes, copies, strict=True):
+        dst.write_bytes(src.read_bytes())
+    job, parts = load_on(client, copies, cache=False, options=Options(), findings=True)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    for path in copies:
+        path.rename(gone / path.name)
+    report = analysis.kernel_report(job, consume=True, hosts=[], nodes=[p.node for p in parts])
+    got = json.loads(dumps(report.to_json()))
+    assert _paths_dropped(got) == _paths_dropped(expected)
+
+
+def _paths_dropped(value: Any) -> Any:
+    """A report's JSON without the files' paths (the copies live elsewhere)."""
+    if isinstance(value, dict):
+        return {k: _paths_dropped(v) for k, v in value.items() if k not in ("path", "paths")}
+    if isinstance(value, list):
+        return [_paths_dropped(v) for v in value]
+    return value
+
+
 def test_real_framework_nodes_on_workers(client: Any, tmp_path: Path) -> None:
     """The Hugging Face Trainer's DDP capture as four nodes: the same report, findings
     (its host-side ones found on the workers) included."""

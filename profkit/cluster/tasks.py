@@ -73,7 +73,8 @@ class _Recorded:
     """A shape reader that keeps what it read."""
 
     def __init__(self, read: ShapeReader | None) -> None:
-        self.read, self.known = read, dict[int, tuple[str, str]]()
+        self.read = read
+        self.known: dict[int, tuple[str, str]] = {}
 
     def __call__(self, rows: np.ndarray) -> list[tuple[str, str]]:
         assert self.read is not None
