@@ -195,10 +195,10 @@ def rank_views(cols: ActivityColumns, plan: Plan, layout: Layout) -> list[RankVi
 def _rank_of_pid(pids: np.ndarray, layout: Layout) -> np.ndarray:
     """The rank of each process key (-1: none of the layout's ranks)."""
     known = np.array([info["pid"] for info in layout.info], dtype=np.int64)
-    order = np.argsort(known, kind="stable")
-    at = np.searchsorted(known[order], pids).clip(max=max(len(known) - 1, 0))
     if not len(known):
         return np.full(len(pids), -1, dtype=np.int64)
+    order = np.argsort(known, kind="stable")
+    at = np.searchsorted(known[order], pids).clip(max=len(known) - 1)
     return np.where(known[order][at] == pids, order[at], -1)
 
 

@@ -163,7 +163,9 @@ class RankedReport(KernelReport):
     """Several nodes' reports read as one job: each node's file, host, ranks and clock
     (:class:`profkit.analysis.clocks.NodeClock`); empty for one report."""
 
-    _job: tuple[pd.DataFrame, dict[str, Any]] | None = field(default=None, repr=False)
+    _job: tuple[pd.DataFrame, dict[str, Any]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def job(self) -> dict[str, Any]:
         """The JSON's ``job`` (:func:`.steps.job_summary` of its steps), made once: the
