@@ -115,7 +115,7 @@ def stages(paths: list[Path], workers: int) -> dict[str, float]:
     time alone over the workers' time) and the same tasks' on as many plain processes."""
     from profkit import analysis
     from profkit.analysis.node_parts import Options
-    from profkit.cluster.client import dask_client
+    from profkit.cluster.client import CLOSING_THREAD, dask_client
     from profkit.cluster.tasks import load_on
     from profkit.formats import dumps
 
@@ -135,7 +135,7 @@ def stages(paths: list[Path], workers: int) -> dict[str, float]:
         n: round(marks[n] - marks[p], 2) for p, n in itertools.pairwise(names)
     }
     for thread in threading.enumerate():  # the cluster's close, done before anything is timed
-        if thread.name == "profkit-dask-close":
+        if thread.name == CLOSING_THREAD:
             thread.join()
     # One node's task alone in this process (no Dask, no other task beside it), on a
     # sample: what the map's tasks would cost with a core each and nothing shared.

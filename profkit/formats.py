@@ -93,13 +93,11 @@ class Encoded(str):
     its depth, as if it had encoded the value itself."""
 
 
-def to_jsonable(value: Any, encoded: list[Encoded] | None = None) -> Any:
+def to_jsonable(value: Any, encoded: list[Encoded]) -> Any:
     """Plain JSON types: NaN becomes null, numpy scalars become Python numbers.
     ``encoded``: where :class:`Encoded` texts are collected, each replaced by a mark
-    (:func:`dumps` puts the texts back); without it they are parsed again."""
+    (:func:`dumps` puts the texts back)."""
     if isinstance(value, Encoded):
-        if encoded is None:
-            return json.loads(value)
         encoded.append(value)
         return f"{_MARK}{len(encoded) - 1}"
     if isinstance(value, pd.DataFrame):

@@ -175,12 +175,26 @@ def analyze_node_columns(
         cols, top, phase, range_, phases=phases, layout=layout, rank=rank, phase_ranges=phase_ranges
     )
     assert isinstance(report, RankedReport)  # a layout gives one
-    for entry in report.ranks:  # the merged keys gave the analysis its processes
-        entry.info.update(real[entry.info["rank"]])
-    for info in report.every_rank:  # every rank's too, --rank or not: findings read them
-        info.update(real[info["rank"]])
-    report.nodes = list(cols.meta["nodes"])
+    as_job_of_nodes(report, real, cols.meta["nodes"])
     return report
+
+
+def as_job_of_nodes(
+    report: RankedReport, real: list[dict[str, Any]], nodes: list[dict[str, Any]]
+) -> None:
+    """The ranked report of merged nodes told who its ranks are: each shown rank's and
+    every rank's (``--rank`` or not: findings read them) real pid, host and GPU, and the
+    nodes (their clocks)."""
+    real_ids([e.info for e in report.ranks], real)
+    real_ids(report.every_rank, real)
+    report.nodes = list(nodes)
+
+
+def real_ids(infos: list[dict[str, Any]], real: list[dict[str, Any]]) -> None:
+    """Ranks' infos given their real pid, host and GPU (:func:`merge_nodes`' ``real``): the
+    merged process keys gave the analysis its processes."""
+    for info in infos:
+        info.update(real[info["rank"]])
 
 
 def merge_node_columns(

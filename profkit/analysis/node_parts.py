@@ -24,7 +24,7 @@ import numpy as np
 from profkit.analysis.comm import is_nccl
 from profkit.analysis.engine import analyze_columns, rank_entries
 from profkit.analysis.findings import HostPart, host_side
-from profkit.analysis.joins import merge_node_columns, merge_nodes
+from profkit.analysis.joins import as_job_of_nodes, merge_node_columns, merge_nodes, real_ids
 from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import PhaseMode
 from profkit.analysis.rank_comm import ColumnSteps, kernels_reader
@@ -71,9 +71,8 @@ def node_ranks(cols: ActivityColumns, host: HostTrace | None, options: Options) 
         )  # fmt: skip
     except BadInput:
         return None
-    for entry in entries:  # as analyze_node_columns: each rank's real pid, host, GPU
-        entry.info.update(real[entry.info["rank"]])
-    every_rank = [{**info, **real[info["rank"]]} for info in layout.info]
+    every_rank = [dict(info) for info in layout.info]
+    real_ids([e.info for e in entries] + every_rank, real)
     found = None if host is None else host_side(phases, every_rank, [cols], [host])
     for entry in entries:
         assert isinstance(entry.steps, ColumnSteps)
@@ -125,9 +124,5 @@ def join_node_ranks(
         rank=rank, phase_ranges=options.phase_ranges, entries=entries,
     )  # fmt: skip
     assert isinstance(report, RankedReport)  # a layout gives one
-    for entry in report.ranks:  # as analyze_node_columns: each rank's real pid, host, GPU
-        entry.info.update(real[entry.info["rank"]])
-    for info in report.every_rank:  # as analyze_node_columns
-        info.update(real[info["rank"]])
-    report.nodes = list(cols.meta["nodes"])
+    as_job_of_nodes(report, real, cols.meta["nodes"])
     return report, found

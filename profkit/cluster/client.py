@@ -25,6 +25,8 @@ T = TypeVar("T")
 INSTALL = "pip install 'profkit[dask]'"
 CONNECT_TIMEOUT_S = 10
 """How long the client tries to reach a scheduler before it says it cannot."""
+CLOSING_THREAD = "profkit-dask-close"
+"""The name of the thread that closes a local cluster after the map (beside the reduce)."""
 ALLOWED_FAILURES = 3
 """Times a file's task may lose its worker before the read gives up (Dask's own default)."""
 
@@ -74,7 +76,7 @@ def dask_client(workers: int | None, scheduler: str | None) -> Iterator[Any]:
                     # the client's own work goes on meanwhile, and the interpreter waits
                     # for them before it exits (the thread is not a daemon)
                     closing = threading.Thread(
-                        target=_close, args=(cluster, quiet, level), name="profkit-dask-close"
+                        target=_close, args=(cluster, quiet, level), name=CLOSING_THREAD
                     )
                     closing.start()
             else:
