@@ -24,11 +24,13 @@ from report_checks import close_json, option_id
 from typer.testing import CliRunner
 
 from profkit.analysis import kernel_report
+from profkit.analysis.engine import rank_entries
 from profkit.analysis.joins import analyze_rank_file_columns, merge_rank_columns
 from profkit.analysis.rank_layout import ranks_of
 from profkit.analysis.report_types import RankedReport
 from profkit.cli import app
 from profkit.errors import BadInput
+from profkit.formats import dumps
 from profkit.report.build import build_report
 from profkit.traces.columns import DEVICE, START
 from profkit.traces.job import load
@@ -339,3 +341,16 @@ def test_the_report_reads_rank_sets_from_the_columns(
     assert "· 2 ranks · 1 captured step each ·" in text
     assert "| 1 | node1 | 1 |" in text and "| yes |" in text
     assert (out.parent / "ranks-torch-h200x2-small-ddp2.png").exists()
+
+
+def test_a_rank_alone_has_the_tables_it_has_in_the_job() -> None:
+    """Lightning's DDP traces without phase marks: rank 1 analysed alone (as a Dask worker
+    analyses a rank's trace) has, to the bit, the tables it has in the two-rank job, where
+    its kernels' names are numbered after rank 0's (shares are summed in whole ns, ties
+    ordered by name)."""
+    paths = [DATA / "frameworks" / f"torch-h200x2-lightning-ddp2-bare-rank{r}.json.gz"
+             for r in (0, 1)]  # fmt: skip
+    job = analyze_rank_file_columns([load_columns(p, cache=False) for p in paths])
+    merged, layout = merge_rank_columns([load_columns(paths[1], cache=False)])
+    alone, _ = rank_entries(merged, layout)
+    assert dumps(alone[0].made_json()) == dumps(job.ranks[1].made_json())

@@ -55,8 +55,11 @@ def labelled_kernel_tables(
     """The two kernel tables from their statistics by name and phase code: each row's share
     of its phase, names, categories and kinds looked up per name code, phases labelled and
     ordered."""
-    per_phase["phase_total"] = per_phase.groupby("phase")["total_ms"].transform("sum")
-    overall["phase_total"] = overall["total_ms"].sum()
+    # Totals added as whole nanoseconds: exact in any order, so a rank's shares do not
+    # depend on how its names are numbered (alone on a worker, or in the whole job)
+    per_phase["phase_total"] = _whole_ns(per_phase).groupby(per_phase["phase"]).transform("sum")
+    per_phase["phase_total"] /= NS_PER_MS
+    overall["phase_total"] = _whole_ns(overall).sum() / NS_PER_MS
     phase_order = {p: i for i, p in enumerate(phase_names)}
     out = []
     for table in (per_phase, overall):
@@ -69,9 +72,17 @@ def labelled_kernel_tables(
         )
         table["name"] = names[table["name"]]
         table["phase_order"] = table["phase"].map(phase_order).fillna(-1)
-        table = table.sort_values(["phase_order", "total_ms"], ascending=[True, False])
+        # by name where totals tie, not by the names' codes
+        table = table.sort_values(
+            ["phase_order", "total_ms", "name"], ascending=[True, False, True], kind="stable"
+        )
         out.append(table[KERNEL_COLUMNS].reset_index(drop=True))
     return out[0], out[1]
+
+
+def _whole_ns(table: pd.DataFrame) -> pd.Series:
+    """A statistics table's totals in whole nanoseconds (sums of integer durations)."""
+    return pd.Series(np.rint(table["total_ms"].to_numpy() * NS_PER_MS), index=table.index)
 
 
 def phases_from_counts(
