@@ -15,11 +15,16 @@ byte. Writes ``cluster_scale.json`` under ``--workdir`` (default ``$OUT`` or a t
 folder) after every run, so a run cut short keeps what it measured.
 
     python benchmarks/cluster_scale.py --nodes 512 --workers 4 15 --cluster-workers 15
+
+``--chrome-ranks N`` reads N per-rank torch traces instead (the same run's Chrome traces:
+``build_ranks``); ``--before DIR`` runs each ``--workers`` mode with another checkout's
+profkit too (``DIR``: its root), for a before/after on one machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import lzma
@@ -37,7 +42,9 @@ from kernels_scale import PID_STEP, ROOT, another_node, stamp
 from kernels_scale import build as scale_build
 
 SOURCE = ROOT / "tests" / "data" / "frameworks" / "nsys-2025.3-h200x2-hf-ddp2.sqlite.xz"
+TORCH_SOURCE = ROOT / "tests" / "data" / "frameworks" / "torch-h200x2-hf-ddp2-rank{}.json.gz"
 GIB = 1 << 30
+RANK_PID = 100_000  # rank r's process id: RANK_PID + r (pids are below 2^22)
 
 
 def build(folder: Path, count: int, copies: int = 1) -> list[Path]:
@@ -58,10 +65,34 @@ def build(folder: Path, count: int, copies: int = 1) -> list[Path]:
     return paths
 
 
-def run(argv: list[str], out: Path) -> dict[str, Any]:
-    """``argv`` to completion: wall seconds and the process's own peak RSS (VmHWM)."""
+def build_ranks(folder: Path, count: int) -> list[Path]:
+    """``count`` per-rank torch traces of one run from the Hugging Face Trainer DDP capture's
+    two (``TORCH_SOURCE``): rank r is rank ``r % 2``'s trace named rank r of ``count``, its
+    process id ``RANK_PID + r`` (every rank a process of its own)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    docs = [json.loads(gzip.decompress(Path(str(TORCH_SOURCE).format(r)).read_bytes()))
+            for r in (0, 1)]  # fmt: skip
+    paths = []
+    for rank in range(count):
+        doc = docs[rank % 2]
+        info = doc["distributedInfo"]
+        info.update(rank=rank, world_size=count)
+        info["pg_config"][0].update(pg_size=count, ranks=list(range(count)))
+        events = doc["traceEvents"]
+        pid = next(e["pid"] for e in events if isinstance(e.get("pid"), int))
+        moved = [{**e, "pid": RANK_PID + rank} if e.get("pid") == pid else e
+                 for e in events]  # fmt: skip
+        path = folder / f"rank{rank:04d}.json.gz"
+        path.write_bytes(gzip.compress(json.dumps({**doc, "traceEvents": moved}).encode(), 1))
+        paths.append(path)
+    return paths
+
+
+def run(argv: list[str], out: Path, root: Path = ROOT) -> dict[str, Any]:
+    """``argv`` to completion in ``root`` (the profkit it runs): wall seconds and the
+    process's own peak RSS (VmHWM)."""
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=root)
     peak = [0]
 
     def sample() -> None:
@@ -177,6 +208,12 @@ def main() -> int:
     parser.add_argument(
         "--copies", type=int, default=1, help="each node's steps repeated (heavier nodes)"
     )
+    parser.add_argument(
+        "--chrome-ranks", type=int, default=0, help="N: N per-rank torch traces, not nodes"
+    )
+    parser.add_argument(
+        "--before", type=Path, default=None, help="another checkout: its --workers runs too"
+    )
     parser.add_argument("--workers", type=int, nargs="*", default=[4, 15])
     parser.add_argument("--cluster-workers", type=int, default=15, help="0: no --scheduler run")
     parser.add_argument("--skip-in-process", action="store_true")
@@ -187,14 +224,16 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="cluster-nodes-"))
     started = time.perf_counter()
-    paths = build(scratch / "nodes", args.nodes, args.copies)
-    print(
-        f"built {len(paths)} nodes ({2 * len(paths)} ranks) in {time.perf_counter() - started:.1f} s"
-    )
+    if args.chrome_ranks:
+        paths = build_ranks(scratch / "ranks", args.chrome_ranks)
+        shape = {"traces": "torch (Chrome), one a rank", "ranks": len(paths)}
+    else:
+        paths = build(scratch / "nodes", args.nodes, args.copies)
+        shape = {"nodes": len(paths), "ranks": 2 * len(paths), "copies": args.copies}
+    print(f"built {shape} in {time.perf_counter() - started:.1f} s")
     base = [sys.executable, "-m", "profkit", "kernels", *map(str, paths), "--no-cache",
             "--format", "json"]  # fmt: skip
-    result: dict[str, Any] = {**stamp(os.getloadavg()), "nodes": len(paths), "ranks": 2 * len(paths),
-                              "copies": args.copies, "runs": {}}  # fmt: skip
+    result: dict[str, Any] = {**stamp(os.getloadavg()), **shape, "runs": {}}
     if args.stages:
         result["stages"] = stages(paths, args.stages)
         print(f"stages with {args.stages} workers: {result['stages']}", flush=True)
@@ -203,6 +242,8 @@ def main() -> int:
     if not args.skip_in_process:
         modes.append(("in-process", []))
     modes += [(f"--workers {n}", ["--workers", str(n)]) for n in args.workers]
+    if args.before is not None:
+        modes += [(f"--workers {n} [before]", ["--workers", str(n)]) for n in args.workers]
     if args.cluster_workers:
         modes.append(
             (f"--scheduler ({args.cluster_workers} dask workers)", ["--scheduler", "FILE"])
@@ -214,12 +255,13 @@ def main() -> int:
             extra = [extra[0], str(file)]
         out = expected if label == "in-process" else scratch / "out.json"
         try:
-            row = run([*base, "--out", str(out), *extra], out)
+            root = args.before if label.endswith("[before]") else ROOT
+            row = run([*base, "--out", str(out), *extra], out, root)
         finally:
             for p in procs:
                 p.kill()
                 p.wait()
-        if out != expected and expected.exists():
+        if out != expected and expected.exists() and root == ROOT:  # (another's: its own)
             row["equals_in_process"] = out.read_bytes() == expected.read_bytes()
         result["runs"][label] = row
         print(f"{label}: {row}", flush=True)

@@ -11,13 +11,14 @@ option, phase mode and rank is compared whole. The scheduler and workers of the
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from nsys_data import unpack
 from profkit import analysis
 from profkit.analysis.node_parts import Options
 from profkit.cluster.tasks import load_on
+from profkit.errors import BadInput
 from profkit.formats import dumps
 from profkit.traces.host_calls import host_traces
 from profkit.traces.job import load
@@ -91,12 +93,14 @@ def _in_process(paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
     return json.loads(dumps(report.to_json()))  # as the command writes it
 
 
-def _on_workers(client: Any, paths: list[Path], options: dict[str, Any]) -> dict[str, Any]:
+def _on_workers(
+    client: Any, paths: list[Path], options: dict[str, Any], kind: str = "nodes"
+) -> dict[str, Any]:
     opts = {k: v for k, v in options.items() if k != "rank"}
     wanted = Options(**opts, rank_tables="rank" in options)
     job, parts = load_on(client, paths, cache=False, options=wanted, findings=True)
     nodes = [p.node for p in parts]
-    assert job.kind == "nodes" and all(n is not None for n in nodes)  # analysed where read
+    assert job.kind == kind and all(n is not None for n in nodes)  # analysed where read
     report = analysis.kernel_report(
         job, consume=True, hosts=[], nodes=nodes, rank=options.get("rank"), **opts
     )
@@ -155,14 +159,82 @@ def test_real_framework_nodes_on_workers(client: Any, tmp_path: Path) -> None:
     assert {f["rank"] for f in expected["findings"] if f["kind"] == "launch_bound"} == set(range(8))
 
 
-def test_per_rank_chrome_traces_on_workers(client: Any) -> None:
-    """Per-rank torch traces: read on the workers, joined as in one process."""
-    expected = _in_process(RANKS, {})
-    job, parts = load_on(client, RANKS, cache=False, options=Options(), findings=True)
-    assert job.kind == "ranks" and all(p.node is None for p in parts)
-    hosts = [p.host for p in parts]
-    report = analysis.kernel_report(job, consume=True, hosts=hosts, nodes=[p.node for p in parts])
-    assert json.loads(json.dumps(report.to_json(), default=str)) == expected
+def _rank_traces(folder: Path, edit: Callable[[int, dict[str, Any]], None]) -> list[Path]:
+    """The real per-rank traces, each changed by ``edit(rank, document)``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for rank, source in enumerate(RANKS):
+        doc = json.loads(gzip.decompress(source.read_bytes()))
+        edit(rank, doc)
+        paths.append(folder / source.name)
+        paths[-1].write_bytes(gzip.compress(json.dumps(doc).encode(), mtime=0))
+    return paths
+
+
+def _other_host(rank: int, doc: dict[str, Any]) -> None:
+    """Rank 1 on another host whose clock runs 3 ms ahead, both ranks one pid (two hosts'
+    processes can share one)."""
+    if rank == 1:
+        doc["profkit"]["host"] = "node1"
+        doc["baseTimeNanoseconds"] += 3_000_000
+    for event in doc["traceEvents"]:
+        if event.get("pid") == doc["profkit"]["pid"]:
+            event["pid"] = 4242
+    doc["profkit"]["pid"] = 4242
+
+
+def _cpu_rank(rank: int, doc: dict[str, Any]) -> None:
+    """Rank 1 with no GPU activity (a rank's CPU time is still reported)."""
+    if rank == 1:
+        gpu = ("kernel", "gpu_memcpy", "gpu_memset")
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in gpu]
+
+
+@pytest.fixture(scope="module")
+def rank_sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    folder = tmp_path_factory.mktemp("chrome-ranks")
+    return {
+        "real": RANKS,
+        "reversed": RANKS[::-1],
+        "hosts": _rank_traces(folder / "hosts", _other_host),
+        "cpu-rank": _rank_traces(folder / "cpu-rank", _cpu_rank),
+    }
+
+
+CHROME_CASES = [
+    *[("real", o) for o in OPTIONS if o.get("rank", 0) < 2],
+    ("real", {"rank": 0, "phase": "optimizer"}),
+    *[(name, o) for name in ("reversed", "hosts", "cpu-rank") for o in ({}, {"rank": 1})],
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    CHROME_CASES,
+    ids=[
+        f"{n}-" + (",".join(f"{k}={v}" for k, v in o.items()) or "plain") for n, o in CHROME_CASES
+    ],
+)
+def test_per_rank_chrome_traces_analysed_on_workers(
+    client: Any, rank_sets: dict[str, list[Path]], name: str, options: dict[str, Any]
+) -> None:
+    """Per-rank torch traces: each rank analysed alone on a worker, where its trace lies,
+    then joined (ranks in rank order, another host's clock put on the first's): the JSON
+    equals the in-process one whole, given in any order, with a rank of no GPU work."""
+    paths = rank_sets[name]
+    assert _on_workers(client, paths, options, kind="ranks") == _in_process(paths, options)
+
+
+def test_a_rank_the_workers_cannot_analyse(client: Any) -> None:
+    """A range no rank has: each worker's analysis refuses it, and the client, reading the
+    traces as in one process, says so in the same words."""
+    job, parts = load_on(client, RANKS, cache=False, options=Options(range="nope"), findings=True)
+    assert job.kind == "ranks" and all(p.node is None and p.host for p in parts)
+    with pytest.raises(BadInput) as on_workers:
+        analysis.kernel_report(job, range="nope", hosts=[], nodes=[p.node for p in parts])
+    with pytest.raises(BadInput) as in_process:
+        _in_process(RANKS, {"range": "nope"})
+    assert str(on_workers.value) == str(in_process.value)
 
 
 def _cli(*args: str | Path, timeout: int = 240) -> subprocess.CompletedProcess[str]:
@@ -234,6 +306,12 @@ def test_scheduler_with_real_workers(
         done = _cli(*nodes, "--format", "json", "--out", out, "--scheduler", target)
         assert done.returncode == 0, done.stderr
         assert out.read_bytes() == expected.read_bytes()
+    # per-rank torch traces, each rank analysed on a worker
+    ranks_in, ranks_out = tmp_path / "ranks-in.json", tmp_path / "ranks-remote.json"
+    assert _cli(*RANKS, "--format", "json", "--out", ranks_in).returncode == 0
+    done = _cli(*RANKS, "--format", "json", "--out", ranks_out, "--scheduler", address)
+    assert done.returncode == 0, done.stderr
+    assert ranks_out.read_bytes() == ranks_in.read_bytes()
 
 
 def test_a_worker_killed_mid_run(scheduler: dict[str, Any], tmp_path: Path) -> None:

@@ -68,28 +68,32 @@ def kernel_report(
     (``--phase-ranges``). Traces to compare side by side have no one report:
     :func:`side_by_side`. ``hosts`` (:func:`profkit.traces.host_calls.host_traces` of the
     job): the report gets its ``findings`` (:mod:`.findings`). ``nodes``: each file's ranks
-    analysed where it lies (:func:`.node_parts.node_ranks`, on Dask workers), used where
-    the job is several nodes' exports and every one was analysed; with them, findings are
+    analysed where it lies (:func:`.node_parts.node_ranks`, ``rank_file_ranks``, on Dask
+    workers), used where the job is several nodes' exports or per-rank traces and every
+    one was analysed; with them, findings are
     made where ``hosts`` is given (any list: the nodes' host findings came with them).
     """
     from profkit.analysis.joins import analyze_node_columns, analyze_rank_file_columns
 
     report: KernelReport
-    if job.kind == "ranks":
-        report = analyze_rank_file_columns(
-            job.files, top, phase, range, rank, consume, phases, phase_ranges
-        )
-    elif job.kind == "nodes" and nodes is not None and all(n is not None for n in nodes):
-        from profkit.analysis.node_parts import Options, join_node_ranks
+    if job.kind in ("nodes", "ranks") and nodes is not None and all(n is not None for n in nodes):
+        from profkit.analysis.node_parts import Options, join_node_ranks, join_rank_parts
 
         options = Options(top, phase, range, phases, phase_ranges)
-        report, host_found = join_node_ranks(job.files, [n for n in nodes if n], options, rank)
+        join = join_node_ranks if job.kind == "nodes" else join_rank_parts
+        report, host_found = join(job.files, [n for n in nodes if n], options, rank)
         if hosts is not None:
             from profkit.analysis.findings import findings_of
 
-            report.findings, notes, report.gap_marks = findings_of(report, [], [], host_found)
+            report.findings, notes, report.gap_marks = findings_of(
+                report, job.files, [], host_found
+            )
             report.notes.extend(notes)
         return report
+    elif job.kind == "ranks":
+        report = analyze_rank_file_columns(
+            job.files, top, phase, range, rank, consume, phases, phase_ranges
+        )
     elif job.kind == "nodes":
         report = analyze_node_columns(
             job.files, top, phase, range, rank, consume, phases, phase_ranges

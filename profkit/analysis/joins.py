@@ -73,7 +73,17 @@ def merge_rank_columns(
 ) -> tuple[ActivityColumns, Layout]:
     """The per-rank traces' columns as one multi-process set, and its ranks (each info's
     ``pid`` the rank's process key in the merged thread ids; ``meta["ranks"]`` has the real
-    ones).
+    ones): :func:`merge_ranks` without the traces' order and clock shifts."""
+    merged, layout, _, _ = merge_ranks(columns, consume)
+    return merged, layout
+
+
+def merge_ranks(
+    columns: list[ActivityColumns], consume: bool = False
+) -> tuple[ActivityColumns, Layout, list[int], list[int]]:
+    """The per-rank traces' columns as one multi-process set, its ranks (see
+    :func:`merge_rank_columns`), the traces' order in it (rank order: indexes of
+    ``columns``) and each one's shift onto the job's clock (ns, in that order).
 
     Raises :class:`~profkit.errors.BadInput` where they cannot be the ranks of one run, with
     :func:`~profkit.traces.ranks.rank_set`'s words, or where the columns cannot
@@ -102,7 +112,8 @@ def merge_rank_columns(
         functools.partial(rank_thread_ids, process=process_key(info)) for info in ranked.ranks
     ]
     read_shapes = shapes_of(ordered)
-    merged = joined_columns(ordered, rekeys, _kept_known(ordered, shifts), 0, consume)
+    kept = _kept_known(ordered, shifts)
+    merged = joined_columns(ordered, rekeys, kept, 0, consume)
     meta = ranked.meta
     if hosts is not None:
         meta["nodes"] = hosts.nodes
@@ -113,7 +124,7 @@ def merge_rank_columns(
         rank=np.repeat(np.arange(len(ordered), dtype=np.int16), counts),
         range_rank=np.repeat(np.arange(len(ordered), dtype=np.int64), range_counts),
     )
-    return merged, layout
+    return merged, layout, list(ranked.order), kept
 
 
 def analyze_rank_file_columns(
@@ -135,12 +146,19 @@ def analyze_rank_file_columns(
         cols, top, phase, range_, phases=phases, layout=layout, rank=rank, phase_ranges=phase_ranges
     )
     assert isinstance(report, RankedReport)  # a layout gives one
-    real = {int(info["rank"]): info for info in cols.meta["ranks"]}
-    for entry in report.ranks:  # the layout's pid was the merged key
+    as_job_of_rank_files(report, cols.meta)
+    return report
+
+
+def as_job_of_rank_files(report: RankedReport, meta: dict[str, Any]) -> None:
+    """The ranked report of merged per-rank traces (``meta``: the merged columns') told who
+    its ranks are: each one's real pid, host and GPU (the layout's pid was its merged
+    process key), and the hosts' clocks."""
+    real = {int(info["rank"]): info for info in meta["ranks"]}
+    for entry in report.ranks:
         entry.info = dict(real[int(entry.info["rank"])])
     report.every_rank = [dict(real[int(info["rank"])]) for info in report.every_rank]
-    report.nodes = list(cols.meta.get("nodes") or [])
-    return report
+    report.nodes = list(meta.get("nodes") or [])
 
 
 def _kept_known(columns: list[ActivityColumns], shifts: list[int]) -> list[int]:

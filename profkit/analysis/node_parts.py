@@ -17,17 +17,28 @@ entry does not depend on the other nodes (tests/test_cluster.py compares the JSO
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from profkit.analysis.comm import is_nccl
 from profkit.analysis.engine import analyze_columns, rank_entries
 from profkit.analysis.findings import HostPart, host_side
-from profkit.analysis.joins import as_job_of_nodes, merge_node_columns, merge_nodes, real_ids
+from profkit.analysis.joins import (
+    as_job_of_nodes,
+    as_job_of_rank_files,
+    merge_node_columns,
+    merge_nodes,
+    merge_rank_columns,
+    merge_ranks,
+    real_ids,
+)
 from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import PhaseMode
 from profkit.analysis.rank_comm import ColumnSteps, kernels_reader
+from profkit.analysis.rank_layout import Layout
 from profkit.analysis.report_tables import query_source
 from profkit.analysis.report_types import RankedReport, RankEntry
 from profkit.analysis.sums import KERNEL, name_codes
@@ -63,8 +74,45 @@ def node_ranks(cols: ActivityColumns, host: HostTrace | None, options: Options) 
     """The map: one node's export (its columns read with GPU starts) analysed alone, or
     None where it cannot be a node of a job (the client's join says why, from every file).
     ``host``: its API calls, for the host-side findings (None: no findings asked)."""
-    try:
+
+    def joined() -> tuple[ActivityColumns, Layout, Callable[[list[dict[str, Any]]], None]]:
         merged, layout, real = merge_node_columns([cols])
+        return merged, layout, lambda infos: real_ids(infos, real)
+
+    return _analysed_alone(cols, host, options, joined)
+
+
+def rank_file_ranks(
+    cols: ActivityColumns, host: HostTrace | None, options: Options
+) -> NodeRanks | None:
+    """The map of a per-rank trace (torch.profiler writes one a rank): its rank analysed
+    alone, as :func:`node_ranks` analyses a node's, or None where it names no rank (the
+    client's join says why, from every file). Its findings carry its own rank number,
+    which is the job's."""
+
+    def joined() -> tuple[ActivityColumns, Layout, Callable[[list[dict[str, Any]]], None]]:
+        merged, layout = merge_rank_columns([cols])
+        real = {int(info["rank"]): info for info in merged.meta["ranks"]}
+
+        def real_ranks(infos: list[dict[str, Any]]) -> None:
+            for info in infos:  # the layout's pid was its merged process key
+                info.update(real[int(info["rank"])])
+
+        return merged, layout, real_ranks
+
+    return _analysed_alone(cols, host, options, joined)
+
+
+def _analysed_alone(
+    cols: ActivityColumns,
+    host: HostTrace | None,
+    options: Options,
+    joined: Callable[[], tuple[ActivityColumns, Layout, Callable[[list[dict[str, Any]]], None]]],
+) -> NodeRanks | None:
+    """One file's ranks analysed alone: ``joined()`` gives its columns as a job of one file,
+    their ranks and what tells the ranks' infos their real ids (None: a BadInput)."""
+    try:
+        merged, layout, real = joined()
         entries, phases = rank_entries(
             merged, layout, options.top, options.phase, options.range, options.phases,
             options.phase_ranges,
@@ -72,11 +120,11 @@ def node_ranks(cols: ActivityColumns, host: HostTrace | None, options: Options) 
     except BadInput:
         return None
     every_rank = [dict(info) for info in layout.info]
-    real_ids([e.info for e in entries] + every_rank, real)
+    real([e.info for e in entries] + every_rank)
     found = None if host is None else host_side(phases, every_rank, [cols], [host])
     for entry in entries:
         assert isinstance(entry.steps, ColumnSteps)
-        entry.steps = entry.steps.moved(entry.steps.rank, 0)  # its reader reads this node
+        entry.steps = entry.steps.moved(entry.steps.rank, 0)  # its reader reads this file
         entry.encode(options.rank_tables)  # its JSON made here, not on the client
     return NodeRanks(entries, found)
 
@@ -90,12 +138,55 @@ def join_node_ranks(
     """The reduce: the job's report from its nodes' columns and their :class:`NodeRanks`
     (in the same order), and the ranks' host findings renumbered as the job's ranks.
     The nodes' arrays are given up as they are joined."""
-    trace_keys = [
-        set(query_source(n.meta, options.phase, options.range, options.top)) for n in nodes
-    ]
+    trace_keys = _trace_keys(nodes, options)
+    _check_tables(parts, rank)
+    cols, layout, real, shifts = merge_nodes(nodes, consume=True)
+    report, found = _joined(cols, layout, parts, shifts, trace_keys, options, rank, True)
+    as_job_of_nodes(report, real, cols.meta["nodes"])
+    return report, found
+
+
+def join_rank_parts(
+    files: list[ActivityColumns],
+    parts: list[NodeRanks],
+    options: Options,
+    rank: int | None = None,
+) -> tuple[RankedReport, HostPart]:
+    """The reduce of per-rank traces: :func:`join_node_ranks` for the parts of
+    :func:`rank_file_ranks` (in the order of ``files``), joined in rank order."""
+    trace_keys = _trace_keys(files, options)
+    _check_tables(parts, rank)
+    cols, layout, order, shifts = merge_ranks(files, consume=True)
+    ordered = [parts[i] for i in order]
+    keys = [trace_keys[i] for i in order]
+    report, found = _joined(cols, layout, ordered, shifts, keys, options, rank, False)
+    as_job_of_rank_files(report, cols.meta)
+    return report, found
+
+
+def _trace_keys(files: list[ActivityColumns], options: Options) -> list[set[str]]:
+    """What each file's own source says of it (the job's replaces it in its ranks')."""
+    return [set(query_source(f.meta, options.phase, options.range, options.top)) for f in files]
+
+
+def _check_tables(parts: list[NodeRanks], rank: int | None) -> None:
     if rank is not None and not all(e.tables_kept for p in parts for e in p.entries):
         raise ValueError("--rank needs each rank's tables: Options(rank_tables=True)")
-    cols, layout, real, shifts = merge_nodes(nodes, consume=True)
+
+
+def _joined(
+    cols: ActivityColumns,
+    layout: Layout,
+    parts: list[NodeRanks],
+    shifts: list[int],
+    trace_keys: list[set[str]],
+    options: Options,
+    rank: int | None,
+    renumber: bool,
+) -> tuple[RankedReport, HostPart]:
+    """The job's report from its joined columns and its files' parts (in join order, each
+    moved by its shift), and the host findings (``renumber``: a part's ranks are counted
+    from 0, as a node's are)."""
     job_source = query_source(cols.meta, options.phase, options.range, options.top)
     kernel_name = name_codes(cols)[0] == KERNEL
     nccl_name = kernel_name & is_nccl(np.array(cols.names, dtype=object))
@@ -103,7 +194,7 @@ def join_node_ranks(
     found = HostPart([], [], [])
     for part, shift, keys in zip(parts, shifts, trace_keys, strict=True):
         first = len(entries)
-        for entry in part.entries:  # what its source says of its node is the job's
+        for entry in part.entries:  # what its source says of its file is the job's
             own = {k: v for k, v in entry.report.source.items() if k not in keys}
             entry.report.source = {**job_source, **own}
             r = len(entries)
@@ -114,7 +205,7 @@ def join_node_ranks(
             )
             entries.append(replace(entry, steps=steps))
         if part.host is not None:
-            mine = part.host.renumbered(first)
+            mine = part.host.renumbered(first) if renumber else part.host
             found = HostPart(found.found + mine.found, found.notes + mine.notes,
                              found.spans + mine.spans)  # fmt: skip
     if len(entries) != len(layout.info):
@@ -124,5 +215,4 @@ def join_node_ranks(
         rank=rank, phase_ranges=options.phase_ranges, entries=entries,
     )  # fmt: skip
     assert isinstance(report, RankedReport)  # a layout gives one
-    as_job_of_nodes(report, real, cols.meta["nodes"])
     return report, found

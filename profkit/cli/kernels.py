@@ -251,8 +251,8 @@ def _read_on_dask(
         job, parts = load_on(client, paths, nsys, cache, progress, side_by_side=compare,
                              options=options, findings=True)  # fmt: skip
     nodes = [p.node for p in parts]
-    if job.kind == "nodes" and all(n is not None for n in nodes):
-        return job, nodes, []  # each node's host findings came with its ranks
+    if job.kind in ("nodes", "ranks") and all(n is not None for n in nodes):
+        return job, nodes, []  # each file's host findings came with its ranks
     hosts = [p.host for p in parts if p.host is not None]
     return job, nodes, hosts if len(hosts) == len(parts) else None
 

@@ -62,11 +62,13 @@ def dask_client(workers: int | None, scheduler: str | None) -> Iterator[Any]:
         with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
             if scheduler is None:
                 # No dashboard; its HTTP server (always started) on a free port, not on
-                # 8787, which another cluster may hold (Dask then warns)
+                # 8787, which another cluster may hold (Dask then warns). The workers say
+                # nothing: a task's failure comes back with its result, and closing the
+                # cluster beside the reduce can log a heartbeat's traceback otherwise
                 cluster = distributed.LocalCluster(
                     n_workers=workers, threads_per_worker=1, processes=True,
                     dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
-                    silence_logs=logging.ERROR,
+                    silence_logs=logging.CRITICAL,
                 )  # fmt: skip
                 try:
                     with distributed.Client(cluster) as client:

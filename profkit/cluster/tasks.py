@@ -3,8 +3,8 @@
 
 :func:`file_part` (the map, on a worker): the file's compact columns, read through the
 worker's own cache (:func:`profkit.traces.load.load_columns`); where the file may be one
-node of a job, its ranks analysed alone (:func:`profkit.analysis.node_parts.node_ranks`),
-else its API calls for the findings. :func:`load_on` (the client): the parts, in the order
+node of a job, its ranks analysed alone (:func:`profkit.analysis.node_parts.node_ranks`;
+a per-rank trace's rank: ``rank_file_ranks``), else its API calls for the findings. :func:`load_on` (the client): the parts, in the order
 given, and the :class:`~profkit.traces.job.Job` their columns make, as
 :func:`profkit.traces.job.load` makes it in one process. The files are read where the
 workers are; paths are the workers' (a shared filesystem, as on a cluster).
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from profkit.analysis.node_parts import NodeRanks, Options, node_ranks
+from profkit.analysis.node_parts import NodeRanks, Options, node_ranks, rank_file_ranks
 from profkit.cluster.client import map_files
 from profkit.cores import limited
 from profkit.traces.columns import SHAPE, ActivityColumns, Progress, ShapeReader
@@ -60,10 +60,12 @@ def file_part(
         cols = load_columns(path, nsys, cache, None, timed=several)
         host = host_traces([Path(path)], [cols])[0] if findings else None  # through the cache
         node, read = None, _Recorded(cols.read_shapes)
-        if several and options is not None and cols.meta.get("format") == NSYS_FORMAT:
+        if several and options is not None:
+            # an export: a node of a job; else a per-rank trace: one rank of a run
+            analyse = node_ranks if cols.meta.get("format") == NSYS_FORMAT else rank_file_ranks
             kept, cols.read_shapes = cols.read_shapes, read if cols.read_shapes else None
             try:
-                node = node_ranks(cols, host, options)
+                node = analyse(cols, host, options)
             finally:
                 cols.read_shapes = kept
         return FilePart(_portable(cols), node, None if node is not None else host, read.known)

@@ -21,6 +21,7 @@ from profkit.analysis.findings.model import Finding
 from profkit.analysis.findings.optimizer import unfused_optimizer
 from profkit.analysis.findings.precision import fp32_gemm
 from profkit.analysis.findings.ranks import exposed_comm, straggler
+from profkit.traces.job import NSYS_FORMAT
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
 if TYPE_CHECKING:
@@ -151,9 +152,12 @@ def _processes(
     if not ranks:
         return [(hosts[0], files[0].ranges, None)]
     out: list[tuple[HostTrace, Any, int | None]] = []
+    # (one per-rank trace alone: its rank analysed where it lies, profkit.analysis.node_parts)
+    chrome = files[0].meta.get("format") != NSYS_FORMAT
+    per_rank = len(hosts) == len(ranks) and (len(hosts) > 1 or chrome)
     for index, info in enumerate(ranks):
         pid, rank = info.get("pid"), int(info["rank"])
-        if len(hosts) == len(ranks) and len(hosts) > 1:  # per-rank traces: one file each
+        if per_rank:  # per-rank traces: one file each
             # the ranks come in rank order, the files as given: matched by path
             paths = [str(f.meta.get("path")) for f in files]
             at = paths.index(str(info["path"])) if str(info.get("path")) in paths else index
