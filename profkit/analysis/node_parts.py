@@ -11,8 +11,13 @@ across nodes) and makes only the job's own tables from them (:func:`join_node_ra
 reduce): the entries are renumbered and their steps put on the job's clock, then the job's
 steps, stragglers and job-wide findings are found across them.
 
-The result is the one :func:`.joins.analyze_node_columns` gives in one process: a rank's
-entry does not depend on the other nodes (tests/test_cluster.py compares the JSON whole).
+Per-rank torch traces (one Chrome trace a rank) go the same way: each trace's rank is
+analysed alone (:func:`rank_file_ranks`) and the client joins the traces in rank order,
+each moved onto the first host's clock (:func:`join_rank_parts`).
+
+The result is the one :func:`.joins.analyze_node_columns` (or
+:func:`.joins.analyze_rank_file_columns`) gives in one process: a rank's entry does not
+depend on the other files (tests/test_cluster.py compares the JSON whole).
 """
 
 from __future__ import annotations
