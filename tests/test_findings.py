@@ -351,6 +351,36 @@ def test_host_calls_are_kept_with_the_cached_columns(
     assert kept.gpu_nccl.dtype == bool and kept.call_kind.dtype == np.int8
 
 
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_torch_trace_is_parsed_once_for_its_columns_and_findings(
+    cache: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first read of a torch trace keeps what the findings read of its events, from
+    the columns' own pass over the JSON: no second parse, with the cache or without, and
+    the same host calls a pass of their own reads. Cached, they are in the entry."""
+    import profkit.traces.host_calls as host_calls
+
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(tmp_path))
+    paths = _files("ddp2", "torch")
+    apart = [host_calls.read_host_trace(p, f.meta)
+             for p, f in zip(paths, load(paths, cache=False).files, strict=True)]  # fmt: skip
+
+    def no_read(*_: Any) -> None:
+        raise AssertionError("the trace was parsed again")
+
+    monkeypatch.setattr(host_calls, "read_host_trace", no_read)
+    job = load(paths, cache=cache)
+    kept = host_traces(job.paths, job.files)
+    if cache:  # a repeated query: the columns and the host calls from the entry
+        kept = host_traces(paths, load(paths).files)
+    for read, host in zip(apart, kept, strict=True):
+        for name in ("gpu_start", "gpu_end", "gpu_pid", "gpu_nccl", "gpu_copy", "gpu_bytes",
+                     "call_start", "call_end", "call_pid", "call_kind", "call_name"):  # fmt: skip
+            assert np.array_equal(getattr(host, name), getattr(read, name)), name
+        assert (host.path, host.has_calls) == (read.path, read.has_calls)
+        assert len(read.call_start) and len(read.gpu_start)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rank_option_keeps_the_straggler_of_all_ranks(backend: str) -> None:
     whole = {(f["kind"], f["rank"]): f for f in findings("straggler2", backend)}

@@ -166,6 +166,8 @@ def cached_columns(
         columns = read()
         if not _unchanged(trace, expected, variant) or not store(entry, expected, columns):
             return _finished(columns, finish)  # nothing in the entry to add derived files to
+        for name, derived in columns.derived.items():  # what the reader derived as it read
+            store_derived(entry, expected, name, derived)
         cache_size.trim(entry.parent, INDEX, keep=entry)  # under its cap: PROFKIT_CACHE_MAX_MB
     else:
         cache_size.touch(entry)  # used now: trimming keeps it longest

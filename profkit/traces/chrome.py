@@ -68,6 +68,7 @@ from profkit.traces.chrome_fields import (
 )
 from profkit.traces.chrome_json import CHUNK_BYTES, BrokenJSON, EventBatches, NotStreamable
 from profkit.traces.columns import ActivityColumns, Progress
+from profkit.traces.host_calls import ChromeHostRows, keep_host
 from profkit.traces.ranks import rank_of_meta
 from profkit.traces.schema import check_span
 
@@ -183,7 +184,11 @@ def read_chrome_columns(
     read = _read(p, chunk_bytes, progress)
     _check_span(read)
     timed = rank_of_meta(read.meta) is not None
-    return columns_of(read.activities, read.ranges, read.meta, timed)
+    columns = columns_of(read.activities, read.ranges, read.meta, timed)
+    # What the findings read of the events, read in the same pass: kept with the columns
+    # (and so in the cache), the JSON is not parsed again for them
+    keep_host(columns, read.host.trace(p, columns.meta))
+    return columns
 
 
 @dataclass
@@ -191,13 +196,14 @@ class _Read:
     activities: Activities
     ranges: pd.DataFrame
     meta: dict[str, Any]
+    host: ChromeHostRows
 
 
 def _read(p: Path, chunk_bytes: int | None, progress: Progress | None) -> _Read:
     """The one pass over the events, then the ranges table, the activities in order and
     the meta."""
     with _gc_paused():
-        header, collected, gathered = _read_events(p, chunk_bytes, _bytes_read(p, progress))
+        header, collected, gathered, host = _read_events(p, chunk_bytes, _bytes_read(p, progress))
     base_ns = _int_or(header.get("baseTimeNanoseconds"), 0)
     if not abs(base_ns) < MAX_BASE_NS:
         collected["issues"].add("baseTimeNanoseconds out of range (read as 0)", 1)
@@ -208,7 +214,7 @@ def _read(p: Path, chunk_bytes: int | None, progress: Progress | None) -> _Read:
     meta = _meta(p, header, collected, ranges, activities, steps)
     meta["base_time_ns"] = base_ns  # the base the times were read with (0 for one out of range)
     meta["sidecar"] = read_sidecar(p)
-    return _Read(activities, ranges, meta)
+    return _Read(activities, ranges, meta, host)
 
 
 def _check_span(read: _Read) -> None:
@@ -251,16 +257,25 @@ def _read_events(
     p: Path,
     chunk_bytes: int | None,
     report: Callable[[int], None] | None,
-) -> tuple[dict[str, Any], dict[str, Any], ActivityArrays]:
-    """The header keys, what the pass kept, and the GPU activities gathered
-    (:func:`over_events`)."""
+) -> tuple[dict[str, Any], dict[str, Any], ActivityArrays, ChromeHostRows]:
+    """The header keys, what the pass kept, the GPU activities gathered and the host
+    rows the findings read (:func:`over_events`)."""
 
-    def collect(batches: Iterable[list[Any]]) -> tuple[dict[str, Any], ActivityArrays]:
-        activities = ActivityArrays()  # anew for each try: what a failed stream kept is dropped
-        return _collect(batches, activities), activities
+    def collect(
+        batches: Iterable[list[Any]],
+    ) -> tuple[dict[str, Any], ActivityArrays, ChromeHostRows]:
+        # anew for each try: what a failed stream kept is dropped
+        activities, host = ActivityArrays(), ChromeHostRows()
 
-    header, (collected, activities) = over_events(p, collect, chunk_bytes, report)
-    return header, collected, activities
+        def seen(batches: Iterable[list[Any]]) -> Iterator[list[Any]]:
+            for events in batches:
+                host.add(events)
+                yield events
+
+        return _collect(seen(batches), activities), activities, host
+
+    header, (collected, activities, host) = over_events(p, collect, chunk_bytes, report)
+    return header, collected, activities, host
 
 
 def over_events(

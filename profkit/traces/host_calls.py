@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from profkit.traces.chrome_fields import to_ns
+from profkit.traces.chrome_fields import MAX_US, to_ns
 from profkit.traces.columns import Derived
 from profkit.traces.schema import NCCL_PREFIX, PROCESS_MASK, PROCESS_SHIFT
 
@@ -183,32 +183,34 @@ def _nsys(path: Path) -> HostTrace:
 
 def _chrome(path: Path, meta: dict[str, Any]) -> HostTrace:
     """One pass over the events, streamed a batch at a time as the columns' reader does
-    (:func:`~profkit.traces.chrome.over_events`): never the whole document in memory."""
+    (:func:`~profkit.traces.chrome.over_events`): never the whole document in memory. (The
+    columns' reader keeps this trace with them as it reads: :class:`ChromeHostRows`.)"""
     from profkit.traces.chrome import over_events
 
-    base = int(meta.get("base_time_ns") or 0)
-    _header, (gpu, calls) = over_events(path, _chrome_rows)
-    pid = int(meta.get("pid") or 0)
-    # One file is one process: its activities are that process's (Kineto's GPU events
-    # carry the device as their pid).
-    gpu_ns = [(int(s), int(s) + int(d), size, n) for s, d, size, n in _to_ns(gpu, base)]
-    call_ns = [(int(s), int(s) + int(d), pid, n) for s, d, _, n in _to_ns(calls, base)]
-    gpu_ns.sort()
-    call_pid = np.full(len(call_ns), pid, dtype=np.int64)
-    return _host_trace(
-        str(path), gpu_ns, np.full(len(gpu_ns), pid, np.int64), call_ns, call_pid, bool(calls)
-    )
+    def collect(batches: Iterable[list[Any]]) -> ChromeHostRows:
+        rows = ChromeHostRows()
+        for events in batches:
+            rows.add(events)
+        return rows
+
+    _header, rows = over_events(path, collect)
+    return rows.trace(path, meta)
 
 
 _Rows = list[tuple[float, float, int, str]]
 
 
-def _chrome_rows(batches: Iterable[list[Any]]) -> tuple[_Rows, _Rows]:
-    """(ts, dur, bytes, name) of the GPU activities and of the API calls the findings use."""
-    gpu: _Rows = []
-    calls: _Rows = []
-    kinds: dict[str, int] = {}  # a few API names, repeated: their kind found once each
-    for events in batches:
+class ChromeHostRows:
+    """What the findings read of a Chrome trace's events, a batch at a time: (ts, dur,
+    bytes, name) of its GPU activities and of the API calls the findings use."""
+
+    def __init__(self) -> None:
+        self.gpu: _Rows = []
+        self.calls: _Rows = []
+        self._kinds: dict[str, int] = {}  # a few API names, repeated: their kind found once
+
+    def add(self, events: list[Any]) -> None:
+        gpu, calls, kinds = self.gpu, self.calls, self._kinds
         for ev in events:
             cat = ev.get("cat") if isinstance(ev, dict) else None
             if not isinstance(cat, str) or cat not in _CHROME_CATEGORIES:  # a list: malformed
@@ -231,7 +233,21 @@ def _chrome_rows(batches: Iterable[list[Any]]) -> tuple[_Rows, _Rows]:
                 kind = kinds[name] = call_kind(name)
             if kind >= 0:
                 calls.append((ts, dur, 0, name))
-    return gpu, calls
+
+    def trace(self, path: Path, meta: dict[str, Any]) -> HostTrace:
+        """The :class:`HostTrace` of the rows (``meta``: the trace's columns')."""
+        base = int(meta.get("base_time_ns") or 0)
+        pid = int(meta.get("pid") or 0)
+        # One file is one process: its activities are that process's (Kineto's GPU events
+        # carry the device as their pid).
+        gpu_ns = [(int(s), int(s) + int(d), size, n) for s, d, size, n in _to_ns(self.gpu, base)]
+        call_ns = [(int(s), int(s) + int(d), pid, n) for s, d, _, n in _to_ns(self.calls, base)]
+        gpu_ns.sort()
+        call_pid = np.full(len(call_ns), pid, dtype=np.int64)
+        return _host_trace(
+            str(path), gpu_ns, np.full(len(gpu_ns), pid, np.int64), call_ns, call_pid,
+            bool(self.calls),
+        )  # fmt: skip
 
 
 def _chrome_copy(name: str) -> int:
@@ -246,7 +262,13 @@ def _chrome_copy(name: str) -> int:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A time the columns' reader keeps: a number, finite and within any clock's range."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) < MAX_US
+    )
 
 
 def _to_ns(rows: list[tuple[Any, ...]], base: int) -> list[tuple[int, int, int, str]]:
@@ -314,6 +336,12 @@ def _kept_or_read(path: Path, columns: ActivityColumns) -> HostTrace:
             bool(meta.get("copy_kinds", True)),
         )  # fmt: skip
     host = read_host_trace(path, columns.meta)
+    keep_host(columns, host)
+    return host
+
+
+def keep_host(columns: ActivityColumns, host: HostTrace) -> None:
+    """Keep ``host`` (its file's host trace) with the file's columns, and so in the cache."""
     names, codes = np.unique(host.call_name.astype(str), return_inverse=True)
     arrays = {k: np.asarray(getattr(host, k), np.int64) for k in _INTS}
     arrays |= {
@@ -326,4 +354,3 @@ def _kept_or_read(path: Path, columns: ActivityColumns) -> HostTrace:
             "copy_kinds": host.copy_kinds,
             "call_names": [str(n) for n in names]}  # fmt: skip
     columns.remember(KEPT_AS, Derived(arrays, meta))
-    return host
