@@ -97,7 +97,7 @@ EDGE_CASES = {
     _unusual_launch_names: (
         [40, 150, 160], [WORKER, WORKER, MAIN], [("forward", 0, 100), ("backward", 100, 200)],
         [("forward", 1, 10), ("backward", 2, 20)],
-        [("forward", "k"), ("backward", "j"), ("backward", "i")],
+        [("forward", "k"), ("backward", "i"), ("backward", "j")],  # a tie: by name
     ),
 }  # fmt: skip
 
