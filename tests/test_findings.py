@@ -448,7 +448,7 @@ def test_pageable_copies_inside_the_steps() -> None:
 
 
 def test_chrome_copies_are_read_by_their_names() -> None:
-    from profkit.traces.host_calls import _chrome_copy
+    from profkit.traces.host_trace import _chrome_copy
 
     assert _chrome_copy("Memcpy HtoD (Pageable -> Device)") == 8
     assert _chrome_copy("Memcpy DtoH (Device -> Pinned)") == 17

@@ -68,7 +68,7 @@ from profkit.traces.chrome_fields import (
 )
 from profkit.traces.chrome_json import CHUNK_BYTES, BrokenJSON, EventBatches, NotStreamable
 from profkit.traces.columns import ActivityColumns, Progress
-from profkit.traces.host_calls import ChromeHostRows, keep_host
+from profkit.traces.host_trace import ChromeHostRows, keep_host
 from profkit.traces.ranks import rank_of_meta
 from profkit.traces.schema import check_span
 
