@@ -8,6 +8,7 @@ cuBLASLt ``nvjet``, CUTLASS, PyTorch's ATen kernels, Triton from ``torch.compile
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -61,8 +62,11 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 )
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def categorize(name: str) -> str:
-    """The category of one kernel name (``other`` when no rule matches)."""
+    """The category of one kernel name (``other`` when no rule matches). Remembered: a
+    report asks for each name's category a few times, and a Dask worker's files (the ranks
+    of one job) share most of their names."""
     for category, pattern in _RULES:
         if pattern.search(name):
             return category

@@ -54,8 +54,10 @@ from profkit.traces.host_calls import HostTrace
 
 @dataclass
 class NodeRanks:
-    """One node's ranks analysed alone: their entries (ranks numbered from 0, times on
-    the node's clock, no reader of their steps' kernels) and host findings."""
+    """One file's ranks analysed alone (a node's, or a per-rank trace's one): their
+    entries (positions counted from 0, times on the file's clock, no reader of their
+    steps' kernels) and host findings (a node's ranks numbered from 0; a per-rank trace's
+    by its own rank)."""
 
     entries: list[RankEntry]
     host: HostPart | None
