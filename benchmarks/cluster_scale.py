@@ -18,7 +18,8 @@ folder) after every run, so a run cut short keeps what it measured.
 
 ``--chrome-ranks N`` reads N per-rank torch traces instead (the same run's Chrome traces:
 ``build_ranks``); ``--before DIR`` runs each ``--workers`` mode with another checkout's
-profkit too (``DIR``: its root), for a before/after on one machine.
+profkit too, and the in-process one (``DIR``: its root), for a before/after on one
+machine.
 """
 
 from __future__ import annotations
@@ -211,9 +212,7 @@ def main() -> int:
     parser.add_argument(
         "--chrome-ranks", type=int, default=0, help="N: N per-rank torch traces, not nodes"
     )
-    parser.add_argument(
-        "--before", type=Path, default=None, help="another checkout: its --workers runs too"
-    )
+    parser.add_argument("--before", type=Path, default=None, help="another checkout: its runs too")
     parser.add_argument("--workers", type=int, nargs="*", default=[4, 15])
     parser.add_argument("--cluster-workers", type=int, default=15, help="0: no --scheduler run")
     parser.add_argument("--skip-in-process", action="store_true")
@@ -243,6 +242,7 @@ def main() -> int:
         modes.append(("in-process", []))
     modes += [(f"--workers {n}", ["--workers", str(n)]) for n in args.workers]
     if args.before is not None:
+        modes += [] if args.skip_in_process else [("in-process [before]", [])]
         modes += [(f"--workers {n} [before]", ["--workers", str(n)]) for n in args.workers]
     if args.cluster_workers:
         modes.append(
