@@ -4,8 +4,9 @@
 :func:`file_part` (the map, on a worker): the file's compact columns, read through the
 worker's own cache (:func:`profkit.traces.load.load_columns`); where the file may be one
 node of a job, its ranks analysed alone (:func:`profkit.analysis.node_parts.node_ranks`;
-a per-rank trace's rank: ``rank_file_ranks``), else its API calls for the findings. :func:`load_on` (the client): the parts, in the order
-given, and the :class:`~profkit.traces.job.Job` their columns make, as
+a per-rank trace's rank: ``rank_file_ranks``), else its API calls for the findings.
+:func:`load_on` (the client): the parts, in the order given, and the
+:class:`~profkit.traces.job.Job` their columns make, as
 :func:`profkit.traces.job.load` makes it in one process. The files are read where the
 workers are; paths are the workers' (a shared filesystem, as on a cluster).
 """

@@ -94,8 +94,9 @@ class HostTrace:
         g, c = self.gpu_pid == pid, self.call_pid == pid
         return HostTrace(
             self.path, self.gpu_start[g], self.gpu_end[g], self.gpu_pid[g], self.gpu_nccl[g],
-            self.gpu_copy[g], self.gpu_bytes[g], self.call_start[c], self.call_end[c], self.call_pid[c], self.call_kind[c],
-            self.call_name[c], self.has_calls, self.copy_kinds,
+            self.gpu_copy[g], self.gpu_bytes[g], self.call_start[c], self.call_end[c],
+            self.call_pid[c], self.call_kind[c], self.call_name[c], self.has_calls,
+            self.copy_kinds,
         )  # fmt: skip
 
 
