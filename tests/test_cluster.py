@@ -237,9 +237,11 @@ def test_a_rank_the_workers_cannot_analyse(client: Any) -> None:
     assert str(on_workers.value) == str(in_process.value)
 
 
-def _cli(*args: str | Path, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str | Path, timeout: int = 240, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "profkit", "kernels", *map(str, args)]
-    return subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=timeout)
+    return subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=timeout, cwd=cwd)
 
 
 def test_workers_flag_equals_in_process(nodes: list[Path], tmp_path: Path) -> None:
@@ -255,7 +257,8 @@ def test_workers_flag_equals_in_process(nodes: list[Path], tmp_path: Path) -> No
 @pytest.fixture(scope="module")
 def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A real ``dask scheduler`` on localhost, its scheduler file, and a way to start
-    ``dask worker`` processes (no nanny: the process is the worker, to be killed)."""
+    ``dask worker`` processes (no nanny: the process is the worker, to be killed), each in
+    the scheduler's folder, not in the command's working directory (as on a cluster)."""
     folder = tmp_path_factory.mktemp("scheduler")
     file = folder / "scheduler.json"
     dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
@@ -269,7 +272,7 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         argv = [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(file),
                 "--nthreads", "1", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1"]  # fmt: skip
         worker = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=folder
         )
         workers.append(worker)
         return worker
@@ -312,6 +315,26 @@ def test_scheduler_with_real_workers(
     done = _cli(*RANKS, "--format", "json", "--out", ranks_out, "--scheduler", address)
     assert done.returncode == 0, done.stderr
     assert ranks_out.read_bytes() == ranks_in.read_bytes()
+
+
+def test_relative_paths_on_workers_elsewhere(
+    scheduler: dict[str, Any], nodes: list[Path], tmp_path: Path
+) -> None:
+    """Paths given relative to the command's working directory, which is not the workers':
+    each file is still found, and the JSON (which names the files as given) is the
+    in-process one, byte for byte: node exports, then per-rank torch traces."""
+    if not scheduler["workers"] or all(w.poll() is not None for w in scheduler["workers"]):
+        scheduler["start_worker"]()
+    _wait_for_workers(scheduler["file"], 1)
+    for files in (nodes, RANKS):
+        here = files[0].parent
+        given = [p.relative_to(here) for p in files]
+        outs = [tmp_path / "in.json", tmp_path / "remote.json"]
+        for out, extra in zip(outs, [(), ("--scheduler", scheduler["file"])], strict=True):
+            done = _cli(*given, "--format", "json", "--out", out, *extra, cwd=here)
+            assert done.returncode == 0, done.stderr
+        assert json.loads(outs[0].read_text())["source"]["path"].startswith(given[0].name)
+        assert outs[1].read_bytes() == outs[0].read_bytes()
 
 
 def test_a_worker_killed_mid_run(scheduler: dict[str, Any], tmp_path: Path) -> None:

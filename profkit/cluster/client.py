@@ -13,6 +13,7 @@ line naming its file, as does a file a worker cannot read. Dask is an optional e
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -126,14 +127,17 @@ def map_files(
     **kwargs: Any,
 ) -> list[T]:
     """``fn(path, **kwargs)`` of each path on the client's workers, in the order given;
-    ``done(finished, total)`` after each. A task that raised re-raises its error here
+    ``done(finished, total)`` after each. A relative path goes joined to this process's
+    working directory (:func:`as_given` undoes it): a worker has its own, and on a shared
+    filesystem an absolute path names the same file on every host. A task that raised re-raises its error here
     (a :class:`BadInput` is the file's one line); one whose workers kept dying is one
     line naming the file."""
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
-    futures = [client.submit(fn, str(p), key=f"profkit-read-{i}-{p.name}", pure=False, **kwargs)
-               for i, p in enumerate(paths)]  # fmt: skip
+    here = Path.cwd()  # a worker's is another: each path goes as this process opens it
+    futures = [client.submit(fn, str(here / p), key=f"profkit-read-{i}-{p.name}", pure=False,
+                             **kwargs) for i, p in enumerate(paths)]  # fmt: skip
     index = {f.key: i for i, f in enumerate(futures)}
     results: list[Any] = [None] * len(futures)
     # Each result is fetched and unpickled as its task ends, beside the others (not one
@@ -163,6 +167,15 @@ def map_files(
     finally:
         client.cancel([f for f in futures if not f.done()])
     return results
+
+
+def as_given(path: str, given: Path) -> str:
+    """A path a worker wrote of the file sent as ``given`` (the file's, or one made beside
+    it: a report's export), as the user wrote ``given``: relative again where it was."""
+    if given.is_absolute():
+        return path
+    here = str(Path.cwd()) + os.sep
+    return path[len(here) :] if path.startswith(here) else path
 
 
 def _said(exc: BaseException) -> str:

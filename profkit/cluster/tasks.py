@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from profkit.analysis.node_parts import NodeRanks, Options, node_ranks, rank_file_ranks
-from profkit.cluster.client import map_files
+from profkit.cluster.client import as_given, map_files
 from profkit.cores import limited
 from profkit.traces.columns import SHAPE, ActivityColumns, Progress, ShapeReader
 from profkit.traces.host_calls import HostTrace, host_traces
@@ -135,8 +135,11 @@ def load_on(
         client, file_part, paths, done, nsys=None if nsys is None else str(nsys), cache=cache,
         several=several, options=options, findings=findings,
     )  # fmt: skip
-    for part in parts:
+    for given, part in zip(paths, parts, strict=True):
         cols = part.columns
+        cols.meta["path"] = as_given(str(cols.meta.get("path")), Path(given))
+        if part.host is not None:
+            part.host.path = as_given(part.host.path, Path(given))
         if cols.kernel_rows is not None and SHAPE not in cols.arrays:
             read = shape_reader(Path(str(cols.meta.get("path"))), cols.kernel_rows)
             cols.read_shapes = _known_first(part.shapes, read)
