@@ -129,9 +129,9 @@ def map_files(
     """``fn(path, **kwargs)`` of each path on the client's workers, in the order given;
     ``done(finished, total)`` after each. A relative path goes joined to this process's
     working directory (:func:`as_given` undoes it): a worker has its own, and on a shared
-    filesystem an absolute path names the same file on every host. A task that raised re-raises its error here
-    (a :class:`BadInput` is the file's one line); one whose workers kept dying is one
-    line naming the file."""
+    filesystem an absolute path names the same file on every host. A task that raised
+    re-raises its error here (a :class:`BadInput` is the file's one line); one whose
+    workers kept dying is one line naming the file."""
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
