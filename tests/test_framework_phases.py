@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from profkit import analysis
 from profkit.analysis.phase_marks import PhaseRanges
+from profkit.analysis.report_types import RankedReport
 from profkit.cli import app
 from profkit.traces.job import load
 from profkit.workload.names import PHASES
@@ -300,3 +301,36 @@ def test_phase_ranges_on_the_report(tmp_path: Path) -> None:
     assert refused.stderr.strip().splitlines() == [
         "error: --phase-ranges: 'fwd' is not a phase; use forward, backward, optimizer"
     ]
+
+
+def _renamed(trace: Path, folder: Path, names: dict[str, str]) -> Path:
+    """A copy of a torch.profiler trace with its events named ``names``' keys renamed."""
+    data = json.loads(gzip.decompress(trace.read_bytes()))
+    for e in data["traceEvents"]:
+        e["name"] = names.get(e.get("name", ""), e.get("name", ""))
+    copy = folder / trace.name.removesuffix(".gz")
+    copy.write_text(json.dumps(data))
+    return copy
+
+
+def test_a_job_of_marked_rank_traces_has_their_steps(tmp_path: Path) -> None:
+    """The steps of per-rank torch traces whose phases are marks: one a ``truth:forward``
+    instance (plain JSON), by rank, whether the marks are spelled ``domain:phase`` or are
+    the user's own names mapped by ``--phase-ranges``. (Steps were looked for under the
+    marks' own names, so neither had any: no step table, no straggler, no lanes.)"""
+    traces = [FRAMEWORKS / f"torch-h200x2-hf-ddp2-rank{r}.json.gz" for r in (0, 1)]
+    want = {}
+    for r, trace in enumerate(traces):
+        events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+        want[r] = sum(
+            e.get("name") == "truth:forward" and e.get("cat") == "user_annotation" for e in events
+        )
+    assert min(want.values()) >= 2
+    own = {f"truth:{p}": f"mine:{p[:3]}" for p in PHASES}
+    renamed = [_renamed(t, tmp_path, own) for t in traces]
+    mapped = PhaseRanges.parse(",".join(f"{p}=mine:{p[:3]}" for p in PHASES))
+    for files, marks in ((traces, None), (traces, PhaseRanges.parse(MARKS)), (renamed, mapped)):
+        report = analysis.kernel_report(load(files, cache=False), phase_ranges=marks)
+        assert isinstance(report, RankedReport)
+        assert report.steps.groupby("rank")["step"].nunique().to_dict() == want
+        assert report.job()["steps"], "the job's steps"

@@ -306,7 +306,11 @@ def _rank_entries(
 
 
 def _first_steps(scope: Scope, report: KernelReport) -> np.ndarray:
-    """Step starts as :meth:`.steps.RankSteps.of` takes them: the instances of the first
-    phase of the rank's phase table."""
+    """Step starts: the instances of the first phase of the rank's phase table, ranges
+    under the names the plan gave them (a ``truth:forward`` mark, or one ``--phase-ranges``
+    maps, is a ``forward``)."""
     phases = [p for p in report.phases["phase"] if p != UNATTRIBUTED]
-    return step_starts(scope.ranges, phases[0] if phases else "")
+    ranges = scope.ranges
+    if scope.range_names is not None:
+        ranges = ranges.assign(name=scope.range_names)
+    return step_starts(ranges, phases[0] if phases else "")
