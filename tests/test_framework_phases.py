@@ -27,6 +27,7 @@ from profkit import analysis
 from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.report_types import RankedReport
 from profkit.cli import app
+from profkit.traces.host_calls import host_traces
 from profkit.traces.job import load
 from profkit.workload.names import PHASES
 
@@ -313,12 +314,17 @@ def _renamed(trace: Path, folder: Path, names: dict[str, str]) -> Path:
     return copy
 
 
+HF_DDP2 = [FRAMEWORKS / f"torch-h200x2-hf-ddp2-rank{r}.json.gz" for r in (0, 1)]
+OWN_NAMES = {f"truth:{p}": f"mine:{p[:3]}" for p in PHASES}
+OWN_MARKS = PhaseRanges.parse(",".join(f"{p}=mine:{p[:3]}" for p in PHASES))
+
+
 def test_a_job_of_marked_rank_traces_has_their_steps(tmp_path: Path) -> None:
     """The steps of per-rank torch traces whose phases are marks: one a ``truth:forward``
     instance (plain JSON), by rank, whether the marks are spelled ``domain:phase`` or are
     the user's own names mapped by ``--phase-ranges``. (Steps were looked for under the
     marks' own names, so neither had any: no step table, no straggler, no lanes.)"""
-    traces = [FRAMEWORKS / f"torch-h200x2-hf-ddp2-rank{r}.json.gz" for r in (0, 1)]
+    traces = HF_DDP2
     want = {}
     for r, trace in enumerate(traces):
         events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
@@ -326,11 +332,36 @@ def test_a_job_of_marked_rank_traces_has_their_steps(tmp_path: Path) -> None:
             e.get("name") == "truth:forward" and e.get("cat") == "user_annotation" for e in events
         )
     assert min(want.values()) >= 2
-    own = {f"truth:{p}": f"mine:{p[:3]}" for p in PHASES}
-    renamed = [_renamed(t, tmp_path, own) for t in traces]
-    mapped = PhaseRanges.parse(",".join(f"{p}=mine:{p[:3]}" for p in PHASES))
-    for files, marks in ((traces, None), (traces, PhaseRanges.parse(MARKS)), (renamed, mapped)):
+    renamed = [_renamed(t, tmp_path, OWN_NAMES) for t in traces]
+    for files, marks in (
+        (traces, None),
+        (traces, PhaseRanges.parse(MARKS)),
+        (renamed, OWN_MARKS),
+    ):
         report = analysis.kernel_report(load(files, cache=False), phase_ranges=marks)
         assert isinstance(report, RankedReport)
         assert report.steps.groupby("rank")["step"].nunique().to_dict() == want
         assert report.job()["steps"], "the job's steps"
+
+
+def test_host_findings_say_where_by_the_marked_phases(tmp_path: Path) -> None:
+    """The host findings of marked per-rank torch traces place the host's calls in the
+    report's phases (a ``truth:forward`` mark is ``forward``, not the torch op range
+    around it), the same whether the marks are spelled ``domain:phase`` or are the
+    user's own names mapped by ``--phase-ranges``."""
+    renamed = [_renamed(t, tmp_path, OWN_NAMES) for t in HF_DDP2]
+    found = []
+    for files, marks in ((HF_DDP2, None), (renamed, OWN_MARKS)):
+        job = load(files, cache=False)
+        hosts = host_traces(files, job.files)
+        report = analysis.kernel_report(job, phase_ranges=marks, hosts=hosts)
+        assert report.findings is not None
+        host = [
+            f for f in report.findings if f["kind"] in ("host_sync", "host_idle", "launch_bound")
+        ]
+        found.append(host)
+    assert found[0] == found[1]
+    syncs = [f for f in found[0] if f["kind"] == "host_sync"]
+    assert len(syncs) == 2, "one a rank"
+    for f in syncs:
+        assert set(f["evidence"]["by_phase"]) == {"forward", "between phases"}

@@ -105,7 +105,9 @@ def kernel_report(
     if hosts is not None:
         from profkit.analysis.findings import findings_of
 
-        report.findings, notes, report.gap_marks = findings_of(report, job.files, hosts)
+        report.findings, notes, report.gap_marks = findings_of(
+            report, job.files, hosts, phase_ranges=phase_ranges
+        )
         report.notes.extend(notes)
     return report
 

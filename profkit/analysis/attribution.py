@@ -48,6 +48,7 @@ from profkit.analysis.intervals import Lanes, stab
 from profkit.analysis.phase_marks import (
     PhaseRanges,
     library_ranges,
+    mapped_marks,
     phase_domains,
     spelled_in_domain,
     unclosed_ranges,
@@ -262,11 +263,10 @@ def phase_candidates(
     capture's end (it would swallow the rest of the capture)."""
     ranges = cols.ranges
     closed = ~unclosed_ranges(ranges, cols.meta)
-    mapped = None if phase_ranges is None else phase_ranges.phase_of(ranges)
-    if mapped is not None and (mapped != None).any():  # noqa: E711 (elementwise)
-        marks = ranges.copy()
-        marks["name"] = np.where(mapped == None, "", mapped)  # noqa: E711 (elementwise)
-        return marks, (mapped != None) & closed  # noqa: E711
+    found = mapped_marks(ranges, phase_ranges)
+    if found is not None:
+        marks, mapped = found
+        return marks, mapped & closed
     if per_process:
         marks = spelled_in_domain(ranges)
         return marks, phase_domains(marks) & closed

@@ -128,7 +128,11 @@ def _analysed_alone(
         return None
     every_rank = [dict(info) for info in layout.info]
     real([e.info for e in entries] + every_rank)
-    found = None if host is None else host_side(phases, every_rank, [cols], [host])
+    found = (
+        None
+        if host is None
+        else host_side(phases, every_rank, [cols], [host], options.phase_ranges)
+    )
     for entry in entries:
         assert isinstance(entry.steps, ColumnSteps)
         entry.steps = entry.steps.moved(entry.steps.rank, 0)  # its reader reads this file

@@ -82,6 +82,27 @@ def spelled_in_domain(ranges: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def mapped_marks(
+    ranges: pd.DataFrame, phase_ranges: PhaseRanges | None
+) -> tuple[pd.DataFrame, np.ndarray] | None:
+    """The ranges ``phase_ranges`` maps (``--phase-ranges``) renamed to their phases, the
+    others to ``""``, and which are mapped; None where it maps none (or is None)."""
+    mapped = None if phase_ranges is None else phase_ranges.phase_of(ranges)
+    if mapped is None or not (mapped != None).any():  # noqa: E711 (elementwise)
+        return None
+    marks = ranges.copy()
+    marks["name"] = np.where(mapped == None, "", mapped)  # noqa: E711 (elementwise)
+    return marks, mapped != None  # noqa: E711
+
+
+def under_phase_names(ranges: pd.DataFrame, phase_ranges: PhaseRanges | None) -> pd.DataFrame:
+    """``ranges`` with the marks that are phases named as their phases, as the plan finds
+    them: the ranges ``phase_ranges`` maps, where it maps any (the others unnamed), else
+    each ``DOMAIN:phase`` spelling (:func:`spelled_in_domain`)."""
+    found = mapped_marks(ranges, phase_ranges)
+    return spelled_in_domain(ranges) if found is None else found[0]
+
+
 def phase_domains(ranges: pd.DataFrame) -> np.ndarray:
     """Per range: in the NVTX domain its process takes phases from, and not a library's.
 

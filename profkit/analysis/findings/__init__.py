@@ -21,6 +21,7 @@ from profkit.analysis.findings.model import Finding
 from profkit.analysis.findings.optimizer import unfused_optimizer
 from profkit.analysis.findings.precision import fp32_gemm
 from profkit.analysis.findings.ranks import exposed_comm, straggler
+from profkit.analysis.phase_marks import PhaseRanges, under_phase_names
 from profkit.traces.job import NSYS_FORMAT
 from profkit.traces.schema import PROCESS_MASK, PROCESS_SHIFT
 
@@ -47,14 +48,15 @@ def findings_of(
     files: list[ActivityColumns],
     hosts: list[HostTrace],
     host_found: HostPart | None = None,
+    phase_ranges: PhaseRanges | None = None,
 ) -> tuple[list[dict[str, Any]], list[str], GapMarks]:
     """The report's findings as JSON objects, largest ``recoverable_ms`` first; the notes
     of rules the traces could not feed (each said once); per rank (None for one process)
     the GPU-idle gaps the host findings attribute, by cause (``start``, ``end``,
     ``launch``, ``cause``: ``idle``, ``sync`` or ``launch``), for the lanes picture.
     ``host_found``: the host side, found already (:func:`host_part`, where each node's
-    file lies)."""
-    part = host_part(report, files, hosts) if host_found is None else host_found
+    file lies); ``phase_ranges``: the marks ``--phase-ranges`` made the phases."""
+    part = host_part(report, files, hosts, phase_ranges) if host_found is None else host_found
     every, notes = list(part.found), list(part.notes)
     shown = {int(e.info["rank"]) for e in getattr(report, "ranks", None) or []}
     # --rank R shows rank R's host findings; the straggler's bound is its own host idle,
@@ -119,11 +121,14 @@ class HostPart:
 
 
 def host_part(
-    report: KernelReport, files: list[ActivityColumns], hosts: list[HostTrace]
+    report: KernelReport,
+    files: list[ActivityColumns],
+    hosts: list[HostTrace],
+    phase_ranges: PhaseRanges | None = None,
 ) -> HostPart:
     """The host side of the findings of every process (rank) of the report."""
     ranks = getattr(report, "every_rank", None) or [e.info for e in getattr(report, "ranks", [])]
-    return host_side(report.phases, ranks, files, hosts)
+    return host_side(report.phases, ranks, files, hosts, phase_ranges)
 
 
 def host_side(
@@ -131,13 +136,16 @@ def host_side(
     ranks: list[dict[str, Any]],
     files: list[ActivityColumns],
     hosts: list[HostTrace],
+    phase_ranges: PhaseRanges | None = None,
 ) -> HostPart:
     """:func:`host_part` of a report whose phase table and ranks' infos (none: one
-    process) are these."""
+    process) are these. Its marks are read under their phases' names, as the report's
+    phases were found (``phase_ranges``: ``--phase-ranges``)."""
     found: list[Finding] = []
     notes: list[str] = []
     phases = {str(p) for p in phase_table["phase"]} if "phase" in phase_table else set()
-    processes = _processes(ranks, files, hosts)
+    named = [under_phase_names(f.ranges, phase_ranges) for f in files]
+    processes = _processes(ranks, files, hosts, named)
     for process in processes:
         found += host_findings(*process, notes, phases)
         found += pageable_copy(*process, notes, phases)
@@ -145,12 +153,16 @@ def host_side(
 
 
 def _processes(
-    ranks: list[dict[str, Any]], files: list[ActivityColumns], hosts: list[HostTrace]
+    ranks: list[dict[str, Any]],
+    files: list[ActivityColumns],
+    hosts: list[HostTrace],
+    named: list[pd.DataFrame],
 ) -> list[tuple[HostTrace, Any, int | None]]:
     """(host trace, phase ranges, rank) per process: one for one process, one per rank
-    (every rank, whichever ``--rank`` shows)."""
+    (every rank, whichever ``--rank`` shows); ``named``: each file's ranges, its marks
+    under their phases' names."""
     if not ranks:
-        return [(hosts[0], files[0].ranges, None)]
+        return [(hosts[0], named[0], None)]
     out: list[tuple[HostTrace, Any, int | None]] = []
     # (one per-rank trace alone: its rank analysed where it lies, profkit.analysis.node_parts)
     chrome = files[0].meta.get("format") != NSYS_FORMAT
@@ -161,7 +173,7 @@ def _processes(
             # the ranks come in rank order, the files as given: matched by path
             paths = [str(f.meta.get("path")) for f in files]
             at = paths.index(str(info["path"])) if str(info.get("path")) in paths else index
-            out.append((hosts[at], files[at].ranges, rank))
+            out.append((hosts[at], named[at], rank))
         else:  # one export of several processes, or several nodes' exports
             # a node's file first where the rank names it (pids of two hosts can be equal)
             own = [
@@ -169,7 +181,7 @@ def _processes(
             ]
             seen = [i for i in own + list(range(len(hosts))) if (hosts[i].gpu_pid == pid).any()]
             at = seen[0] if seen else 0
-            ranges = files[at].ranges
+            ranges = named[at]
             mine = ((ranges["thread"].to_numpy() >> PROCESS_SHIFT) & PROCESS_MASK) == pid
             out.append((hosts[at].of_process(pid), ranges[mine], rank))
     return out
