@@ -11,6 +11,9 @@ stderr, and that library callers can filter or turn into errors like any Python 
 
 import warnings
 
+DASK_INSTALL = "pip install 'profkit[dask]'"
+"""How to add the optional Dask extra that ``--workers`` and ``--scheduler`` run on."""
+
 
 class ProfkitError(Exception):
     """An error the user can act on; its message is the whole story (one line)."""

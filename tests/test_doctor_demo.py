@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +44,10 @@ def test_doctor_reports_components_and_commands() -> None:
     if not torch.cuda.is_available():
         assert commands["nsys"]["status"] == "missing" and "CUDA" in commands["nsys"]["note"]
         assert commands["memory"]["status"] == "partial"
+
+    dask = importlib.util.find_spec("distributed") is not None
+    assert components["dask"]["found"] == dask
+    assert ("--workers/--scheduler need Dask" in commands["kernels"]["note"]) == (not dask)
 
     table = runner.invoke(app, ["doctor"], env={"COLUMNS": "200"})
     assert table.exit_code == 0
@@ -101,3 +108,25 @@ def test_demo_rejects_an_unwritable_report(tmp_path: Path) -> None:
     result = runner.invoke(app, ["demo", "--report", str(blocker / "demo.md")])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: cannot write")
+
+
+def test_doctor_says_how_to_add_dask() -> None:
+    """Without Dask (its import blocked here), doctor names the extra and what it is for,
+    and ``kernels`` runs in one process only."""
+    code = (
+        "import sys; sys.modules['distributed'] = None\n"
+        "from profkit.__main__ import main; sys.argv = ['profkit', 'doctor', '-f', 'json']\n"
+        "main()"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    (dask,) = [c for c in found["components"] if c["name"] == "dask"]
+    assert dask == {
+        "name": "dask",
+        "found": False,
+        "detail": "not installed (--workers/--scheduler): pip install 'profkit[dask]'",
+    }
+    (kernels,) = [c for c in found["commands"] if c["command"] == "kernels"]
+    assert kernels["status"] == "partial"
+    assert "in one process only (--workers/--scheduler need Dask)" in kernels["note"]

@@ -20,10 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from profkit.errors import BadInput
+from profkit.errors import DASK_INSTALL, BadInput
 
 T = TypeVar("T")
-INSTALL = "pip install 'profkit[dask]'"
 CONNECT_TIMEOUT_S = 10
 """How long the client tries to reach a scheduler before it says it cannot."""
 CLOSING_THREAD = "profkit-dask-close"
@@ -52,7 +51,7 @@ def dask_client(workers: int | None, scheduler: str | None) -> Iterator[Any]:
         import distributed
     except ImportError:
         flag = "--workers" if scheduler is None else "--scheduler"
-        raise BadInput(f"{flag} runs on Dask, which is not installed: {INSTALL}") from None
+        raise BadInput(f"{flag} runs on Dask, which is not installed: {DASK_INSTALL}") from None
     import dask
 
     quiet = logging.getLogger("distributed")

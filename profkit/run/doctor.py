@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shutil
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import profkit
+from profkit.errors import DASK_INSTALL
 from profkit.run.environment import git_state
 
 
@@ -49,6 +51,14 @@ def _module(name: str, dist: str) -> Component:
     except Exception as exc:  # a broken install is "not found" with the reason
         return Component(dist, False, f"cannot import {name}: {exc}")
     return Component(dist, True, _package_version(dist) or "installed")
+
+
+def _dask_component() -> Component:
+    """Dask's distributed scheduler, the optional extra of ``kernels --workers/--scheduler``
+    (its version from the package's metadata: importing it takes most of a second)."""
+    if importlib.util.find_spec("distributed") is None:
+        return Component("dask", False, f"not installed (--workers/--scheduler): {DASK_INSTALL}")
+    return Component("dask", True, f"distributed {_package_version('distributed') or '?'}")
 
 
 def _torch_components() -> tuple[list[Component], dict[str, bool]]:
@@ -128,9 +138,16 @@ def _capabilities(found: dict[str, bool]) -> list[Capability]:
         ),
         Capability(
             "kernels",
-            ready if nsys else partial,
-            "-; nsys to export .nsys-rep",
-            "" if nsys else ".sqlite exports and Chrome traces only (.nsys-rep needs nsys)",
+            ready if nsys and found["dask"] else partial,
+            "-; nsys to export .nsys-rep; Dask for --workers/--scheduler",
+            "; ".join(
+                note
+                for note, applies in (
+                    (".sqlite exports and Chrome traces only (.nsys-rep needs nsys)", not nsys),
+                    ("in one process only (--workers/--scheduler need Dask)", not found["dask"]),
+                )
+                if applies
+            ),
         ),
         Capability(
             "memory",
@@ -189,7 +206,9 @@ def doctor() -> dict[str, Any]:
         )
     ]
     components += packages
-    found.update(nsys=nsys.found, matplotlib=packages[2].found)
+    dask = _dask_component()
+    components.append(dask)
+    found.update(nsys=nsys.found, matplotlib=packages[2].found, dask=dask.found)
     return {
         "components": [asdict(c) for c in components],
         "commands": [asdict(c) for c in _capabilities(found)],
