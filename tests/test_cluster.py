@@ -337,6 +337,34 @@ def test_relative_paths_on_workers_elsewhere(
         assert outs[1].read_bytes() == outs[0].read_bytes()
 
 
+def test_a_relative_nsys_runs_on_workers_elsewhere(
+    scheduler: dict[str, Any], nodes: list[Path], tmp_path: Path
+) -> None:
+    """``--nsys tools/nsys`` (a file relative to the command's directory) exports a report
+    on a worker that runs in another directory, and the report is the in-process one. (A
+    stand-in nsys plays the export: it writes a node's export to the ``--output`` given.)"""
+    if not scheduler["workers"] or all(w.poll() is not None for w in scheduler["workers"]):
+        scheduler["start_worker"]()
+    _wait_for_workers(scheduler["file"], 1)
+    (tmp_path / "tools").mkdir()
+    nsys = tmp_path / "tools" / "nsys"
+    nsys.write_text(
+        f"#!{sys.executable}\nimport shutil, sys\n"
+        f"shutil.copy({str(nodes[0])!r}, sys.argv[sys.argv.index('--output') + 1])\n"
+    )
+    nsys.chmod(0o755)
+    (tmp_path / "run.nsys-rep").write_bytes(b"a report")
+    remote, local = tmp_path / "remote.json", tmp_path / "in.json"
+    done = _cli("run.nsys-rep", "--nsys", "tools/nsys", "--format", "json", "--out", remote,
+                "--scheduler", scheduler["file"], cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "run.sqlite").read_bytes() == nodes[0].read_bytes()  # exported there
+    done = _cli("run.nsys-rep", "--nsys", "tools/nsys", "--format", "json", "--out", local,
+                cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert remote.read_bytes() == local.read_bytes()
+
+
 def test_a_worker_killed_mid_run(scheduler: dict[str, Any], tmp_path: Path) -> None:
     """A worker killed while it reads a file: Dask runs the file's task again on another
     worker, and the report is the whole one, equal to the in-process read."""

@@ -111,6 +111,16 @@ def _portable(cols: ActivityColumns) -> ActivityColumns:
     )  # fmt: skip
 
 
+def _for_workers(nsys: str | os.PathLike[str] | None) -> str | None:
+    """``--nsys`` as a worker can run it: a file here, named relative to this directory,
+    by its absolute path (a worker runs in its own); a command name as given (each
+    worker finds it on its own PATH)."""
+    if nsys is None:
+        return None
+    path = Path(nsys)
+    return str(Path.cwd() / path) if path.is_file() and not path.is_absolute() else str(nsys)
+
+
 def load_on(
     client: Any,
     paths: list[Path],
@@ -132,8 +142,8 @@ def load_on(
             progress(finished, total, "files")
 
     parts = map_files(
-        client, file_part, paths, done, nsys=None if nsys is None else str(nsys), cache=cache,
-        several=several, options=options, findings=findings,
+        client, file_part, paths, done, nsys=_for_workers(nsys), cache=cache, several=several,
+        options=options, findings=findings,
     )  # fmt: skip
     for given, part in zip(paths, parts, strict=True):
         cols = part.columns
