@@ -288,6 +288,13 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
             p.wait()
 
 
+def _a_live_worker(scheduler: dict[str, Any]) -> None:
+    """At least one worker on the scheduler: one started where none is left alive."""
+    if not scheduler["workers"] or all(w.poll() is not None for w in scheduler["workers"]):
+        scheduler["start_worker"]()
+    _wait_for_workers(scheduler["file"], 1)
+
+
 def _wait_for_workers(file: Path, count: int) -> None:
     with distributed.Client(scheduler_file=str(file), timeout="30s") as c:
         c.wait_for_workers(count, timeout=60)
@@ -323,9 +330,7 @@ def test_relative_paths_on_workers_elsewhere(
     """Paths given relative to the command's working directory, which is not the workers':
     each file is still found, and the JSON (which names the files as given) is the
     in-process one, byte for byte: node exports, then per-rank torch traces."""
-    if not scheduler["workers"] or all(w.poll() is not None for w in scheduler["workers"]):
-        scheduler["start_worker"]()
-    _wait_for_workers(scheduler["file"], 1)
+    _a_live_worker(scheduler)
     for files in (nodes, RANKS):
         here = files[0].parent
         given = [p.relative_to(here) for p in files]
@@ -343,9 +348,7 @@ def test_a_relative_nsys_runs_on_workers_elsewhere(
     """``--nsys tools/nsys`` (a file relative to the command's directory) exports a report
     on a worker that runs in another directory, and the report is the in-process one. (A
     stand-in nsys plays the export: it writes a node's export to the ``--output`` given.)"""
-    if not scheduler["workers"] or all(w.poll() is not None for w in scheduler["workers"]):
-        scheduler["start_worker"]()
-    _wait_for_workers(scheduler["file"], 1)
+    _a_live_worker(scheduler)
     (tmp_path / "tools").mkdir()
     nsys = tmp_path / "tools" / "nsys"
     nsys.write_text(
@@ -422,9 +425,7 @@ def test_a_file_missing_on_the_workers(
     scheduler: dict[str, Any], nodes: list[Path], tmp_path: Path
 ) -> None:
     """A path no worker can read: one line naming it, exit 2, no output written."""
-    if not scheduler["workers"] or all(w.poll() is not None for w in scheduler["workers"]):
-        scheduler["start_worker"]()
-    _wait_for_workers(scheduler["file"], 1)
+    _a_live_worker(scheduler)
     out = tmp_path / "never.json"
     gone = tmp_path / "node-gone.sqlite"
     done = _cli(nodes[0], gone, "--format", "json", "--out", out, "--scheduler", scheduler["file"])
