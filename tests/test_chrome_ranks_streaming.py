@@ -352,5 +352,5 @@ def test_a_rank_alone_has_the_tables_it_has_in_the_job() -> None:
              for r in (0, 1)]  # fmt: skip
     job = analyze_rank_file_columns([load_columns(p, cache=False) for p in paths])
     merged, layout = merge_rank_columns([load_columns(paths[1], cache=False)])
-    alone, _ = rank_entries(merged, layout)
+    alone, _, _ = rank_entries(merged, layout)
     assert dumps(alone[0].made_json()) == dumps(job.ranks[1].made_json())

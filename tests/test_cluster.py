@@ -237,6 +237,30 @@ def test_a_rank_the_workers_cannot_analyse(client: Any) -> None:
     assert str(on_workers.value) == str(in_process.value)
 
 
+def _spelled_forward(rank: int, doc: dict[str, Any]) -> None:
+    """Rank 1's forward ranges spelled ``Forward``."""
+    if rank == 1:
+        for event in doc["traceEvents"]:
+            if event.get("name") == "forward":
+                event["name"] = "Forward"
+
+
+def test_a_phase_each_rank_spells_its_own(client: Any, tmp_path: Path) -> None:
+    """``--phase forward`` where one rank's trace spells it ``Forward``: each trace alone
+    answers it, the job cannot (its tables would mix two phases), on workers as in one
+    process, in the same words."""
+    paths = _rank_traces(tmp_path, _spelled_forward)
+    options = Options(phase="forward")
+    job, parts = load_on(client, paths, cache=False, options=options, findings=True)
+    assert all(p.node is not None for p in parts)  # each rank alone answers it
+    with pytest.raises(BadInput) as on_workers:
+        analysis.kernel_report(job, phase="forward", hosts=[], nodes=[p.node for p in parts])
+    with pytest.raises(BadInput) as in_process:
+        _in_process(paths, {"phase": "forward"})
+    assert str(on_workers.value) == str(in_process.value)
+    assert "'Forward' on rank 1" in str(in_process.value)
+
+
 def _cli(
     *args: str | Path, timeout: int = 240, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:

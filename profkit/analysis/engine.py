@@ -20,8 +20,8 @@ holds its outputs on every fixture), without a per-activity frame:
 
 Memory: the columns, the attribution (12 bytes an activity), the rank of each activity
 for several ranks (2 bytes), one batch of sorted keys (8 bytes an activity of the batch;
-16 for several ranks, whose whole-trace statistics sort a copy), and chunk-sized
-temporaries.
+for several ranks, 16 bytes more per distinct (rank, name, phase, duration), whose counts
+make the whole trace's statistics), and chunk-sized temporaries.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from profkit.analysis import chunked
 from profkit.analysis.attribution import Plan, attributed, plan_of
 from profkit.analysis.chunked import map_chunks
 from profkit.analysis.comm import is_nccl
+from profkit.analysis.job_scope import FileWhole
 from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import UNATTRIBUTED, PhaseMode
 from profkit.analysis.rank_comm import (
@@ -85,31 +86,39 @@ def analyze_columns(
     layout: Layout | None = None,
     rank: int | None = None,
     phase_ranges: PhaseRanges | None = None,
-    entries: list[RankEntry] | None = None,
 ) -> KernelReport:
     """The kernel report of the columns: of one process, or with ``layout``
     (:func:`.rank_layout.ranks_of`) a :class:`~.report_types.RankedReport` of its ranks,
     ``rank`` narrowing its tables to one. Raises :class:`.rank_layout.RanksUntold` where
     the columns cannot tell it (no other reading is tried). ``phase_ranges``: the user's
-    marks that are the phases (``--phase-ranges``). ``entries``: the ranks' entries, made
-    already (each node of a job analysed alone, where its file lies:
-    :mod:`.node_parts`), in layout order; only the job's own tables are made here."""
-    if layout is not None and rank is not None and rank not in [p["rank"] for p in layout.info]:
-        known = ", ".join(str(p["rank"]) for p in layout.info) or "none"
-        raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
+    marks that are the phases (``--phase-ranges``)."""
+    if layout is not None:
+        check_rank(layout, rank)
     summed = _summed(cols, top, phase, range, phase_domain, phases, layout, phase_ranges)
     if layout is None:
         return scope_report(cols, summed.whole(), summed.categories, top, phase, range)
-    if entries is None:
-        entries = _rank_entries(summed, layout, top, phase, range)
-    else:
-        for entry, info in zip(entries, layout.info, strict=True):
-            entry.info = info
+    entries = _rank_entries(summed, layout, top, phase, range)
+    whole = None
+    if rank is None:
+        whole = scope_report(cols, summed.whole(), summed.categories, top, phase, range)
+    return ranked_report(whole, layout, entries, rank)
+
+
+def check_rank(layout: Layout, rank: int | None) -> None:
+    """One line where ``rank`` is none of the layout's ranks."""
+    if rank is not None and rank not in [p["rank"] for p in layout.info]:
+        known = ", ".join(str(p["rank"]) for p in layout.info) or "none"
+        raise BadInput(f"no rank {rank} in this trace; ranks: {known}")
+
+
+def ranked_report(
+    whole: KernelReport | None, layout: Layout, entries: list[RankEntry], rank: int | None
+) -> RankedReport:
+    """The ranked report of the ranks' entries (in layout order): the whole trace's tables
+    (``whole``), or with ``rank`` that rank's, its steps and its ranks."""
     chosen = [e for e in entries if rank is None or e.info["rank"] == rank]
-    if rank is not None:
-        report_of_all = chosen[0].report
-    else:
-        report_of_all = scope_report(cols, summed.whole(), summed.categories, top, phase, range)
+    report_of_all = chosen[0].report if rank is not None else whole
+    assert report_of_all is not None, "the whole trace's report, or a rank's"
     fields = KernelReport.__dataclass_fields__
     report = RankedReport(**{f: getattr(report_of_all, f) for f in fields})
     report.source = {**report_of_all.source, "ranks": len(layout.info), "rank": rank}
@@ -128,13 +137,17 @@ def rank_entries(
     range: str | None = None,
     phases: PhaseMode = "auto",
     phase_ranges: PhaseRanges | None = None,
-) -> tuple[list[RankEntry], pd.DataFrame]:
-    """The ranks' entries of :func:`analyze_columns` and the whole trace's phase table,
-    without the whole trace's other tables and steps: what a node of a job analysed alone
-    gives (:mod:`.node_parts`; the job's own tables are made from every node's)."""
-    summed = _summed(cols, top, phase, range, None, phases, layout, phase_ranges)
+) -> tuple[list[RankEntry], pd.DataFrame, FileWhole]:
+    """The ranks' entries of :func:`analyze_columns`, the whole trace's phase table and its
+    share of its job's whole-trace tables (:mod:`.job_scope`), without the whole trace's
+    own tables and steps: what a node of a job analysed alone gives (:mod:`.node_parts`;
+    the job's own tables are made from every node's)."""
+    summed = _summed(cols, top, phase, range, None, phases, layout, phase_ranges, counts=True)
     entries = _rank_entries(summed, layout, top, phase, range)
-    return entries, scope_phases(cols, summed.whole(), phase)
+    first = int(layout.info[0]["pid"]) if layout.info else 0
+    chosen = summed.selection.phase_of_rank
+    share = FileWhole.of(cols, summed.plan, summed.sums, summed.by_range, first, chosen)
+    return entries, scope_phases(cols, summed.whole(), phase), share
 
 
 @dataclass
@@ -164,9 +177,12 @@ def _summed(
     phases: PhaseMode,
     layout: Layout | None,
     phase_ranges: PhaseRanges | None,
+    *,
+    counts: bool = False,
 ) -> _Summed:
     """The plan, the ranks' views and the sums of what ``phase``/``range`` keep, each
-    refusal one line."""
+    refusal one line. ``counts``: the statistics with their duration counts (the sums kept
+    with the columns have none)."""
     check_options(top, phases)
     plan = plan_of(cols, phase_domain, phases, phase_ranges)
     views = [RankView.whole(cols, plan)] if layout is None else rank_views(cols, plan, layout)
@@ -174,7 +190,7 @@ def _summed(
     att = _Attribution(cols, plan)
     labels = range_labels(cols.ranges)
     whole = None
-    if range is None:
+    if range is None and not counts:
         whole = kept_sums(cols, plan, infos)
         # One rank answers --phase with its share of every activity's sums; ranks add the
         # phase up again, so adding everything up (and sorting it) first would be wasted.
@@ -187,7 +203,7 @@ def _summed(
         assert selection.phase_of_rank is not None
         sums = whole.restricted(int(selection.phase_of_rank[0]))
     else:  # slots mix phases (several processes), or --range: add these activities up
-        sums = with_stats(cols, plan, att.arrays, selection, rank_of, len(views))
+        sums = with_stats(cols, plan, att.arrays, selection, rank_of, len(views), counts)
     for r, view in enumerate(views):
         elsewhere = np.flatnonzero((view.to_local < 0) & (sums.seen[r] > 0))
         if len(elsewhere):

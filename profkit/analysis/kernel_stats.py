@@ -7,9 +7,12 @@ instance) without a group-by over millions of rows: one int64 array of ``group <
 duration`` per batch of names, sorted, read by binary searches and ``reduceat`` over its
 runs. A group code is ``(name * ranks + rank) * phases + phase``, counted from the batch's
 first name, so dropping the phase (``// phases``) keeps the order of the groups and a
-stable sort, which merges the sorted runs, orders the keys by (name, rank); dropping the
-rank needs a copy sorted again. One process is a world of one rank: its (rank, name)
-groups are its names.
+stable sort, which merges the sorted runs, orders the keys by (name, rank). Across ranks
+the keys are counted first, one per distinct (group, duration) (:mod:`.duration_counts`),
+and the counts regrouped without the rank, then without the phase: no copy of every key.
+With ``with_counts`` the whole trace's counts per (name, phase) come back too, for a job
+whose files' counts add up to its own (:mod:`.job_stats`). One process is a world of one
+rank: its (rank, name) groups are its names.
 
 Names are taken in batches of at most :data:`BATCH` selected activities, so the keys
 stay bounded whatever the trace's size; nothing per activity is kept between passes
@@ -29,13 +32,18 @@ import pandas as pd
 
 from profkit.analysis import chunked
 from profkit.analysis.chunked import map_chunks
+from profkit.analysis.duration_counts import (
+    DURATION_BITS,
+    DURATION_MASK,
+    DurationCounts,
+    added,
+    counted,
+)
 from profkit.analysis.selection import Selection
 from profkit.analysis.tables import NS_PER_MS, NS_PER_US
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 
-DURATION_BITS = 40  # durations below 2^40 ns (18 minutes) pack beside a group code
-DURATION_MASK = (1 << DURATION_BITS) - 1
 MAX_GROUPS = 1 << (63 - DURATION_BITS)  # group codes of one batch that fit beside it
 BATCH = 1 << 23  # activities whose statistics are sorted at once: 64 MB of keys
 
@@ -58,6 +66,9 @@ class KernelStats:
     overall: pd.DataFrame
     whole_per_phase: pd.DataFrame | None = None
     whole_overall: pd.DataFrame | None = None
+    counts: DurationCounts | None = None
+    """Where asked for: the whole trace's duration counts per (name, phase) (group code
+    ``name * phases + phase``), which add up across the files of a job."""
 
     def of_rank(self, r: int, to_local: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Rank ``r``'s per (name, phase) and per name tables, in its own phase codes."""
@@ -118,22 +129,30 @@ class Groups:
         return rows, group[rows]
 
 
-def kernel_stats(groups: Groups) -> KernelStats:
+def kernel_stats(groups: Groups, with_counts: bool = False) -> KernelStats:
     """Duration statistics of the selected activities per group (see the module doc),
-    each row with the launch shape of its group's first longest activity."""
+    each row with the launch shape of its group's first longest activity;
+    ``with_counts``: with the whole trace's duration counts per (name, phase)."""
     n_ranks, n_phases = groups.n_ranks, groups.n_phases
     if n_ranks * n_phases >= MAX_GROUPS:
         raise BadInput("too many (rank, kernel name, phase) groups for one report")
     parts: dict[str, list[pd.DataFrame]] = {t: [] for t in TABLES}
+    every: list[DurationCounts] = []
     per_name = n_ranks * n_phases
     for names in _name_batches(groups):
         keys = _group_keys(groups, names)
         parts["per_phase"].append(_frame(_stats(keys), names.start, n_ranks, n_phases))
+        across = None
         if n_ranks > 1:  # across ranks: the rank dropped, then the phase
-            across = _regrouped(keys, lambda g: g // per_name * n_phases + g % n_phases)
-            parts["whole_per_phase"].append(_frame(_stats(across), names.start, 1, n_phases))
-            _regroup(across, lambda g: g // n_phases)
-            parts["whole_overall"].append(_frame(_stats(across), names.start, 1, 1))
+            across = counted(keys).regrouped(lambda g: g // per_name * n_phases + g % n_phases)
+            parts["whole_per_phase"].append(_frame(across.stats(), names.start, 1, n_phases))
+        if with_counts:  # group codes from name 0 on, not from the batch's first
+            found = across if across is not None else counted(keys)
+            first = (names.start * n_phases) << DURATION_BITS  # order kept
+            every.append(DurationCounts(found.keys + first, found.counts))
+        if across is not None:
+            across = across.regrouped(lambda g: g // n_phases)
+            parts["whole_overall"].append(_frame(across.stats(), names.start, 1, 1))
             del across
         _regroup(keys, lambda g: g // n_phases)
         parts["overall"].append(_frame(_stats(keys), names.start, n_ranks, 1))
@@ -146,7 +165,7 @@ def kernel_stats(groups: Groups) -> KernelStats:
         if table in tables:
             del tables[table]["rank"]
     _add_shapes(groups, tables)
-    return KernelStats(**tables)
+    return KernelStats(**tables, counts=added(every) if with_counts else None)
 
 
 def _frame(stats: pd.DataFrame, first_name: int, n_ranks: int, n_phases: int) -> pd.DataFrame:
@@ -239,13 +258,6 @@ def _regroup(keys: np.ndarray, to: Callable[[np.ndarray], np.ndarray]) -> None:
     for _ in map_chunks(chunk, len(keys), chunked.CHUNK):
         pass
     keys.sort(kind="stable")
-
-
-def _regrouped(keys: np.ndarray, to: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """:func:`_regroup` of a copy of the keys."""
-    out = keys.copy()
-    _regroup(out, to)
-    return out
 
 
 def _stats(keys: np.ndarray) -> pd.DataFrame:

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from profkit.analysis.comm import is_nccl
-from profkit.analysis.engine import analyze_columns, rank_entries
+from profkit.analysis.engine import check_rank, rank_entries, ranked_report
 from profkit.analysis.findings import HostPart, host_side
+from profkit.analysis.job_scope import FileWhole, check_phase, job_scope
 from profkit.analysis.joins import (
     as_job_of_nodes,
     as_job_of_rank_files,
@@ -44,7 +45,7 @@ from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import PhaseMode
 from profkit.analysis.rank_comm import ColumnSteps, kernels_reader
 from profkit.analysis.rank_layout import Layout
-from profkit.analysis.report_tables import query_source
+from profkit.analysis.report_tables import query_source, scope_report
 from profkit.analysis.report_types import RankedReport, RankEntry
 from profkit.analysis.sums import KERNEL, name_codes
 from profkit.errors import BadInput
@@ -61,6 +62,8 @@ class NodeRanks:
 
     entries: list[RankEntry]
     host: HostPart | None
+    whole: FileWhole
+    """The file's share of its job's whole-trace tables (:mod:`.job_scope`)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def _analysed_alone(
     their ranks and what tells the ranks' infos their real ids (None: a BadInput)."""
     try:
         merged, layout, real = joined()
-        entries, phases = rank_entries(
+        entries, phases, whole = rank_entries(
             merged, layout, options.top, options.phase, options.range, options.phases,
             options.phase_ranges,
         )  # fmt: skip
@@ -137,7 +140,7 @@ def _analysed_alone(
         assert isinstance(entry.steps, ColumnSteps)
         entry.steps = entry.steps.moved(entry.steps.rank, 0)  # its reader reads this file
         entry.encode(options.rank_tables)  # its JSON made here, not on the client
-    return NodeRanks(entries, found)
+    return NodeRanks(entries, found, whole)
 
 
 def join_node_ranks(
@@ -203,8 +206,10 @@ def _joined(
     nccl_name = kernel_name & is_nccl(np.array(cols.names, dtype=object))
     entries: list[RankEntry] = []
     found = HostPart([], [], [])
+    firsts = []
     for part, shift, keys in zip(parts, shifts, trace_keys, strict=True):
         first = len(entries)
+        firsts.append(first)
         for entry in part.entries:  # what its source says of its file is the job's
             own = {k: v for k, v in entry.report.source.items() if k not in keys}
             entry.report.source = {**job_source, **own}
@@ -221,9 +226,15 @@ def _joined(
                              found.spans + mine.spans)  # fmt: skip
     if len(entries) != len(layout.info):
         raise ValueError(f"{len(entries)} ranks analysed apart, {len(layout.info)} joined")
-    report = analyze_columns(
-        cols, options.top, options.phase, options.range, phases=options.phases, layout=layout,
-        rank=rank, phase_ranges=options.phase_ranges, entries=entries,
-    )  # fmt: skip
-    assert isinstance(report, RankedReport)  # a layout gives one
-    return report, found
+    for entry, info in zip(entries, layout.info, strict=True):
+        entry.info = info
+    check_rank(layout, rank)
+    wholes = [p.whole for p in parts]
+    check_phase(wholes, options.phase)
+    whole = None
+    if rank is None:
+        scope = job_scope(cols, wholes, [layout.info[i]["pid"] for i in firsts],
+                          options.phase_ranges)  # fmt: skip
+        whole = scope_report(cols, scope, name_codes(cols)[1], options.top, options.phase,
+                             options.range)  # fmt: skip
+    return ranked_report(whole, layout, entries, rank), found

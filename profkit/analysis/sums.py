@@ -187,11 +187,13 @@ def with_stats(
     selection: Selection,
     rank: np.ndarray | None = None,
     n_ranks: int = 1,
+    with_counts: bool = False,
 ) -> Sums:
-    """:func:`add_up`, then the kernel statistics of the same activities."""
+    """:func:`add_up`, then the kernel statistics of the same activities (``with_counts``:
+    their duration counts too, :attr:`.kernel_stats.KernelStats.counts`)."""
     sums = add_up(cols, plan, att, selection, rank, n_ranks)
     groups = Groups(cols, att, rank, n_ranks, len(plan.phase_names), selection)
-    sums.stats = kernel_stats(groups)
+    sums.stats = kernel_stats(groups, with_counts)
     return sums
 
 
