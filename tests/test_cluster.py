@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from bench_scripts import benchmark
 from nsys_data import unpack
@@ -137,6 +138,33 @@ def test_the_client_reads_no_node_file(client: Any, nodes: list[Path], tmp_path:
     report = analysis.kernel_report(job, consume=True, hosts=[], nodes=[p.node for p in parts])
     got = json.loads(dumps(report.to_json()))
     assert _paths_dropped(got) == _paths_dropped(expected)
+
+
+@pytest.mark.parametrize("kind", ["nodes", "ranks"])
+def test_a_steps_kernels_read_from_its_file(
+    client: Any, nodes: list[Path], kind: str, tmp_path: Path
+) -> None:
+    """The client holds no activity of files analysed on workers: a step's kernels (what
+    the lanes picture draws) are read from the rank's own file again, on the job's clock,
+    the same as one process reading the joined files finds them; the files are read only
+    when asked."""
+    paths = nodes if kind == "nodes" else RANKS
+    job = load(paths, cache=False)
+    expected = analysis.kernel_report(job, consume=True)
+    on_workers, parts = load_on(client, paths, cache=False, options=Options(), findings=True)
+    assert on_workers.reread is not None and all(len(f) == 0 for f in on_workers.files)
+    read: list[int] = []
+    reread = on_workers.reread
+    on_workers.reread = lambda i: (read.append(i), reread(i))[1]
+    got = analysis.kernel_report(on_workers, hosts=[], nodes=[p.node for p in parts])
+    assert read == []
+    steps = 0
+    for mine, theirs in zip(got.ranks, expected.ranks, strict=True):
+        for step in range(len(theirs.steps.made["step"])):
+            want = theirs.steps.kernels_of(step)
+            pd.testing.assert_frame_equal(mine.steps.kernels_of(step), want)
+            steps += len(want) > 0
+    assert steps > 0 and read
 
 
 def _paths_dropped(value: Any) -> Any:

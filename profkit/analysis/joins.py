@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -61,11 +61,56 @@ from profkit.traces.columns import (
     ShapeReader,
     check_threads,
 )
-from profkit.traces.job import nccl_name_codes, path_labels, process_ids, rank_infos
+from profkit.traces.job import (
+    NSYS_FORMAT,
+    FileFacts,
+    file_facts,
+    nccl_name_codes,
+    path_labels,
+    process_ids,
+    rank_infos,
+)
 from profkit.traces.ranks import process_key, rank_set, rank_thread_ids
 from profkit.traces.schema import MAX_SPAN_NS, PROCESS_MASK, PROCESS_SHIFT, THREAD_MASK
 
 ARRAYS = ("name", "duration", "launch_start", "launch_thread", START, DEVICE)
+
+
+@dataclass
+class JoinFacts:
+    """What joining a file into a job needs of its activities (:func:`join_facts`); the
+    rest of a join is its names, threads, ranges and meta. A client that holds no activity
+    (a read on Dask workers) joins the files from these: its joined columns then hold the
+    job's names, threads, ranges and meta, and no activity."""
+
+    file: FileFacts
+    timed: bool
+    """Its columns keep GPU starts."""
+    ranks: list[dict[str, Any]] | None
+    """An export's ranks (:func:`.rank_layout.ranks_of` of it alone, as a node); None for
+    a per-rank trace, or an export without GPU activity."""
+    nccl_ends: tuple[np.ndarray, np.ndarray]
+    """Its first rank's NCCL kernels (an export's), or its process's (a per-rank trace's),
+    in launch order: names and end times (:func:`nccl_ends`)."""
+    max_device: int
+    span: list[tuple[int, int]]
+    """Its known launches', GPU activities' and ranges' first and last times."""
+
+
+def join_facts(cols: ActivityColumns) -> JoinFacts:
+    """A file's :class:`JoinFacts`, from its columns (read with their GPU starts)."""
+    timed = START in cols.arrays
+    export = cols.meta.get("format") == NSYS_FORMAT
+    layout = ranks_of(cols, fewest=1) if export and timed else None
+    if timed:
+        cols.load(list(ARRAYS))
+    pid = int(layout.info[0]["pid"]) if layout is not None else None
+    ends = nccl_ends(cols, pid) if timed and (pid is not None or not export) else no_ends()
+    device = int(cols.arrays[DEVICE].max(initial=0)) if DEVICE in cols.arrays else 0
+    return JoinFacts(
+        file_facts(cols), timed, None if layout is None else layout.info, ends, device,
+        _span(cols),
+    )  # fmt: skip
 
 
 def merge_rank_columns(
@@ -79,7 +124,10 @@ def merge_rank_columns(
 
 
 def merge_ranks(
-    columns: list[ActivityColumns], consume: bool = False
+    columns: list[ActivityColumns],
+    consume: bool = False,
+    facts: list[JoinFacts] | None = None,
+    activities: bool = True,
 ) -> tuple[ActivityColumns, Layout, list[int], list[int]]:
     """The per-rank traces' columns as one multi-process set, its ranks (see
     :func:`merge_rank_columns`), the traces' order in it (rank order: indexes of
@@ -88,32 +136,42 @@ def merge_ranks(
     Raises :class:`~profkit.errors.BadInput` where they cannot be the ranks of one run, with
     :func:`~profkit.traces.ranks.rank_set`'s words, or where the columns cannot
     hold them (see the module doc). ``consume``: each trace's arrays are given up as they
-    are copied into the merged ones.
+    are copied into the merged ones. ``facts``: the traces' (:func:`join_facts`; else
+    found in their columns); without ``activities`` (their columns hold none) the merged
+    ones hold none either.
     """
-    infos = rank_infos(columns)
+    infos = rank_infos(columns) if facts is None else [f.file.rank for f in facts]
     ranked = rank_set([c.meta for c in columns], infos)
-    for cols in columns:
-        if START not in cols.arrays:
+    for i, cols in enumerate(columns):
+        if not (START in cols.arrays if facts is None else facts[i].timed):
             raise BadInput(
                 f"{cols.meta.get('path')}: device ordinals beyond {DEVICE_LIMIT:,}: its GPU "
                 "activity cannot be joined to the other ranks'"
             )
     check_threads(sum(len(c.threads) for c in columns))
-    for cols in columns:
-        cols.load(list(ARRAYS))
+    if activities:
+        for cols in columns:
+            cols.load(list(ARRAYS))
     labels = path_labels([str(c.meta.get("path")) for c in columns])
     known = [info or {} for info in infos]
-    hosts = host_clocks(known, labels, lambda i: nccl_ends(columns[i]))
+    ends = (lambda i: nccl_ends(columns[i])) if facts is None else (lambda i: facts[i].nccl_ends)
+    hosts = host_clocks(known, labels, ends)
     ordered = [columns[i] for i in ranked.order]
     shifts = [hosts.shifts[i] if hosts else 0 for i in ranked.order]
-    counts = [len(c) for c in ordered]
     range_counts = [len(c.ranges) for c in ordered]
     rekeys = [
         functools.partial(rank_thread_ids, process=process_key(info)) for info in ranked.ranks
     ]
-    read_shapes = shapes_of(ordered)
     kept = _kept_known(ordered, shifts)
-    merged = joined_columns(ordered, rekeys, kept, 0, consume)
+    counts = [len(c) for c in ordered]  # before a join gives their arrays up
+    if activities:
+        read_shapes = shapes_of(ordered)
+        merged = joined_columns(ordered, rekeys, kept, 0, consume)
+    else:  # no activity: the traces' names, threads and ranges
+        assert facts is not None, "columns without activities need their facts"
+        read_shapes = None
+        _check_joined_span([facts[i].span for i in ranked.order], kept, ordered)
+        merged = joined_tables(ordered, rekeys, kept)
     meta = ranked.meta
     if hosts is not None:
         meta["nodes"] = hosts.nodes
@@ -216,15 +274,18 @@ def real_ids(infos: list[dict[str, Any]], real: list[dict[str, Any]]) -> None:
 
 
 def merge_node_columns(
-    nodes: list[ActivityColumns], consume: bool = False
+    nodes: list[ActivityColumns], consume: bool = False, facts: list[JoinFacts] | None = None
 ) -> tuple[ActivityColumns, Layout, list[dict[str, Any]]]:
     """:func:`merge_nodes` without the nodes' clock shifts."""
-    merged, layout, real, _ = merge_nodes(nodes, consume)
+    merged, layout, real, _ = merge_nodes(nodes, consume, facts)
     return merged, layout, real
 
 
 def merge_nodes(
-    nodes: list[ActivityColumns], consume: bool = False
+    nodes: list[ActivityColumns],
+    consume: bool = False,
+    facts: list[JoinFacts] | None = None,
+    activities: bool = True,
 ) -> tuple[ActivityColumns, Layout, list[dict[str, Any]], list[int]]:
     """The nodes' columns as one export's, its ranks, and each rank's real pid, host and
     GPU (the layout's ``pid`` is its merged process key). ``consume``: each node's arrays
@@ -232,18 +293,20 @@ def merge_nodes(
     reads its shapes), so memory holds them about once; the nodes' columns are of no
     further use then; and each node's shift onto the job's clock (ns, added to its times).
     Raises :class:`~profkit.errors.BadInput` where the merged codes would not fit their 16
-    bits (GPUs, launching threads)."""
-    layouts = []
-    for cols in nodes:
-        if START not in cols.arrays:
+    bits (GPUs, launching threads). ``facts``: the nodes' (:func:`join_facts`; else found
+    in their columns); without ``activities`` (their columns hold none) the merged ones
+    hold none either, and the layout no activity's rank."""
+    if facts is None:
+        facts = [join_facts(cols) for cols in nodes]
+    layouts: list[list[dict[str, Any]]] = []
+    for cols, found in zip(nodes, facts, strict=True):
+        if not found.timed:
             raise ValueError(f"{cols.meta.get('path')}: a node's columns need its GPU starts")
-        layout = ranks_of(cols, fewest=1)  # a node of one GPU is one rank
-        if layout is None:
+        if found.ranks is None:  # a node of one GPU is one rank
             raise BadInput(f"{cols.meta.get('path')}: no GPU activity, so no rank of a job")
-        cols.load(list(ARRAYS))
-        layouts.append(layout)
+        layouts.append(found.ranks)
     # GPUs numbered apart, node after node (ranks_of orders ranks by GPU), in 16 bits.
-    stride = max(int(c.arrays[DEVICE].max(initial=0)) for c in nodes) + 1
+    stride = max(f.max_device for f in facts) + 1
     if len(nodes) * stride > DEVICE_LIMIT:
         raise BadInput(
             f"{len(nodes)} nodes of up to {stride} GPUs each: profkit numbers at most "
@@ -258,24 +321,24 @@ def merge_nodes(
     keys_of: list[dict[int, int]] = []
     real: list[dict[str, Any]] = []
     next_key = 1
-    for node, (cols, layout) in enumerate(zip(nodes, layouts, strict=True)):
+    for node, (cols, ranks) in enumerate(zip(nodes, layouts, strict=True)):
         meta = cols.meta
-        pids = [int(info["pid"]) for info in layout.info]
+        pids = [int(info["pid"]) for info in ranks]
         threads = np.asarray(cols.threads, np.int64)
         pids += (
             process_ids(threads).tolist() + process_ids(cols.ranges["thread"].to_numpy()).tolist()
         )
         keys = {pid: next_key + i for i, pid in enumerate(dict.fromkeys(pids))}
         next_key += len(keys)
-        ends = nccl_ends(cols, int(layout.info[0]["pid"]))
+        ends = facts[node].nccl_ends
         if node == 0:
             reference = ends
-        numbered = list(range(len(real), len(real) + len(layout.info)))
+        numbered = list(range(len(real), len(real) + len(ranks)))
         clock, shift = node_clock(labels[node], first, meta, reference, ends, numbered, node == 0)
         clocks.append(clock)
         shifts.append(shift)
         keys_of.append(keys)
-        for info in layout.info:
+        for info in ranks:
             real.append({"pid": info["pid"], "host": meta.get("host"), "device": info["device"],
                          "process": keys[int(info["pid"])]})  # fmt: skip
     nodes_json = [asdict(c) for c in clocks]
@@ -287,17 +350,37 @@ def merge_nodes(
         "nodes": nodes_json,
         "warnings": warnings_of([c.meta for c in nodes], labels, nodes_json),
     }
-    read_shapes = shapes_of(nodes)
     rekeys = [functools.partial(rekeyed_ids, keys=keys) for keys in keys_of]
     shifts = lifted(shifts)
-    merged = joined_columns(nodes, rekeys, shifts, stride, consume)
+    if activities:
+        read_shapes: ShapeReader | None = shapes_of(nodes)
+        merged = joined_columns(nodes, rekeys, shifts, stride, consume)
+    else:  # no activity: the nodes' names, threads and ranges
+        read_shapes = None
+        _check_joined_span([f.span for f in facts], shifts, nodes)
+        merged = joined_tables(nodes, rekeys, shifts)
     merged.meta, merged.read_shapes = meta, read_shapes
-    layout = ranks_of(merged, fewest=1)
+    layout = ranks_of(merged, fewest=1) if activities else _node_layout(layouts, real, stride)
     # Each node's ranks keep their order: GPUs apart node by node, keys in rank order.
     assert layout is not None and [i["pid"] for i in layout.info] == [r["process"] for r in real]
     for info in layout.info:
         info["world_size"] = len(real)
     return merged, layout, real, shifts
+
+
+def _node_layout(
+    nodes: list[list[dict[str, Any]]], real: list[dict[str, Any]], stride: int
+) -> Layout:
+    """The joined nodes' ranks as :func:`.rank_layout.ranks_of` finds them in joined columns
+    (their GPUs numbered apart node by node, their pids the merged process keys), without
+    any activity's rank: the nodes' ranks one after the other."""
+    info: list[dict[str, Any]] = []
+    for node, ranks in enumerate(nodes):
+        for own in ranks:
+            r = len(info)
+            info.append({"rank": r, "world_size": len(real), "device": own["device"] + node * stride,
+                         "pid": real[r]["process"], "host": nodes[0][0].get("host")})  # fmt: skip
+    return Layout(info, np.zeros(0, np.int16), np.zeros(0, np.int64))
 
 
 def joined_columns(
@@ -315,20 +398,14 @@ def joined_columns(
     Raises :class:`BadInput` where the joined times would span more than the analysis'
     time keys hold (each file alone may be fine: clocks a lifetime apart are not one job).
     """
-    _check_joined_span(nodes, shifts)
+    _check_joined_span([_span(c) for c in nodes], shifts, nodes)
+    joined = joined_tables(nodes, rekeys, shifts)
+    code_of = {n: i for i, n in enumerate(joined.names)}
     total = sum(len(c) for c in nodes)
     arrays = {name: np.empty(total, dtype=nodes[0].arrays[name].dtype) for name in ARRAYS}
-    names: dict[str, int] = {}
-    kinds: list[str] = []
-    threads: list[np.ndarray] = []
-    ranges: list[pd.DataFrame] = []
-    range_shift: list[np.ndarray] = []
-    range_thread: list[np.ndarray] = []
     at = before = 0  # activities, launching threads of the traces before
-    for node, (cols, rekey, shift) in enumerate(zip(nodes, rekeys, shifts, strict=True)):
-        code = np.array([names.setdefault(n, len(names)) for n in cols.names], dtype=np.int32)
-        known = len(kinds)  # the names first seen in this node, in their order
-        kinds += [k for n, k in zip(cols.names, cols.kinds, strict=True) if names[n] >= known]
+    for node, (cols, shift) in enumerate(zip(nodes, shifts, strict=True)):
+        code = np.array([code_of[n] for n in cols.names], dtype=np.int32)
         rows = slice(at, at + len(cols))
         a = cols.arrays
         launch, thread = a["launch_start"], a["launch_thread"]
@@ -339,13 +416,35 @@ def joined_columns(
         arrays[START][rows] = a[START] + shift
         arrays[DEVICE][rows] = a[DEVICE].astype(np.int32) + node * stride  # GPUs apart
         at += len(cols)
+        before += len(cols.threads)
+        if consume:  # copied: free the node's arrays (what reads its shapes stays)
+            cols.arrays = {SHAPE: a[SHAPE]} if SHAPE in a else {}
+    joined.arrays = arrays
+    return joined
+
+
+def joined_tables(
+    files: list[ActivityColumns],
+    rekeys: Sequence[Callable[[np.ndarray], np.ndarray]],
+    shifts: list[int],
+) -> ActivityColumns:
+    """:func:`joined_columns` without any activity: the traces' names (in the order first
+    seen), launching threads and ranges, joined (no check of their span)."""
+    names: dict[str, int] = {}
+    kinds: list[str] = []
+    threads: list[np.ndarray] = []
+    ranges: list[pd.DataFrame] = []
+    range_shift: list[np.ndarray] = []
+    range_thread: list[np.ndarray] = []
+    for cols, rekey, shift in zip(files, rekeys, shifts, strict=True):
+        known = len(names)  # the names first seen in this trace, in their order
+        for n, k in zip(cols.names, cols.kinds, strict=True):
+            if names.setdefault(n, len(names)) >= known:
+                kinds.append(k)
         threads.append(rekey(np.asarray(cols.threads, dtype=np.int64)))
-        before += len(threads[-1])
         ranges.append(cols.ranges)  # moved and rekeyed once joined: a frame's edits cost ms
         range_shift.append(np.full(len(cols.ranges), shift, dtype=np.int64))
         range_thread.append(rekey(cols.ranges["thread"].to_numpy(np.int64)))
-        if consume:  # copied: free the node's arrays (what reads its shapes stays)
-            cols.arrays = {SHAPE: a[SHAPE]} if SHAPE in a else {}
     joined = pd.concat(ranges, ignore_index=True)
     if len(joined):
         moved = np.concatenate(range_shift)
@@ -353,29 +452,32 @@ def joined_columns(
         joined["end"] = joined["end"].to_numpy() + moved
         joined["thread"] = np.concatenate(range_thread)
     return ActivityColumns(
-        arrays=arrays,
-        names=list(names),
-        kinds=kinds,
-        shapes=[],
-        threads=np.concatenate(threads),
+        arrays={}, names=list(names), kinds=kinds, shapes=[], threads=np.concatenate(threads),
         ranges=joined,
-    )
+    )  # fmt: skip
 
 
-def _check_joined_span(files: list[ActivityColumns], shifts: list[int]) -> None:
-    """The one check of a join's span: every file's launches, GPU times and ranges moved by
-    its shift, within ``MAX_SPAN_NS`` of each other."""
+def _span(cols: ActivityColumns) -> list[tuple[int, int]]:
+    """A file's known launches', GPU activities' and ranges' first and last times."""
+    a = cols.arrays
+    bounds = [cols.launch_bounds()]
+    if len(cols) and START in a:
+        end = a[START] + a["duration"]
+        bounds.append((int(a[START].min()), int(end.max())))
+    if len(cols.ranges):
+        r = cols.ranges
+        bounds.append((int(r["start"].min()), int(r["end"].max())))
+    return [b for b in bounds if b is not None]
+
+
+def _check_joined_span(
+    spans: list[list[tuple[int, int]]], shifts: list[int], files: list[ActivityColumns]
+) -> None:
+    """The one check of a join's span: every file's launches, GPU times and ranges
+    (``spans``, :func:`_span`) moved by its shift, within ``MAX_SPAN_NS`` of each other."""
     lows, highs = [], []
-    for cols, shift in zip(files, shifts, strict=True):
-        a = cols.arrays
-        bounds = [cols.launch_bounds()]
-        if len(cols) and START in a:
-            end = a[START] + a["duration"]
-            bounds.append((int(a[START].min()), int(end.max())))
-        if len(cols.ranges):
-            r = cols.ranges
-            bounds.append((int(r["start"].min()), int(r["end"].max())))
-        for low, high in (b for b in bounds if b is not None):
+    for bounds, shift in zip(spans, shifts, strict=True):
+        for low, high in bounds:
             lows.append(low + shift)
             highs.append(high + shift)
     if lows and max(highs) - min(lows) > MAX_SPAN_NS:

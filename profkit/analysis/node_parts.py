@@ -27,14 +27,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from profkit.analysis.comm import is_nccl
 from profkit.analysis.engine import check_rank, rank_entries, ranked_report
 from profkit.analysis.findings import HostPart, host_side
 from profkit.analysis.job_scope import FileWhole, check_phase, job_scope
 from profkit.analysis.joins import (
+    JoinFacts,
     as_job_of_nodes,
     as_job_of_rank_files,
+    join_facts,
     merge_node_columns,
     merge_nodes,
     merge_rank_columns,
@@ -44,13 +47,16 @@ from profkit.analysis.joins import (
 from profkit.analysis.phase_marks import PhaseRanges
 from profkit.analysis.phase_ranges import PhaseMode
 from profkit.analysis.rank_comm import ColumnSteps, kernels_reader
-from profkit.analysis.rank_layout import Layout
+from profkit.analysis.rank_layout import Layout, ranks_of
 from profkit.analysis.report_tables import query_source, scope_report
 from profkit.analysis.report_types import RankedReport, RankEntry
 from profkit.analysis.sums import KERNEL, name_codes
 from profkit.errors import BadInput
 from profkit.traces.columns import ActivityColumns
 from profkit.traces.host_calls import HostTrace
+
+Reread = Callable[[int], ActivityColumns]
+"""What reads file *i*'s columns again (the client of a read on Dask workers)."""
 
 
 @dataclass
@@ -64,6 +70,8 @@ class NodeRanks:
     host: HostPart | None
     whole: FileWhole
     """The file's share of its job's whole-trace tables (:mod:`.job_scope`)."""
+    facts: JoinFacts
+    """What joining it into its job needs of its activities: the client holds none."""
 
 
 @dataclass(frozen=True)
@@ -85,11 +93,13 @@ def node_ranks(cols: ActivityColumns, host: HostTrace | None, options: Options) 
     None where it cannot be a node of a job (the client's join says why, from every file).
     ``host``: its API calls, for the host-side findings (None: no findings asked)."""
 
+    facts = join_facts(cols)
+
     def joined() -> tuple[ActivityColumns, Layout, Callable[[list[dict[str, Any]]], None]]:
-        merged, layout, real = merge_node_columns([cols])
+        merged, layout, real = merge_node_columns([cols], facts=[facts])
         return merged, layout, lambda infos: real_ids(infos, real)
 
-    return _analysed_alone(cols, host, options, joined)
+    return _analysed_alone(cols, host, options, joined, facts)
 
 
 def rank_file_ranks(
@@ -110,7 +120,7 @@ def rank_file_ranks(
 
         return merged, layout, real_ranks
 
-    return _analysed_alone(cols, host, options, joined)
+    return _analysed_alone(cols, host, options, joined, join_facts(cols))
 
 
 def _analysed_alone(
@@ -118,6 +128,7 @@ def _analysed_alone(
     host: HostTrace | None,
     options: Options,
     joined: Callable[[], tuple[ActivityColumns, Layout, Callable[[list[dict[str, Any]]], None]]],
+    facts: JoinFacts,
 ) -> NodeRanks | None:
     """One file's ranks analysed alone: ``joined()`` gives its columns as a job of one file,
     their ranks and what tells the ranks' infos their real ids (None: a BadInput)."""
@@ -140,7 +151,7 @@ def _analysed_alone(
         assert isinstance(entry.steps, ColumnSteps)
         entry.steps = entry.steps.moved(entry.steps.rank, 0)  # its reader reads this file
         entry.encode(options.rank_tables)  # its JSON made here, not on the client
-    return NodeRanks(entries, found, whole)
+    return NodeRanks(entries, found, whole, facts)
 
 
 def join_node_ranks(
@@ -148,14 +159,20 @@ def join_node_ranks(
     parts: list[NodeRanks],
     options: Options,
     rank: int | None = None,
+    reread: Reread | None = None,
 ) -> tuple[RankedReport, HostPart]:
     """The reduce: the job's report from its nodes' columns and their :class:`NodeRanks`
     (in the same order), and the ranks' host findings renumbered as the job's ranks.
-    The nodes' arrays are given up as they are joined."""
+    The nodes' arrays are given up as they are joined; with ``reread`` (what reads node
+    *i*'s columns again) they hold none: the report is made from the parts alone."""
     trace_keys = _trace_keys(nodes, options)
     _check_tables(parts, rank)
-    cols, layout, real, shifts = merge_nodes(nodes, consume=True)
-    report, found = _joined(cols, layout, parts, shifts, trace_keys, options, rank, True)
+    facts = [p.facts for p in parts]
+    cols, layout, real, shifts = merge_nodes(nodes, True, facts, activities=reread is None)
+    files = list(range(len(nodes)))
+    report, found = _joined(
+        cols, layout, parts, shifts, trace_keys, options, rank, True, files, reread
+    )
     as_job_of_nodes(report, real, cols.meta["nodes"])
     return report, found
 
@@ -165,15 +182,19 @@ def join_rank_parts(
     parts: list[NodeRanks],
     options: Options,
     rank: int | None = None,
+    reread: Reread | None = None,
 ) -> tuple[RankedReport, HostPart]:
     """The reduce of per-rank traces: :func:`join_node_ranks` for the parts of
     :func:`rank_file_ranks` (in the order of ``files``), joined in rank order."""
     trace_keys = _trace_keys(files, options)
     _check_tables(parts, rank)
-    cols, layout, order, shifts = merge_ranks(files, consume=True)
+    facts = [p.facts for p in parts]
+    cols, layout, order, shifts = merge_ranks(files, True, facts, activities=reread is None)
     ordered = [parts[i] for i in order]
     keys = [trace_keys[i] for i in order]
-    report, found = _joined(cols, layout, ordered, shifts, keys, options, rank, False)
+    report, found = _joined(
+        cols, layout, ordered, shifts, keys, options, rank, False, order, reread
+    )
     as_job_of_rank_files(report, cols.meta)
     return report, found
 
@@ -196,32 +217,40 @@ def _joined(
     trace_keys: list[set[str]],
     options: Options,
     rank: int | None,
-    renumber: bool,
+    nodes: bool,
+    files: list[int],
+    reread: Reread | None,
 ) -> tuple[RankedReport, HostPart]:
     """The job's report from its joined columns and its files' parts (in join order, each
-    moved by its shift), and the host findings (``renumber``: a part's ranks are counted
-    from 0, as a node's are)."""
+    moved by its shift; ``files``: the index of each as given), and the host findings
+    (``nodes``: a part's ranks are counted from 0, as a node's are). With ``reread`` the
+    columns hold no activity: a step's kernels are read from the rank's own file."""
     job_source = query_source(cols.meta, options.phase, options.range, options.top)
     kernel_name = name_codes(cols)[0] == KERNEL
     nccl_name = kernel_name & is_nccl(np.array(cols.names, dtype=object))
     entries: list[RankEntry] = []
     found = HostPart([], [], [])
     firsts = []
-    for part, shift, keys in zip(parts, shifts, trace_keys, strict=True):
+    for part, shift, keys, file in zip(parts, shifts, trace_keys, files, strict=True):
         first = len(entries)
         firsts.append(first)
-        for entry in part.entries:  # what its source says of its file is the job's
+        for local, entry in enumerate(part.entries):  # its source's file's words: the job's
             own = {k: v for k, v in entry.report.source.items() if k not in keys}
             entry.report.source = {**job_source, **own}
             r = len(entries)
             assert isinstance(entry.steps, ColumnSteps)
             steps = entry.steps.moved(r, shift)
-            steps.read_kernels = kernels_reader(
-                cols, layout.rank, r, steps.starts, kernel_name, nccl_name
-            )
+            if reread is None:
+                steps.read_kernels = kernels_reader(
+                    cols, layout.rank, r, steps.starts, kernel_name, nccl_name
+                )
+            else:
+                steps.read_kernels = _file_kernels(
+                    reread, file, local, entry.steps.starts, shift, nodes
+                )
             entries.append(replace(entry, steps=steps))
         if part.host is not None:
-            mine = part.host.renumbered(first) if renumber else part.host
+            mine = part.host.renumbered(first) if nodes else part.host
             found = HostPart(found.found + mine.found, found.notes + mine.notes,
                              found.spans + mine.spans)  # fmt: skip
     if len(entries) != len(layout.info):
@@ -238,3 +267,24 @@ def _joined(
         whole = scope_report(cols, scope, name_codes(cols)[1], options.top, options.phase,
                              options.range)  # fmt: skip
     return ranked_report(whole, layout, entries, rank), found
+
+
+def _file_kernels(
+    reread: Reread, file: int, local: int, starts: np.ndarray, shift: int, node: bool
+) -> Callable[[int], pd.DataFrame]:
+    """``read(step)`` of a rank whose file's activities the client does not hold: its
+    file's columns read again (``local``: its rank among the file's; ``starts``: its steps'
+    on the file's clock), its kernels in the step moved by ``shift`` onto the job's."""
+
+    def read(step: int) -> pd.DataFrame:
+        cols = reread(file)
+        layout = ranks_of(cols, fewest=1) if node else None
+        rank = layout.rank if layout is not None else np.zeros(len(cols), np.int16)
+        kernel_name = name_codes(cols)[0] == KERNEL
+        nccl_name = kernel_name & is_nccl(np.array(cols.names, dtype=object))
+        frame = kernels_reader(cols, rank, local, starts, kernel_name, nccl_name)(step)
+        frame["start"] += shift
+        frame["end"] += shift
+        return frame
+
+    return read

@@ -1,20 +1,23 @@
 """What a Dask worker does with one file of a job, and the job the client makes of them
 (``--workers N``, ``--scheduler ADDRESS``: docs/MULTI_GPU.md, "A thousand ranks").
 
-:func:`file_part` (the map, on a worker): the file's compact columns, read through the
-worker's own cache (:func:`profkit.traces.load.load_columns`); where the file may be one
-node of a job, its ranks analysed alone (:func:`profkit.analysis.node_parts.node_ranks`;
-a per-rank trace's rank: ``rank_file_ranks``), else its API calls for the findings.
-:func:`load_on` (the client): the parts, in the order given, and the
-:class:`~profkit.traces.job.Job` their columns make, as
-:func:`profkit.traces.job.load` makes it in one process. The files are read where the
-workers are; paths are the workers' (a shared filesystem, as on a cluster).
+:func:`file_part` (the map, on a worker): the file read through the worker's own cache
+(:func:`profkit.traces.load.load_columns`); where it may be one node of a job, its ranks
+analysed alone (:func:`profkit.analysis.node_parts.node_ranks`; a per-rank trace's rank:
+``rank_file_ranks``), and then no activity of it leaves the worker: the part is the ranks'
+entries, the file's share of the job's tables and what joining it needs. Else the part is
+its compact columns and its API calls (for the findings). :func:`load_on` (the client):
+the parts, in the order given, and the :class:`~profkit.traces.job.Job` they make, as
+:func:`profkit.traces.job.load` makes it in one process; so the client's memory grows with
+the ranks, not with the kernels. The files are read where the workers are; paths are the
+workers' (a shared filesystem, as on a cluster).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,27 +26,25 @@ import numpy as np
 from profkit.analysis.node_parts import NodeRanks, Options, node_ranks, rank_file_ranks
 from profkit.cluster.client import as_given, map_files
 from profkit.cores import limited
-from profkit.traces.columns import SHAPE, ActivityColumns, Progress, ShapeReader
+from profkit.traces.columns import SHAPE, ActivityColumns, Progress
 from profkit.traces.host_calls import HostTrace, host_traces
-from profkit.traces.job import NSYS_FORMAT, Job, together
+from profkit.traces.job import NSYS_FORMAT, Job, load, together
 from profkit.traces.load import load_columns, shape_reader
 
 WORKER_ARRAYS = ("name", "duration", "launch_start", "launch_thread", "start", "device", SHAPE)
-"""The per-activity arrays a worker sends: what the job's join and tables read."""
+"""The per-activity arrays a worker sends for a file it could not analyse alone (the client
+then reads the job as one process does)."""
 
 
 @dataclass
 class FilePart:
-    """What a worker sends back for one file: its columns, and its ranks analysed alone
-    (a node of a job) or its API calls (for the findings)."""
+    """What a worker sends back for one file: its ranks analysed alone (a node of a job:
+    then its columns hold no activity, only its names, threads, ranges and meta), or its
+    columns and API calls (for the findings) where they could not be."""
 
     columns: ActivityColumns
     node: NodeRanks | None
     host: HostTrace | None
-    shapes: dict[int, tuple[str, str]] = field(default_factory=dict)
-    """The launch shapes the node's analysis read, by row: the rows the job's tables ask
-    for are among them (each rank's longest kernel of a name and phase), so the client
-    reads no file for them."""
 
 
 def file_part(
@@ -60,42 +61,24 @@ def file_part(
     with limited(1):  # the worker's parallelism is its tasks (profkit.cores)
         cols = load_columns(path, nsys, cache, None, timed=several)
         host = host_traces([Path(path)], [cols])[0] if findings else None  # through the cache
-        node, read = None, _Recorded(cols.read_shapes)
+        node = None
         if several and options is not None:
             # an export: a node of a job; else a per-rank trace: one rank of a run
             analyse = node_ranks if cols.meta.get("format") == NSYS_FORMAT else rank_file_ranks
-            kept, cols.read_shapes = cols.read_shapes, read if cols.read_shapes else None
-            try:
-                node = analyse(cols, host, options)
-            finally:
-                cols.read_shapes = kept
-        return FilePart(_portable(cols), node, None if node is not None else host, read.known)
+            node = analyse(cols, host, options)
+        if node is not None:
+            return FilePart(_without_activities(cols), node, None)
+        return FilePart(_portable(cols), None, host)
 
 
-class _Recorded:
-    """A shape reader that keeps what it read."""
-
-    def __init__(self, read: ShapeReader | None) -> None:
-        self.read = read
-        self.known: dict[int, tuple[str, str]] = {}
-
-    def __call__(self, rows: np.ndarray) -> list[tuple[str, str]]:
-        assert self.read is not None
-        shapes = self.read(rows)
-        self.known.update(zip(rows.tolist(), shapes, strict=True))
-        return shapes
-
-
-def _known_first(known: dict[int, tuple[str, str]], read: ShapeReader) -> ShapeReader:
-    """A shape reader that reads the file only for rows not in ``known``."""
-
-    def read_rows(rows: np.ndarray) -> list[tuple[str, str]]:
-        missing = [r for r in rows.tolist() if r not in known]
-        if missing:
-            known.update(zip(missing, read(np.array(missing, dtype=np.int64)), strict=True))
-        return [known[r] for r in rows.tolist()]
-
-    return read_rows
+def _without_activities(cols: ActivityColumns) -> ActivityColumns:
+    """The columns' names, threads, ranges and meta, without any activity: what the
+    client's join of analysed files reads."""
+    return ActivityColumns(
+        arrays={}, names=list(cols.names), kinds=list(cols.kinds), shapes=[],
+        threads=np.asarray(cols.threads), ranges=cols.ranges, meta=dict(cols.meta),
+        known_launch_bounds=cols.launch_bounds() or (),
+    )  # fmt: skip
 
 
 def _portable(cols: ActivityColumns) -> ActivityColumns:
@@ -133,8 +116,13 @@ def load_on(
     findings: bool = False,
 ) -> tuple[Job, list[FilePart]]:
     """The client: each file's part from the workers (``progress`` in files), and the job
-    their columns make. ``options``: the kernel report that will be asked of the job
-    (nodes analysed where they lie); ``findings``: the report will want findings."""
+    they make. ``options``: the kernel report that will be asked of the job (its files
+    analysed where they lie); ``findings``: the report will want findings.
+
+    Where every file was analysed and they are the nodes or ranks of one job, the job's
+    files hold no activity (:attr:`Job.reread` reads one again, for a picture); else,
+    where some file's activities stayed on its worker, the job is read here, as one
+    process reads it (a set to compare, a rank an option cannot be asked of)."""
     several = len(paths) > 1 and not side_by_side
 
     def done(finished: int, total: int) -> None:
@@ -151,7 +139,32 @@ def load_on(
         if part.host is not None:
             part.host.path = as_given(part.host.path, Path(given))
         if cols.kernel_rows is not None and SHAPE not in cols.arrays:
-            read = shape_reader(Path(str(cols.meta.get("path"))), cols.kernel_rows)
-            cols.read_shapes = _known_first(part.shapes, read)
-    job = together(list(paths), [p.columns for p in parts], side_by_side)
-    return job, parts
+            cols.read_shapes = shape_reader(Path(str(cols.meta.get("path"))), cols.kernel_rows)
+    nodes = [p.node for p in parts]
+    if several and all(n is not None for n in nodes):
+        facts = [n.facts.file for n in nodes if n is not None]
+        job = together(list(paths), [p.columns for p in parts], side_by_side, facts)
+        if job.kind in ("nodes", "ranks"):
+            job.reread = _rereader(paths, nsys, cache)
+            return job, parts
+    if any(n is not None for n in nodes):  # their activities stayed on the workers
+        for part in parts:
+            part.node = None
+        return load(list(paths), nsys, cache, progress, side_by_side=side_by_side), parts
+    return together(list(paths), [p.columns for p in parts], side_by_side), parts
+
+
+def _rereader(
+    paths: list[Path], nsys: str | os.PathLike[str] | None, cache: bool | None
+) -> Callable[[int], ActivityColumns]:
+    """What reads file *i*'s columns again here, as its worker read them (the last one
+    kept: a picture asks a rank's steps one after the other)."""
+    kept: dict[int, ActivityColumns] = {}
+
+    def reread(i: int) -> ActivityColumns:
+        if i not in kept:
+            kept.clear()
+            kept[i] = load_columns(paths[i], nsys, cache, None, timed=True)
+        return kept[i]
+
+    return reread

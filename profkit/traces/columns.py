@@ -124,7 +124,9 @@ class ActivityColumns:
 
     def __len__(self) -> int:
         known = getattr(self.arrays, "length", None)  # the cache's lazily read columns
-        return int(known) if known is not None else len(self.arrays["name"])
+        if known is not None:
+            return int(known)
+        return len(self.arrays["name"]) if "name" in self.arrays else 0  # none: a job's tables
 
     def shapes_at(self, rows: np.ndarray) -> list[tuple[str, str]]:
         """(grid, block) of the activities at ``rows``."""

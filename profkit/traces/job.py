@@ -28,6 +28,7 @@ captures overlap. Joining the files' columns into one job's is the analysis' par
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -61,6 +62,10 @@ class Job:
     why_apart: str | None = None
     facts: list[NodeFacts] = field(default_factory=list)
     """Each export's :class:`NodeFacts`, where they were asked for (several exports)."""
+    reread: Callable[[int], ActivityColumns] | None = None
+    """Where ``files`` hold no activity (each file analysed where it lies, on a Dask
+    worker: their names, threads, ranges and meta came back), what reads file *i*'s
+    columns again, here (a picture of a step's kernels wants some)."""
 
     def parts(self) -> list[Job]:
         """Each file as a job of its own (a side-by-side set, one trace at a time)."""
@@ -93,25 +98,61 @@ def load(
     return together(given, files, side_by_side)
 
 
-def together(paths: list[Path], files: list[ActivityColumns], side_by_side: bool = False) -> Job:
-    """The job these files' columns make (the reduce after each file's read)."""
+@dataclass(frozen=True)
+class FileFacts:
+    """What telling a set of files' job needs of each one's activities (:func:`file_facts`;
+    the rest is in its meta): a client that holds none (a read on Dask workers) tells the
+    job from these."""
+
+    node: NodeFacts | None
+    """An export's (read with its GPU starts), else None."""
+    rank: dict[str, Any] | None
+    """Its :func:`~.ranks.rank_info_of` (None: it names no rank)."""
+    window: tuple[int, int] | None
+    """The first and last time it holds (:func:`_capture_window`)."""
+
+
+def file_facts(cols: ActivityColumns) -> FileFacts:
+    """A file's :class:`FileFacts`, from its columns."""
+    export = cols.meta.get("format") == NSYS_FORMAT and START in cols.arrays
+    return FileFacts(
+        node_facts(cols) if export else None, rank_infos([cols])[0], _capture_window(cols)
+    )
+
+
+def together(
+    paths: list[Path],
+    files: list[ActivityColumns],
+    side_by_side: bool = False,
+    facts: list[FileFacts] | None = None,
+) -> Job:
+    """The job these files' columns make (the reduce after each file's read); ``facts``:
+    theirs (:func:`file_facts`), where the columns hold no activity."""
     if len(files) == 1:
         return Job(paths, files, "trace")
     if side_by_side:
         return Job(paths, files, "side_by_side")
     exports = [c.meta.get("format") == NSYS_FORMAT for c in files]
     if all(exports):
-        facts = [node_facts(c) for c in files]
-        why = why_not_one_job(facts)
+        if facts is None:
+            nodes = [node_facts(c) for c in files]
+        elif all(f.node is not None for f in facts):
+            nodes = [f.node for f in facts if f.node is not None]
+        else:
+            raise ValueError("an export's node facts need its columns' GPU starts")
+        why = why_not_one_job(nodes)
         if why is None:
-            return Job(paths, files, "nodes", facts=facts)
-        multi_gpu = all(f.nccl for f in facts)  # a set of one-GPU runs needs no reason
-        return Job(paths, files, "side_by_side", why if multi_gpu else None, facts)
+            return Job(paths, files, "nodes", facts=nodes)
+        multi_gpu = all(f.nccl for f in nodes)  # a set of one-GPU runs needs no reason
+        return Job(paths, files, "side_by_side", why if multi_gpu else None, nodes)
     if not any(exports):
-        infos = rank_infos(files)
+        infos = rank_infos(files) if facts is None else [f.rank for f in facts]
         if names_distinct_ranks(infos):
             rank_set([c.meta for c in files], infos)  # one run's? else one line, now
-            _check_captured_together(files, infos)
+            windows = (
+                [_capture_window(c) for c in files] if facts is None else [f.window for f in facts]
+            )
+            _check_captured_together(windows, infos)
             return Job(paths, files, "ranks")
     return Job(paths, files, "side_by_side")
 
@@ -122,11 +163,12 @@ profile the same steps together, on hosts whose clocks NTP keeps within ms; a mi
 a slow start."""
 
 
-def _check_captured_together(files: list[ActivityColumns], infos: list[Any]) -> None:
-    """Per-rank traces of one run were captured at the same time: one line where a rank's
-    capture ends before another's begins (two runs' traces, a day apart)."""
-    windows = [(w, info["rank"]) for c, info in zip(files, infos, strict=True)
-               if (w := _capture_window(c)) is not None]  # fmt: skip
+def _check_captured_together(captured: list[tuple[int, int] | None], infos: list[Any]) -> None:
+    """Per-rank traces of one run were captured at the same time (``captured``: each one's
+    window): one line where a rank's capture ends before another's begins (two runs'
+    traces, a day apart)."""
+    windows = [(w, info["rank"]) for w, info in zip(captured, infos, strict=True)
+               if w is not None]  # fmt: skip
     if len(windows) < 2:
         return
     (late, late_rank) = max(windows, key=lambda item: item[0][0])
