@@ -15,6 +15,7 @@ import gzip
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -263,6 +264,22 @@ def test_a_rank_the_workers_cannot_analyse(client: Any) -> None:
     with pytest.raises(BadInput) as in_process:
         _in_process(RANKS, {"range": "nope"})
     assert str(on_workers.value) == str(in_process.value)
+
+
+def test_a_node_without_phase_ranges(client: Any, nodes: list[Path], tmp_path: Path) -> None:
+    """A job whose second node was captured without its phase ranges (its phases inferred,
+    the others' annotated: a job's phases ``mixed``): the job's phases, their order and
+    every table are the ones one process gives, from the nodes' shares."""
+    paths = [tmp_path / p.name for p in nodes]
+    for src, dst in zip(nodes, paths, strict=True):
+        dst.write_bytes(src.read_bytes())
+    with sqlite3.connect(paths[1]) as conn:
+        strings = "SELECT id FROM StringIds WHERE value IN ('forward', 'backward', 'optimizer')"
+        conn.execute(f"DELETE FROM NVTX_EVENTS WHERE textId IN ({strings}) OR text IN "
+                     "('forward', 'backward', 'optimizer')")  # fmt: skip
+    expected = _in_process(paths, {})
+    assert expected["source"]["phase_source"] == "mixed"
+    assert _on_workers(client, paths, {}) == expected
 
 
 def _spelled_forward(rank: int, doc: dict[str, Any]) -> None:
