@@ -168,6 +168,22 @@ def test_a_steps_kernels_read_from_its_file(
     assert steps > 0 and read
 
 
+def test_a_picture_where_the_files_are_not(client: Any, nodes: list[Path], tmp_path: Path) -> None:
+    """The files seen by the workers only (a cluster without a shared filesystem): the
+    report is made, and a picture of a step's kernels, which stayed on the workers, says
+    in one line that this machine cannot read them."""
+    copies = [tmp_path / p.name for p in nodes]
+    for src, dst in zip(nodes, copies, strict=True):
+        dst.write_bytes(src.read_bytes())
+    job, parts = load_on(client, copies, cache=False, options=Options(), findings=True)
+    for path in copies:
+        path.unlink()
+    report = analysis.kernel_report(job, hosts=[], nodes=[p.node for p in parts])
+    assert len(report.ranks) == 6
+    with pytest.raises(BadInput, match=r"stayed on the Dask workers.*no such file"):
+        report.ranks[0].steps.kernels_of(0)
+
+
 def _paths_dropped(value: Any) -> Any:
     """A report's JSON without the files' paths (the copies live elsewhere)."""
     if isinstance(value, dict):

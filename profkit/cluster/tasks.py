@@ -26,6 +26,7 @@ import numpy as np
 from profkit.analysis.node_parts import NodeRanks, Options, node_ranks, rank_file_ranks
 from profkit.cluster.client import as_given, map_files
 from profkit.cores import limited
+from profkit.errors import BadInput
 from profkit.traces.columns import SHAPE, ActivityColumns, Progress
 from profkit.traces.host_calls import HostTrace, host_traces
 from profkit.traces.job import NSYS_FORMAT, Job, load, together
@@ -164,7 +165,14 @@ def _rereader(
     def reread(i: int) -> ActivityColumns:
         if i not in kept:
             kept.clear()
-            kept[i] = load_columns(paths[i], nsys, cache, None, timed=True)
+            try:
+                kept[i] = load_columns(paths[i], nsys, cache, None, timed=True)
+            except BadInput as exc:
+                raise BadInput(
+                    f"a step's kernels stayed on the Dask workers, and this machine cannot "
+                    f"read them from {paths[i]} ({exc}): draw the picture where the files "
+                    "are, or read the job without --plot"
+                ) from None
         return kept[i]
 
     return reread
