@@ -83,7 +83,8 @@ class JoinFacts:
     (a read on Dask workers) joins the files from these: its joined columns then hold the
     job's names, threads, ranges and meta, and no activity."""
 
-    file: FileFacts
+    file: FileFacts | None
+    """What tells the job's kind (where asked for: a client that holds no activity)."""
     timed: bool
     """Its columns keep GPU starts."""
     ranks: list[dict[str, Any]] | None
@@ -97,8 +98,9 @@ class JoinFacts:
     """Its known launches', GPU activities' and ranges' first and last times."""
 
 
-def join_facts(cols: ActivityColumns) -> JoinFacts:
-    """A file's :class:`JoinFacts`, from its columns (read with their GPU starts)."""
+def join_facts(cols: ActivityColumns, with_file: bool = False) -> JoinFacts:
+    """A file's :class:`JoinFacts`, from its columns (read with their GPU starts);
+    ``with_file``: with what tells the job's kind (:func:`~profkit.traces.job.file_facts`)."""
     timed = START in cols.arrays
     export = cols.meta.get("format") == NSYS_FORMAT
     layout = ranks_of(cols, fewest=1) if export and timed else None
@@ -108,9 +110,16 @@ def join_facts(cols: ActivityColumns) -> JoinFacts:
     ends = nccl_ends(cols, pid) if timed and (pid is not None or not export) else no_ends()
     device = int(cols.arrays[DEVICE].max(initial=0)) if DEVICE in cols.arrays else 0
     return JoinFacts(
-        file_facts(cols), timed, None if layout is None else layout.info, ends, device,
+        file_facts(cols) if with_file else None, timed,
+        None if layout is None else layout.info, ends, device,
         _span(cols),
     )  # fmt: skip
+
+
+def _file(facts: JoinFacts) -> FileFacts:
+    if facts.file is None:
+        raise ValueError("a join without the columns' activities needs their file facts")
+    return facts.file
 
 
 def merge_rank_columns(
@@ -140,7 +149,7 @@ def merge_ranks(
     found in their columns); without ``activities`` (their columns hold none) the merged
     ones hold none either.
     """
-    infos = rank_infos(columns) if facts is None else [f.file.rank for f in facts]
+    infos = rank_infos(columns) if facts is None else [_file(f).rank for f in facts]
     ranked = rank_set([c.meta for c in columns], infos)
     for i, cols in enumerate(columns):
         if not (START in cols.arrays if facts is None else facts[i].timed):

@@ -93,7 +93,7 @@ def node_ranks(cols: ActivityColumns, host: HostTrace | None, options: Options) 
     None where it cannot be a node of a job (the client's join says why, from every file).
     ``host``: its API calls, for the host-side findings (None: no findings asked)."""
 
-    facts = join_facts(cols)
+    facts = join_facts(cols, with_file=True)
 
     def joined() -> tuple[ActivityColumns, Layout, Callable[[list[dict[str, Any]]], None]]:
         merged, layout, real = merge_node_columns([cols], facts=[facts])
@@ -120,7 +120,7 @@ def rank_file_ranks(
 
         return merged, layout, real_ranks
 
-    return _analysed_alone(cols, host, options, joined, join_facts(cols))
+    return _analysed_alone(cols, host, options, joined, join_facts(cols, with_file=True))
 
 
 def _analysed_alone(

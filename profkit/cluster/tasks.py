@@ -143,7 +143,8 @@ def load_on(
             cols.read_shapes = shape_reader(Path(str(cols.meta.get("path"))), cols.kernel_rows)
     nodes = [p.node for p in parts]
     if several and all(n is not None for n in nodes):
-        facts = [n.facts.file for n in nodes if n is not None]
+        facts = [n.facts.file for n in nodes if n is not None and n.facts.file is not None]
+        assert len(facts) == len(nodes), "a worker's part tells its file's facts"
         job = together(list(paths), [p.columns for p in parts], side_by_side, facts)
         if job.kind in ("nodes", "ranks"):
             job.reread = _rereader(paths, nsys, cache)
