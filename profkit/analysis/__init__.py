@@ -81,6 +81,7 @@ def kernel_report(
 
         options = Options(top, phase, range, phases, phase_ranges)
         join = join_node_ranks if job.kind == "nodes" else join_rank_parts
+        assert job.reread is not None, "files analysed where they lie: their activities too"
         report, host_found = join(job.files, [n for n in nodes if n], options, rank, job.reread)
         if hosts is not None:
             from profkit.analysis.findings import findings_of

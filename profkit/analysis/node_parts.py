@@ -158,17 +158,17 @@ def join_node_ranks(
     nodes: list[ActivityColumns],
     parts: list[NodeRanks],
     options: Options,
-    rank: int | None = None,
-    reread: Reread | None = None,
+    rank: int | None,
+    reread: Reread,
 ) -> tuple[RankedReport, HostPart]:
-    """The reduce: the job's report from its nodes' columns and their :class:`NodeRanks`
-    (in the same order), and the ranks' host findings renumbered as the job's ranks.
-    The nodes' arrays are given up as they are joined; with ``reread`` (what reads node
-    *i*'s columns again) they hold none: the report is made from the parts alone."""
+    """The reduce: the job's report from its nodes' columns, which hold no activity (their
+    names, threads, ranges and meta), and their :class:`NodeRanks` (in the same order),
+    and the ranks' host findings renumbered as the job's ranks. ``reread``: what reads
+    node *i*'s columns again (a step's kernels, for a picture)."""
     trace_keys = _trace_keys(nodes, options)
     _check_tables(parts, rank)
     facts = [p.facts for p in parts]
-    cols, layout, real, shifts = merge_nodes(nodes, True, facts, activities=reread is None)
+    cols, layout, real, shifts = merge_nodes(nodes, facts=facts, activities=False)
     files = list(range(len(nodes)))
     report, found = _joined(
         cols, layout, parts, shifts, trace_keys, options, rank, True, files, reread
@@ -181,15 +181,15 @@ def join_rank_parts(
     files: list[ActivityColumns],
     parts: list[NodeRanks],
     options: Options,
-    rank: int | None = None,
-    reread: Reread | None = None,
+    rank: int | None,
+    reread: Reread,
 ) -> tuple[RankedReport, HostPart]:
     """The reduce of per-rank traces: :func:`join_node_ranks` for the parts of
     :func:`rank_file_ranks` (in the order of ``files``), joined in rank order."""
     trace_keys = _trace_keys(files, options)
     _check_tables(parts, rank)
     facts = [p.facts for p in parts]
-    cols, layout, order, shifts = merge_ranks(files, True, facts, activities=reread is None)
+    cols, layout, order, shifts = merge_ranks(files, facts=facts, activities=False)
     ordered = [parts[i] for i in order]
     keys = [trace_keys[i] for i in order]
     report, found = _joined(
@@ -219,15 +219,13 @@ def _joined(
     rank: int | None,
     nodes: bool,
     files: list[int],
-    reread: Reread | None,
+    reread: Reread,
 ) -> tuple[RankedReport, HostPart]:
-    """The job's report from its joined columns and its files' parts (in join order, each
-    moved by its shift; ``files``: the index of each as given), and the host findings
-    (``nodes``: a part's ranks are counted from 0, as a node's are). With ``reread`` the
-    columns hold no activity: a step's kernels are read from the rank's own file."""
+    """The job's report from its joined columns (no activity) and its files' parts (in join
+    order, each moved by its shift; ``files``: the index of each as given), and the host
+    findings (``nodes``: a part's ranks are counted from 0, as a node's are). A step's
+    kernels are read from the rank's own file (``reread``), when asked for."""
     job_source = query_source(cols.meta, options.phase, options.range, options.top)
-    kernel_name = name_codes(cols)[0] == KERNEL
-    nccl_name = kernel_name & is_nccl(np.array(cols.names, dtype=object))
     entries: list[RankEntry] = []
     found = HostPart([], [], [])
     firsts = []
@@ -240,14 +238,8 @@ def _joined(
             r = len(entries)
             assert isinstance(entry.steps, ColumnSteps)
             steps = entry.steps.moved(r, shift)
-            if reread is None:
-                steps.read_kernels = kernels_reader(
-                    cols, layout.rank, r, steps.starts, kernel_name, nccl_name
-                )
-            else:
-                steps.read_kernels = _file_kernels(
-                    reread, file, local, entry.steps.starts, shift, nodes
-                )
+            steps.read_kernels = _file_kernels(reread, file, local, entry.steps.starts, shift,
+                                               nodes)  # fmt: skip
             entries.append(replace(entry, steps=steps))
         if part.host is not None:
             mine = part.host.renumbered(first) if nodes else part.host
