@@ -173,13 +173,13 @@ def merge_ranks(
     ]
     kept = _kept_known(ordered, shifts)
     counts = [len(c) for c in ordered]  # before a join gives their arrays up
+    spans = [_span(c) for c in ordered] if facts is None else [facts[i].span for i in ranked.order]
+    _check_joined_span(spans, kept, ordered)
     if activities:
         read_shapes = shapes_of(ordered)
         merged = joined_columns(ordered, rekeys, kept, 0, consume)
     else:  # no activity: the traces' names, threads and ranges
-        assert facts is not None, "columns without activities need their facts"
         read_shapes = None
-        _check_joined_span([facts[i].span for i in ranked.order], kept, ordered)
         merged = joined_tables(ordered, rekeys, kept)
     meta = ranked.meta
     if hosts is not None:
@@ -361,12 +361,12 @@ def merge_nodes(
     }
     rekeys = [functools.partial(rekeyed_ids, keys=keys) for keys in keys_of]
     shifts = lifted(shifts)
+    _check_joined_span([f.span for f in facts], shifts, nodes)  # each node's found once
     if activities:
         read_shapes: ShapeReader | None = shapes_of(nodes)
         merged = joined_columns(nodes, rekeys, shifts, stride, consume)
     else:  # no activity: the nodes' names, threads and ranges
         read_shapes = None
-        _check_joined_span([f.span for f in facts], shifts, nodes)
         merged = joined_tables(nodes, rekeys, shifts)
     merged.meta, merged.read_shapes = meta, read_shapes
     layout = ranks_of(merged, fewest=1) if activities else _node_layout(layouts, real, stride)
@@ -403,11 +403,9 @@ def joined_columns(
     activities, threads and ranges, each trace's written into arrays of the whole length
     (given up after, with ``consume``). ``rekeys[i]`` gives trace *i*'s thread ids their
     merged process keys, ``shifts[i]`` is added to its times (an unknown launch stays
-    unknown), and its GPUs are numbered after ``i * stride`` (0: kept as they are).
-    Raises :class:`BadInput` where the joined times would span more than the analysis'
-    time keys hold (each file alone may be fine: clocks a lifetime apart are not one job).
+    unknown), and its GPUs are numbered after ``i * stride`` (0: kept as they are). The
+    caller has checked the joined span (:func:`_check_joined_span`).
     """
-    _check_joined_span([_span(c) for c in nodes], shifts, nodes)
     joined = joined_tables(nodes, rekeys, shifts)
     code_of = {n: i for i, n in enumerate(joined.names)}
     total = sum(len(c) for c in nodes)
@@ -483,7 +481,8 @@ def _check_joined_span(
     spans: list[list[tuple[int, int]]], shifts: list[int], files: list[ActivityColumns]
 ) -> None:
     """The one check of a join's span: every file's launches, GPU times and ranges
-    (``spans``, :func:`_span`) moved by its shift, within ``MAX_SPAN_NS`` of each other."""
+    (``spans``, :func:`_span`) moved by its shift, within ``MAX_SPAN_NS`` of each other
+    (each file alone may be fine: clocks a lifetime apart are not one job)."""
     lows, highs = [], []
     for bounds, shift in zip(spans, shifts, strict=True):
         for low, high in bounds:
